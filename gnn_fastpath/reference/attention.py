@@ -1,0 +1,59 @@
+"""Graph attention in plain PyTorch: the CPU path and the oracle for the CUDA kernels.
+
+Both ops gather per-edge rows in destination-major CSR order, compute a logit per (edge,
+head), normalise it with a per-destination softmax and sum the weighted messages. They
+materialise [M, H, D] tensors: that is what the fused kernels exist to avoid.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from torch import Tensor
+import torch.nn.functional as F
+
+from ..graph import Graph
+from ._segment import attention_dropout, segment_softmax, segment_sum
+
+
+def _to_caller_order(graph: Graph, csr_values: Tensor) -> Tensor:
+    out = csr_values.new_empty(csr_values.shape)
+    out[graph.perm] = csr_values
+    return out
+
+
+def _finish(graph: Graph, alpha: Tensor, messages: Tensor, dropout: float, return_attention):
+    dropped = attention_dropout(alpha, dropout)
+    out = segment_sum(dropped.unsqueeze(-1) * messages, graph.dst_index(), graph.n_dst)
+    if not return_attention:
+        return out
+    weights = dropped if return_attention == "dropped" else alpha
+    return out, _to_caller_order(graph, weights)
+
+
+def gatv2_attention(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float = 0.2,
+                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+    """Reference GATv2 attention; see :func:`gnn_fastpath.ops.gatv2_attention`."""
+    src, dst = graph.indices, graph.dst_index()
+    xj = x_src[src]
+    z = xj + x_dst[dst]
+    if edge_term is not None:
+        z = z + edge_term[graph.perm]
+    logits = (F.leaky_relu(z, negative_slope) * att).sum(-1)
+    alpha = segment_softmax(logits, dst, graph.n_dst)
+    return _finish(graph, alpha, xj, dropout, return_attention)
+
+
+def dot_attention(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
+                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+    """Reference dot-product attention; see :func:`gnn_fastpath.ops.dot_attention`."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.size(-1))
+    src, dst = graph.indices, graph.dst_index()
+    kj, vj = k[src], v[src]
+    if edge_term is not None:
+        e = edge_term[graph.perm]
+        kj, vj = kj + e, vj + e
+    logits = (q[dst] * kj).sum(-1) * scale
+    alpha = segment_softmax(logits, dst, graph.n_dst)
+    return _finish(graph, alpha, vj, dropout, return_attention)

@@ -1,0 +1,1 @@
+"""Framework shims, installed as ``gnn_fastpath.integrations`` (never top-level)."""

@@ -1,0 +1,1 @@
+"""DGL shims (installed as ``gnn_fastpath.integrations.dgl``)."""

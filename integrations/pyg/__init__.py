@@ -1,0 +1,1 @@
+"""PyTorch Geometric shims (installed as ``gnn_fastpath.integrations.pyg``)."""
