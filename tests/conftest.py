@@ -1,0 +1,57 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers: zoo, frameworks
+
+from frameworks import import_dgl, import_pyg  # noqa: E402
+
+SHARED_DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+
+
+def _cuda_reason():
+    import gnn_fastpath
+
+    return gnn_fastpath.cuda.unavailable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda_reason = _cuda_reason()
+    dgl_missing = import_dgl() is None
+    for item in items:
+        if "cuda" in item.keywords and cuda_reason:
+            item.add_marker(pytest.mark.skip(reason=f"needs the CUDA kernels: {cuda_reason}"))
+        if "dgl" in item.keywords and dgl_missing:
+            item.add_marker(pytest.mark.skip(reason="DGL is not importable here"))
+
+
+@pytest.fixture(scope="session")
+def dgl():
+    mod = import_dgl()
+    if mod is None:
+        pytest.skip("DGL is not importable here")
+    return mod
+
+
+@pytest.fixture(scope="session")
+def pyg():
+    mod = import_pyg()
+    if mod is None:
+        pytest.skip("torch_geometric is not installed")
+    return mod
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """Path of ../shared/data (real graphs); skips when this checkout has none beside it."""
+    path = os.environ.get("GNN_FASTPATH_DATA", SHARED_DATA)
+    if not os.path.isdir(path):
+        pytest.skip(f"real graphs not found at {path}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
