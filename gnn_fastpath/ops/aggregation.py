@@ -46,7 +46,7 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     check_choice("norm", norm, NORMS)
     graph = graph_on(graph, x)
     if backend_for("spmm", x) == CUDA:
-        from .cuda_aggregation import spmm_cuda
+        from .cuda_spmm import spmm_cuda
 
         return spmm_cuda(graph, x, edge_weight, norm)
     return reference.spmm(graph, x, edge_weight, norm)
@@ -75,7 +75,7 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
     check_choice("reduce", reduce, REDUCES)
     graph = graph_on(graph, x)
     if backend_for("segment_reduce", x) == CUDA:
-        from .cuda_aggregation import segment_reduce_cuda
+        from .cuda_segment_reduce import segment_reduce_cuda
 
         return segment_reduce_cuda(graph, x, reduce, edge_weight)
     return reference.segment_reduce(graph, x, reduce, edge_weight)

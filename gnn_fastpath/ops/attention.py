@@ -58,7 +58,7 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, x_src)
     if backend_for("gatv2_attention", x_src) == CUDA:
-        from .cuda_attention import gatv2_attention_cuda
+        from .cuda_gatv2 import gatv2_attention_cuda
 
         return gatv2_attention_cuda(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout)
     return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout)
@@ -101,7 +101,7 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, k)
     if backend_for("dot_attention", k) == CUDA:
-        from .cuda_attention import dot_attention_cuda
+        from .cuda_dot import dot_attention_cuda
 
         return dot_attention_cuda(graph, q, k, v, scale, edge_term, return_attention, dropout)
     return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
