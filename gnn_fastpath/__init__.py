@@ -1,12 +1,18 @@
 """gnn_fastpath: fused, IO-aware CUDA kernels behind DGL and PyG layers.
 
+    import gnn_fastpath
+    gnn_fastpath.enable()          # or: with gnn_fastpath.enabled(): ...
+
 Imports with nothing but torch and numpy: CuPy, a GPU, DGL and PyG are all optional.
 """
 from . import cuda, ops
 from .graph import Graph
 from .ops import dot_attention, gatv2_attention, segment_reduce, spmm
+from .stats import FastpathFallbackWarning, reset_stats, stats
+from .switch import disable, enable, enabled, is_enabled
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "gatv2_attention", "dot_attention", "spmm", "segment_reduce", "cuda", "ops",
-           "__version__"]
+__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats",
+           "FastpathFallbackWarning", "Graph", "gatv2_attention", "dot_attention", "spmm",
+           "segment_reduce", "cuda", "ops", "__version__"]

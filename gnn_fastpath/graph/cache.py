@@ -77,7 +77,7 @@ def _dgl_version(g) -> Tuple:
     # DGL replaces its structure object on add_edges/remove_edges/add_nodes; counting
     # alone would miss a remove followed by an add of the same number of edges.
     structure = getattr(g, "_graph", None)
-    return (g.num_src_nodes(), g.num_dst_nodes(), g.num_edges(), str(g.idtype), id(structure))
+    return (g.num_src_nodes(), g.num_dst_nodes(), g.num_edges(), str(g.idtype), id(structure), structure)
 
 
 def _describe(obj) -> Tuple[str, Hashable, callable]:

@@ -19,7 +19,7 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 def _plain(t: Tensor) -> Tensor:
     """A plain torch.Tensor view of a tensor subclass (PyG EdgeIndex)."""
-    return t.as_subclass(Tensor) if type(t) is not Tensor else t
+    return t if type(t) is Tensor else t.as_tensor() if callable(getattr(t, "as_tensor", None)) else t.as_subclass(Tensor)
 
 
 def _node_counts(num_nodes, src: Tensor, dst: Tensor, default: Tuple) -> Tuple[int, int]:

@@ -4,9 +4,9 @@
 kernels for CUDA float32 inputs once those kernels exist (:func:`backend_for` says which
 backend an input gets), and the pure-PyTorch reference otherwise.
 """
-from ._dispatch import backend_for, force_reference, has_cuda_kernels
+from ._dispatch import CUDA, REFERENCE, backend_for, force_reference, has_cuda_kernels
 from .aggregation import segment_reduce, spmm
 from .attention import dot_attention, gatv2_attention
 
 __all__ = ["gatv2_attention", "dot_attention", "spmm", "segment_reduce", "backend_for",
-           "force_reference", "has_cuda_kernels"]
+           "force_reference", "has_cuda_kernels", "CUDA", "REFERENCE"]

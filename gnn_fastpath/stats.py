@@ -1,0 +1,65 @@
+"""Counters of what the patched layers did: fused calls by backend, fallbacks by reason.
+
+Every fallback also warns once per (layer, reason) so a user notices a slow path without
+being flooded; :func:`reset_stats` clears counters and re-arms the warnings.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+import warnings
+from collections import defaultdict
+from typing import Dict
+
+_lock = threading.Lock()
+_counts: Dict[str, Dict[str, Dict[str, int]]] = {}
+_warned: set = set()
+
+
+class FastpathFallbackWarning(UserWarning):
+    """A patched layer ran its stock code instead of the fused path."""
+
+
+def _entry(layer: str) -> Dict[str, Dict[str, int]]:
+    entry = _counts.get(layer)
+    if entry is None:
+        entry = _counts[layer] = {"fused": defaultdict(int), "fallback": defaultdict(int)}
+    return entry
+
+
+def record_fused(layer: str, backend: str) -> None:
+    with _lock:
+        _entry(layer)["fused"][backend] += 1
+
+
+def record_fallback(layer: str, reason: str, detail: str = "") -> None:
+    with _lock:
+        _entry(layer)["fallback"][reason] += 1
+        first = (layer, reason) not in _warned
+        _warned.add((layer, reason))
+    if first:
+        msg = f"gnn_fastpath: {layer} runs its stock forward ({reason}"
+        msg += f": {detail})" if detail else ")"
+        warnings.warn(msg + "; warned once per layer and reason", FastpathFallbackWarning, stacklevel=4)
+
+
+def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
+    """Per layer class, fused calls by backend and fallbacks by reason, as plain data.
+
+    Example: ``{"pyg.TransformerConv": {"fused": {"cuda": 12, "reference": 0},
+    "fallback": {"cpu": 3}}}``. Both backends are always listed under ``"fused"``.
+    """
+    with _lock:
+        out = {}
+        for layer, entry in _counts.items():
+            fused = {"cuda": 0, "reference": 0}
+            fused.update(entry["fused"])
+            out[layer] = {"fused": fused, "fallback": dict(entry["fallback"])}
+        return copy.deepcopy(out)
+
+
+def reset_stats() -> None:
+    """Clear all counters and re-arm the once-per-reason fallback warnings."""
+    with _lock:
+        _counts.clear()
+        _warned.clear()

@@ -1,0 +1,164 @@
+"""The machinery every layer shim shares: class patching, fallback checks, dispatch.
+
+A :class:`Shim` names a framework class and a fused forward for it. Patching installs a
+class-level ``__call__`` that runs the fused forward when it can and otherwise delegates
+to ``torch.nn.Module.__call__``, looked up at call time. Replacing ``forward`` instead would
+break ``torch.jit.script`` of PyG models, and capturing ``Module.__call__`` at patch time
+broke fx ``to_hetero``.
+
+A fused forward reads the module's own submodules and parameters (so ``state_dict``,
+submodule hooks and PEFT wrappers keep working), raises :class:`Unsupported` for any
+argument value it does not cover (before doing any work), and never stores state on the
+module or the framework graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..stats import record_fallback, record_fused
+
+
+class Unsupported(Exception):
+    """Raised by a fused forward for inputs it does not cover; the stock forward runs."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Shim:
+    """A fused forward for one framework class.
+
+    Attributes:
+        key: the name in :func:`gnn_fastpath.stats`, e.g. ``"pyg.TransformerConv"``.
+        cls: the framework class to patch.
+        forward: ``forward(module, backend, *args, **kwargs)``, same arguments and return
+            value as the stock forward; ``backend`` is ``"cuda"`` or ``"reference"``.
+        op: the op family it runs (``"gatv2_attention"``, ...), for the backend choice.
+        features: ``features(*args, **kwargs) -> Tensor`` picking the input tensor whose
+            device and dtype decide the backend.
+    """
+
+    key: str
+    cls: type
+    forward: Callable
+    op: str
+    features: Callable[..., Tensor]
+
+
+# Configuration written by gnn_fastpath.switch.
+_config = {"cpu": "stock"}
+
+_PYG_HOOK_DICTS = (
+    "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
+    "_message_forward_pre_hooks", "_message_forward_hooks",
+    "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
+    "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
+    "_edge_update_forward_pre_hooks", "_edge_update_forward_hooks",
+)
+_MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
+
+
+def _is_fx_tracing() -> bool:
+    try:
+        from torch.fx._symbolic_trace import is_fx_tracing
+
+        return is_fx_tracing()
+    except ImportError:  # pragma: no cover - older torch
+        return False
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def _has_lazy_parameters(module: torch.nn.Module) -> bool:
+    from torch.nn.parameter import is_lazy
+
+    return any(is_lazy(p) for p in module.parameters())
+
+
+def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[str, str]]:
+    """(reason, detail) when the module's state rules the fused path out, else None."""
+    if torch.jit.is_scripting() or torch.jit.is_tracing():
+        return "torchscript", "scripting or tracing"
+    if _is_fx_tracing():
+        return "fx_tracing", "torch.fx symbolic tracing"
+    if _is_compiling():
+        return "compiling", "torch.compile traces the stock forward"
+    if type(module).forward is not shim.cls.forward:
+        return "subclass", f"{type(module).__name__} overrides forward"
+    if any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS):
+        return "hooks", "module hooks are registered"
+    from torch.nn.modules import module as module_mod
+
+    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
+        return "hooks", "global module hooks are registered"
+    if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):
+        return "hooks", "message-passing hooks are registered"
+    if getattr(module, "_explain", None) or getattr(module, "explain", None) is True:
+        return "explain", "explain mode"
+    if getattr(module, "decomposed_layers", 1) > 1:
+        return "decomposed_layers", f"decomposed_layers={module.decomposed_layers}"
+    if _has_lazy_parameters(module):
+        return "lazy", "uninitialised lazy parameters"
+    return None
+
+
+def _backend_or_blocker(shim: Shim, x: Tensor) -> Tuple[Optional[str], Optional[Tuple[str, str]]]:
+    if not isinstance(x, Tensor):
+        return None, ("input", f"unsupported input type {type(x).__name__}")
+    if x.dtype != torch.float32:
+        return None, ("dtype", f"{x.dtype} input (the fused path takes float32)")
+    if not x.is_cuda:
+        if _config["cpu"] == "reference":
+            return ops.REFERENCE, None
+        return None, ("cpu", "CPU tensors run stock code (enable(cpu='reference') to force the shims)")
+    backend = ops.backend_for(shim.op, x)
+    if backend != ops.CUDA:
+        from .. import cuda
+
+        why = cuda.unavailable_reason() or f"no CUDA kernels for {shim.op} yet"
+        return None, ("no_kernel", why)
+    return backend, None
+
+
+def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
+    """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned)."""
+    blocker = _framework_blocker(shim, module)
+    backend = None
+    if blocker is None:
+        try:
+            backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs))
+        except Unsupported as exc:
+            blocker = (exc.reason, exc.detail)
+    if blocker is None:
+        try:
+            out = shim.forward(module, backend, *args, **kwargs)
+        except Unsupported as exc:
+            blocker = (exc.reason, exc.detail)
+        else:
+            record_fused(shim.key, backend)
+            return out
+    record_fallback(shim.key, *blocker)
+    return torch.nn.Module.__call__(module, *args, **kwargs)
+
+
+def make_call(shim: Shim):
+    """The class-level ``__call__`` installed on ``shim.cls``."""
+
+    def __call__(self, *args, **kwargs):
+        return run(shim, self, args, kwargs)
+
+    __call__.__gnn_fastpath_shim__ = shim
+    return __call__
