@@ -21,9 +21,9 @@ def pytest_collection_modifyitems(config, items):
     cuda_reason = _cuda_reason()
     dgl_missing = import_dgl() is None
     for item in items:
-        if "cuda" in item.keywords and cuda_reason:
+        if item.get_closest_marker("cuda") and cuda_reason:
             item.add_marker(pytest.mark.skip(reason=f"needs the CUDA kernels: {cuda_reason}"))
-        if "dgl" in item.keywords and dgl_missing:
+        if item.get_closest_marker("dgl") and dgl_missing:
             item.add_marker(pytest.mark.skip(reason="DGL is not importable here"))
 
 

@@ -58,17 +58,22 @@ def unavailable_reason() -> Optional[str]:
     return _reason
 
 
-def read_source(name: str) -> str:
+def read_source(name: str, _seen: Optional[set] = None) -> str:
     """The text of ``name`` (a .cu file beside this module), with its .cuh includes inlined.
 
     NVRTC gets one self-contained string, so the build does not depend on include paths.
+    Each header is inlined once per source, wherever it is included first.
     """
+    seen = set() if _seen is None else _seen
     text = (SOURCE_DIR / name).read_text()
     out = []
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith('#include "') and stripped.endswith('.cuh"'):
-            out.append(read_source(stripped[len('#include "'):-1]))
+            header = stripped[len('#include "'):-1]
+            if header not in seen:
+                seen.add(header)
+                out.append(read_source(header, seen))
         else:
             out.append(line)
     return "\n".join(out)
@@ -101,9 +106,14 @@ def get_kernel(source: str, kernel: str, device: torch.device, name_expressions:
 
 @functools.lru_cache(maxsize=64)
 def _external_stream(ptr: int, device_index: int):
+    import warnings
+
     import cupy
 
-    return cupy.cuda.ExternalStream(ptr, device_index)
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; made once per stream
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return cupy.cuda.ExternalStream(ptr, device_index)
 
 
 def ptr(t: Optional[torch.Tensor]) -> np.uint64:

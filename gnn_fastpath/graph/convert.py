@@ -25,13 +25,16 @@ def _plain(t: Tensor) -> Tensor:
 def _node_counts(num_nodes, src: Tensor, dst: Tensor, default: Tuple) -> Tuple[int, int]:
     if num_nodes is None:
         n_src, n_dst = default
-        if n_src is None or n_dst is None:
+        if n_src is None and n_dst is None:
             # PyG's maybe_num_nodes: one count for both sides, max id + 1.
-            n = 0
-            if src.numel():
-                n = int(torch.maximum(src.max(), dst.max())) + 1
-            n_src = n if n_src is None else n_src
-            n_dst = n if n_dst is None else n_dst
+            n = int(torch.maximum(src.max(), dst.max())) + 1 if src.numel() else 0
+            return n, n
+        # An EdgeIndex that knows one side: the other is inferred on its own (PyG's
+        # EdgeIndex.get_sparse_size does the same).
+        if n_src is None:
+            n_src = int(src.max()) + 1 if src.numel() else 0
+        if n_dst is None:
+            n_dst = int(dst.max()) + 1 if dst.numel() else 0
         return int(n_src), int(n_dst)
     if isinstance(num_nodes, (tuple, list)):
         if len(num_nodes) != 2:

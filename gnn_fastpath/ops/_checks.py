@@ -42,6 +42,8 @@ def check_choice(name: str, value, choices) -> None:
 
 
 def check_probability(name: str, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise ValueError(f"{name} must be a float in [0, 1], got {p!r}")
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {p}")

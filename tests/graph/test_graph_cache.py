@@ -1,0 +1,229 @@
+"""Graph.of caching for tensors and sparse adjacencies: hits, staleness, weak refs, bound.
+
+DGL graphs are covered in test_graph_dgl.py.
+"""
+import gc
+import warnings
+
+import pytest
+import torch
+
+from gnn_fastpath.graph import Graph, cache_size, cached_count, clear_cache, set_cache_size
+from zoo import random_edges
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Every test starts with an empty cache and leaves the size as it found it."""
+    size = cache_size()
+    clear_cache()
+    yield
+    set_cache_size(size)
+    clear_cache()
+
+
+def _same_csr(a: Graph, b: Graph) -> bool:
+    return (torch.equal(a.indptr, b.indptr) and torch.equal(a.indices, b.indices)
+            and torch.equal(a.perm, b.perm) and (a.n_src, a.n_dst) == (b.n_src, b.n_dst))
+
+
+def test_hit_returns_same_object():
+    ei, _ = random_edges(20, 20, 60, seed=1)
+    g = Graph.of(ei)
+    assert Graph.of(ei) is g
+    assert Graph.of(ei, None) is g
+    assert cached_count() == 1 and cached_count("cpu") == 1
+    assert _same_csr(g, Graph.from_edge_index(ei))
+
+
+def test_graph_of_graph_is_identity():
+    g = Graph.from_edge_index(torch.tensor([[0], [1]]))
+    assert Graph.of(g) is g
+    assert cached_count() == 0
+
+
+def test_equal_but_distinct_tensors_are_distinct_entries():
+    ei, _ = random_edges(20, 20, 60, seed=1)
+    other = ei.clone()
+    assert Graph.of(ei) is not Graph.of(other)
+    assert cached_count() == 2
+
+
+def test_rebuild_after_setitem():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    g = Graph.of(ei)
+    ei[1, 0] = 2  # 0 -> 2 now
+    g2 = Graph.of(ei)
+    assert g2 is not g
+    assert _same_csr(g2, Graph.from_edge_index(torch.tensor([[0, 1, 2], [2, 2, 0]])))
+    assert g2.in_degree().tolist() == [1, 0, 2]
+    assert Graph.of(ei) is g2
+    assert cached_count() == 1  # the stale entry was replaced, not added to
+
+
+def test_rebuild_after_copy_():
+    ei, _ = random_edges(15, 15, 40, seed=2)
+    g = Graph.of(ei)
+    new, _ = random_edges(15, 15, 40, seed=3)
+    new = new[:, : ei.size(1)]
+    ei.copy_(new)
+    g2 = Graph.of(ei)
+    assert g2 is not g
+    assert _same_csr(g2, Graph.from_edge_index(new))
+
+
+def test_rebuild_after_in_place_op_on_view():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    g = Graph.of(ei)
+    ei[0].add_(1)  # sources 1, 2, 3 (a write through a view bumps the shared version)
+    g2 = Graph.of(ei)
+    assert g2 is not g
+    assert g2.indices.tolist() == [3, 1, 2] and g2.n_src == 4
+
+
+def test_different_num_nodes_gives_different_graph():
+    ei = torch.tensor([[0, 1], [1, 0]])
+    a = Graph.of(ei)
+    b = Graph.of(ei, 5)
+    c = Graph.of(ei, (3, 4))
+    d = Graph.of(ei, [3, 4])  # same pair as a list
+    assert (a.n_src, a.n_dst) == (2, 2)
+    assert (b.n_src, b.n_dst) == (5, 5) and b is not a
+    assert (c.n_src, c.n_dst) == (3, 4) and c is not b
+    assert d is c
+    assert Graph.of(ei, torch.tensor(5)) is not c  # int from a tensor, rebuilt for 5
+    assert Graph.of(ei, 5) is Graph.of(ei, 5)
+
+
+def test_int32_edge_index_cached():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]], dtype=torch.int32)
+    g = Graph.of(ei)
+    assert Graph.of(ei) is g
+    assert g.indptr.dtype == torch.int64
+
+
+def test_weak_reference_entry_dies_with_tensor():
+    ei, _ = random_edges(30, 30, 90, seed=4)
+    g = Graph.of(ei)
+    assert cached_count() == 1
+    del ei
+    gc.collect()
+    assert cached_count() == 0
+    assert g.num_edges > 0  # the Graph object itself stays usable
+
+
+def test_weak_reference_many_tensors():
+    keep = [random_edges(10, 10, 20, seed=s)[0] for s in range(5)]
+    for t in keep:
+        Graph.of(t)
+    del t
+    assert cached_count() == 5
+    del keep[1:3]
+    gc.collect()
+    assert cached_count() == 3
+    keep.clear()
+    gc.collect()
+    assert cached_count() == 0
+
+
+def test_bound_respected():
+    set_cache_size(3)
+    assert cache_size() == 3
+    tensors = [random_edges(10, 10, 20, seed=s)[0] for s in range(10)]
+    graphs = [Graph.of(t) for t in tensors]
+    assert cached_count() <= 3
+    assert cached_count("cpu") == 3
+    # least recently used go first: the last three are hits, the first is rebuilt
+    for t, g in zip(tensors[-3:], graphs[-3:]):
+        assert Graph.of(t) is g
+    again = Graph.of(tensors[0])
+    assert again is not graphs[0] and _same_csr(again, graphs[0])
+    assert cached_count() == 3
+
+
+def test_lru_order():
+    set_cache_size(2)
+    a, b, c = (random_edges(8, 8, 10, seed=s)[0] for s in range(3))
+    ga, gb = Graph.of(a), Graph.of(b)
+    assert Graph.of(a) is ga  # a is now most recent
+    Graph.of(c)  # evicts b
+    assert Graph.of(a) is ga
+    assert Graph.of(b) is not gb
+
+
+def test_shrinking_evicts():
+    tensors = [random_edges(6, 6, 8, seed=s)[0] for s in range(6)]
+    for t in tensors:
+        Graph.of(t)
+    assert cached_count() == 6
+    set_cache_size(2)
+    assert cached_count() == 2
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_bad_cache_size(n):
+    with pytest.raises(ValueError, match=rf"n must be >= 1, got {n}"):
+        set_cache_size(n)
+
+
+def test_clear_cache():
+    ei, _ = random_edges(10, 10, 20, seed=5)
+    g = Graph.of(ei)
+    clear_cache()
+    assert cached_count() == 0
+    assert Graph.of(ei) is not g
+
+
+def test_cached_count_per_device():
+    ei, _ = random_edges(10, 10, 20, seed=5)
+    Graph.of(ei)
+    assert cached_count("cpu") == 1
+    assert cached_count(torch.device("cpu")) == 1
+    assert cached_count("meta") == 0
+
+
+@pytest.mark.parametrize("bad", [[[0, 1], [1, 0]], "edge_index", 3])
+def test_unsupported_object(bad):
+    with pytest.raises(ValueError, match="obj must be an edge_index tensor"):
+        Graph.of(bad)
+
+
+# ---------------------------------------------------------------------------- sparse adjacencies
+def _quiet(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return fn()
+
+
+def test_sparse_coo_cached_and_rebuilt():
+    idx = torch.tensor([[1, 0, 2], [0, 2, 1]])  # rows are targets
+    adj = torch.sparse_coo_tensor(idx, torch.ones(3), (3, 4))
+    g = Graph.of(adj)
+    assert (g.n_src, g.n_dst) == (4, 3)
+    assert Graph.of(adj) is g
+    adj._indices()[1, 0] = 3  # in-place write to the index storage
+    g2 = Graph.of(adj)
+    assert g2 is not g
+    assert sorted(zip(g2.indices.tolist(), g2.dst_index().tolist())) == [(1, 2), (2, 0), (3, 1)]
+
+
+def test_sparse_csr_cached_and_weak():
+    adj = _quiet(lambda: torch.sparse_csr_tensor(torch.tensor([0, 1, 3]), torch.tensor([2, 0, 1]),
+                                                 torch.ones(3), (2, 3)))
+    g = Graph.of(adj)
+    assert Graph.of(adj) is g
+    assert (g.n_src, g.n_dst) == (3, 2)
+    assert cached_count() == 1
+    del adj
+    gc.collect()
+    assert cached_count() == 0
+
+
+def test_pyg_edge_index_cached(pyg):
+    from torch_geometric import EdgeIndex
+
+    ei = EdgeIndex(torch.tensor([[0, 1, 2], [1, 0, 1]]), sparse_size=(3, 2))
+    g = Graph.of(ei)
+    assert (g.n_src, g.n_dst) == (3, 2)
+    assert Graph.of(ei) is g
+    assert type(g.indices) is torch.Tensor

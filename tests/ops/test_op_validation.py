@@ -1,0 +1,198 @@
+"""Argument validation of the public ops: ValueError naming the argument and the bad value."""
+import pytest
+import torch
+
+import gnn_fastpath
+from gnn_fastpath import ops
+from gnn_fastpath.graph import Graph
+
+N_SRC, N_DST, M, H, D, F = 5, 4, 7, 2, 3, 6
+
+
+@pytest.fixture(scope="module")
+def g():
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [0, 1, 2, 3, 0, 1, 1]])
+    return Graph.from_edge_index(ei, (N_SRC, N_DST))
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.fixture
+def gat_args():
+    return {"x_src": t(N_SRC, H, D), "x_dst": t(N_DST, H, D), "att": t(H, D)}
+
+
+@pytest.fixture
+def dot_args():
+    return {"q": t(N_DST, H, D), "k": t(N_SRC, H, D), "v": t(N_SRC, H, D)}
+
+
+def test_valid_calls_pass(g, gat_args, dot_args):
+    assert ops.gatv2_attention(g, **gat_args).shape == (N_DST, H, D)
+    assert ops.dot_attention(g, **dot_args).shape == (N_DST, H, D)
+    assert ops.spmm(g, t(N_SRC, F)).shape == (N_DST, F)
+    assert ops.segment_reduce(g, t(N_SRC, F)).shape == (N_DST, F)
+    # the package's top-level names are the ops
+    assert gnn_fastpath.gatv2_attention is ops.gatv2_attention
+    assert gnn_fastpath.spmm is ops.spmm
+
+
+# ---------------------------------------------------------------------------- graph argument
+@pytest.mark.parametrize("bad", [torch.tensor([[0, 1], [1, 0]]), None, "graph", [[0], [1]]])
+def test_wrong_graph_type(bad, gat_args, dot_args):
+    name = type(bad).__name__
+    pattern = rf"graph must be a gnn_fastpath.Graph.*got {name}"
+    with pytest.raises(ValueError, match=pattern):
+        ops.gatv2_attention(bad, **gat_args)
+    with pytest.raises(ValueError, match=pattern):
+        ops.dot_attention(bad, **dot_args)
+    with pytest.raises(ValueError, match=pattern):
+        ops.spmm(bad, t(N_SRC, F))
+    with pytest.raises(ValueError, match=pattern):
+        ops.segment_reduce(bad, t(N_SRC, F))
+
+
+# ---------------------------------------------------------------------------- gatv2
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("x_src", t(N_SRC + 1, H, D), r"x_src must have shape \[5, \*, \*\], got \[6, 2, 3\]"),
+    ("x_src", t(N_SRC, H * D), r"x_src must have shape \[5, \*, \*\], got \[5, 6\]"),
+    ("x_src", torch.zeros(N_SRC, H, D, dtype=torch.int64), r"x_src must be a floating-point tensor.*int64"),
+    ("x_src", [[0.0]], r"x_src must be a torch.Tensor, got list"),
+    ("x_dst", t(N_DST, H + 1, D), r"x_dst must have shape \[4, 2, 3\], got \[4, 3, 3\]"),
+    ("x_dst", t(N_DST, H, D + 1), r"x_dst must have shape \[4, 2, 3\], got \[4, 2, 4\]"),
+    ("x_dst", t(N_SRC, H, D), r"x_dst must have shape \[4, 2, 3\], got \[5, 2, 3\]"),
+    ("x_dst", t(N_DST, H, D, dtype=torch.float64), r"x_dst has dtype torch.float64.*torch.float32"),
+    ("att", t(H, D + 1), r"att must have shape \[2, 3\], got \[2, 4\]"),
+    ("att", t(D), r"att must have shape \[2, 3\], got \[3\]"),
+    ("att", t(1, H, D), r"att must have shape \[2, 3\], got \[1, 2, 3\]"),
+    ("att", t(H, D, dtype=torch.float16), r"att has dtype torch.float16"),
+    ("edge_term", t(M + 1, H, D), r"edge_term must have shape \[7, 2, 3\], got \[8, 2, 3\]"),
+    ("edge_term", t(M, H, D + 1), r"edge_term must have shape \[7, 2, 3\], got \[7, 2, 4\]"),
+    ("edge_term", t(M, H * D), r"edge_term must have shape \[7, 2, 3\], got \[7, 6\]"),
+    ("edge_term", torch.zeros(M, H, D, dtype=torch.int32), r"edge_term must be a floating-point.*int32"),
+])
+def test_gatv2_bad_tensor(g, gat_args, arg, value, pattern):
+    gat_args[arg] = value
+    with pytest.raises(ValueError, match=pattern):
+        ops.gatv2_attention(g, **gat_args)
+
+
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("dropout", -0.1, r"dropout must be in \[0, 1\], got -0.1"),
+    ("dropout", 1.5, r"dropout must be in \[0, 1\], got 1.5"),
+    ("dropout", float("nan"), r"dropout must be in \[0, 1\], got nan"),
+    ("return_attention", "yes", r"return_attention must be False, True or 'dropped', got 'yes'"),
+    ("return_attention", "True", r"return_attention must be False, True or 'dropped', got 'True'"),
+    ("return_attention", 2, r"return_attention must be False, True or 'dropped', got 2"),
+    ("return_attention", None, r"return_attention must be False, True or 'dropped', got None"),
+])
+def test_gatv2_bad_option(g, gat_args, arg, value, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ops.gatv2_attention(g, **gat_args, **{arg: value})
+
+
+# ---------------------------------------------------------------------------- dot
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("k", t(N_SRC - 1, H, D), r"k must have shape \[5, \*, \*\], got \[4, 2, 3\]"),
+    ("k", t(N_SRC, H * D), r"k must have shape \[5, \*, \*\], got \[5, 6\]"),
+    ("q", t(N_DST, H, D + 1), r"q must have shape \[4, 2, 3\], got \[4, 2, 4\]"),
+    ("q", t(N_DST, H + 1, D), r"q must have shape \[4, 2, 3\], got \[4, 3, 3\]"),
+    ("q", t(N_SRC, H, D), r"q must have shape \[4, 2, 3\], got \[5, 2, 3\]"),
+    ("v", t(N_SRC, H, D + 1), r"v must have shape \[5, 2, 3\], got \[5, 2, 4\]"),
+    ("v", t(N_DST, H, D), r"v must have shape \[5, 2, 3\], got \[4, 2, 3\]"),
+    ("v", t(N_SRC, H, D, dtype=torch.float64), r"v has dtype torch.float64"),
+    ("q", torch.zeros(N_DST, H, D, dtype=torch.int64), r"q must be a floating-point tensor"),
+    ("edge_term", t(M - 1, H, D), r"edge_term must have shape \[7, 2, 3\], got \[6, 2, 3\]"),
+    ("edge_term", t(M, H, D, dtype=torch.float64), r"edge_term has dtype torch.float64"),
+])
+def test_dot_bad_tensor(g, dot_args, arg, value, pattern):
+    dot_args[arg] = value
+    with pytest.raises(ValueError, match=pattern):
+        ops.dot_attention(g, **dot_args)
+
+
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("dropout", -1, r"dropout must be in \[0, 1\], got -1"),
+    ("dropout", 2.0, r"dropout must be in \[0, 1\], got 2.0"),
+    ("return_attention", "drop", r"return_attention must be False, True or 'dropped', got 'drop'"),
+])
+def test_dot_bad_option(g, dot_args, arg, value, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ops.dot_attention(g, **dot_args, **{arg: value})
+
+
+@pytest.mark.parametrize("value", [False, True, "dropped"])
+def test_return_attention_valid_values(g, gat_args, dot_args, value):
+    for res in (ops.gatv2_attention(g, **gat_args, return_attention=value),
+                ops.dot_attention(g, **dot_args, return_attention=value)):
+        if value is False:
+            assert isinstance(res, torch.Tensor)
+        else:
+            out, alpha = res
+            assert out.shape == (N_DST, H, D) and alpha.shape == (M, H)
+
+
+@pytest.mark.parametrize("p", [0, 0.0, 1, 1.0, 0.5])
+def test_dropout_boundaries_accepted(g, gat_args, p):
+    ops.gatv2_attention(g, **gat_args, dropout=p)
+
+
+# ---------------------------------------------------------------------------- spmm / segment_reduce
+@pytest.mark.parametrize("op", ["spmm", "segment_reduce"])
+@pytest.mark.parametrize("x, pattern", [
+    (t(N_SRC + 1, F), r"x must have shape \[5, \*\], got \[6, 6\]"),
+    (t(N_DST, F), r"x must have shape \[5, \*\], got \[4, 6\]"),
+    (t(N_SRC), r"x must be a tensor of shape \[N_src, F...\], got torch.Size\(\[5\]\)"),
+    (torch.tensor(1.0), r"x must be a tensor of shape \[N_src, F...\]"),
+    (torch.zeros(N_SRC, F, dtype=torch.int64), r"x must be a floating-point tensor, got dtype torch.int64"),
+    ([[1.0] * F] * N_SRC, r"x must be a tensor of shape \[N_src, F...\], got list"),
+])
+def test_aggregation_bad_x(g, op, x, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        getattr(ops, op)(g, x)
+
+
+@pytest.mark.parametrize("op", ["spmm", "segment_reduce"])
+@pytest.mark.parametrize("w, pattern", [
+    (t(M + 1), r"edge_weight must have shape \[7\], got \[8\]"),
+    (t(M, 1), r"edge_weight must have shape \[7\], got \[7, 1\]"),
+    (t(M, dtype=torch.float64), r"edge_weight has dtype torch.float64 but the other inputs have torch.float32"),
+    (torch.ones(M, dtype=torch.int64), r"edge_weight must be a floating-point tensor"),
+    ([1.0] * M, r"edge_weight must be a torch.Tensor, got list"),
+])
+def test_aggregation_bad_edge_weight(g, op, w, pattern):
+    x = t(N_SRC, F)
+    with pytest.raises(ValueError, match=pattern):
+        if op == "spmm":
+            ops.spmm(g, x, w)
+        else:
+            ops.segment_reduce(g, x, "max", w)
+
+
+@pytest.mark.parametrize("norm", ["sym", "None", None, "LEFT", ""])
+def test_spmm_bad_norm(g, norm):
+    with pytest.raises(ValueError, match=rf"norm must be one of 'none', 'left', 'right', 'both'; got {norm!r}"):
+        ops.spmm(g, t(N_SRC, F), norm=norm)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "MAX", None])
+def test_segment_reduce_bad_reduce(g, reduce):
+    with pytest.raises(ValueError, match=rf"reduce must be one of 'max', 'min'; got {reduce!r}"):
+        ops.segment_reduce(g, t(N_SRC, F), reduce)
+
+
+def test_bipartite_shapes_checked_per_side(g):
+    """x_src/k/v are sized by n_src, x_dst/q by n_dst: swapping them is an error."""
+    assert g.n_src != g.n_dst
+    with pytest.raises(ValueError, match=r"x_src must have shape \[5"):
+        ops.gatv2_attention(g, t(N_DST, H, D), t(N_SRC, H, D), t(H, D))
+    with pytest.raises(ValueError, match=r"k must have shape \[5"):
+        ops.dot_attention(g, t(N_SRC, H, D), t(N_DST, H, D), t(N_DST, H, D))
+
+
+def test_backend_is_reference_on_cpu(g):
+    assert ops.backend_for("gatv2_attention", t(N_SRC, H, D)) == "reference"
+    with ops.force_reference():
+        assert ops.backend_for("spmm", t(N_SRC, F)) == "reference"
