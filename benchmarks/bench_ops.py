@@ -1,0 +1,478 @@
+"""Op-level benchmarks: the fused CUDA ops against their byte floor and the reference.
+
+    python -m benchmarks.bench_ops --quick                    # tolokers, arxiv-like, arxiv-skewdst, roads-like
+    python -m benchmarks.bench_ops --graphs pokec-like --ops gatv2_attention
+    python -m benchmarks.bench_ops --quick \
+        --variant "GNN_FASTPATH_GATV2_BWD=atomic GNN_FASTPATH_DOT_BWD=atomic" \
+        --variant "GNN_FASTPATH_GATV2_BWD=transposed GNN_FASTPATH_DOT_BWD=transposed"
+
+For every (graph, op) it times the CUDA backend (when ``gnn_fastpath.ops.backend_for``
+gives it one; otherwise the row says so) and the reference backend (under
+``gnn_fastpath.ops.force_reference()``, skipped when it would not fit in memory), and puts
+each time against the floor: bytes that must move / copy bandwidth measured in the same
+run (design.md section 5). Each ``--variant`` (space-separated ``NAME=VALUE`` environment
+settings) reruns the ops those variables concern in a subprocess with that environment, so
+kernel variants chosen at import time are timed side by side with the default.
+
+Without a GPU it times the reference backend on scaled-down synthetic graphs (a smoke run).
+Results: ``<out>/bench_ops.json`` and a markdown table (``--md``, default ``<out>/bench_ops.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from . import graphs as G
+from . import report
+from .timing import OOM, fmt, free_memory, is_oom, measure, measure_bandwidth
+
+QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
+FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
+CPU_GRAPHS = ["arxiv-like", "roads-like"]
+CPU_SCALE = 0.01
+
+F32 = 4   # bytes per float32 value
+IDX = 4   # bytes per CSR index (int32 on the GPU while M < 2**31)
+
+
+# ----------------------------------------------------------------------------- byte floors
+def csr_bytes(n: int, m: int) -> int:
+    """One destination-major CSR read: indptr [N+1] and indices [M], int32."""
+    return (n + 1) * IDX + m * IDX
+
+
+def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1) -> Dict[str, int]:
+    """Bytes an op must move, per design.md section 5 (each input read once, each output
+    written once) with every per-edge gather of a node row counted (no cache reuse).
+
+    ``width`` is the feature width of one node row (H*D for attention, F otherwise); ``heads``
+    H. Returns ``fwd``, ``bwd`` (backward alone), ``fwd_bwd`` and ``fwd_min`` (the
+    compulsory bytes with every gather hitting cache: node tensors read once).
+    Homogeneous graphs (N_src = N_dst = n). fp32 features, int32 indices.
+    """
+    row = width * F32            # one node row, bytes
+    nodes = n * row              # one [N, width] tensor
+    stat = n * heads * F32       # one per-(node, head) float, e.g. logsumexp L
+    csr = csr_bytes(n, m)
+    if op == "gatv2_attention":
+        # fwd: gather x_src[j] once per edge (M*H*D*4), read x_dst and write out
+        # (N*H*D*4*2), write L (N*H*4), read the CSR.
+        fwd = m * row + 2 * nodes + stat + csr
+        # bwd: a destination pass re-gathers x_src[j] per edge (recompute alpha, <dO_i, x_j>);
+        # dx_src needs, per edge, dO_i and x_dst_i (LeakyReLU'(z_ij)) at the source side:
+        # two more [H*D] rows per edge (a transposed pass gathers them; an atomic pass
+        # instead read-modify-writes dx_src[j], the same 2 rows). Node tensors: read x_dst,
+        # dO, write dx_src, dx_dst; read L and G (2*N*H*4); two CSR reads.
+        bwd = 3 * m * row + 4 * nodes + 2 * stat + 2 * csr
+        fwd_min = 3 * nodes + stat + csr
+    elif op == "dot_attention":
+        # fwd: gather k_j and v_j per edge (2*M*H*D*4), read q, write out (2*N*H*D*4),
+        # write L, read the CSR.
+        fwd = 2 * m * row + 2 * nodes + stat + csr
+        # bwd: destination pass gathers k_j, v_j (dq, and Delta_i = <O_i, dO_i>); source pass
+        # gathers q_i and dO_i plus L_i and Delta_i per edge (dk_j, dv_j): 4 rows + 2 stats
+        # per edge. Node tensors: read q, k, v, O, dO, write dq, dk, dv (8); read L; two CSRs.
+        bwd = 4 * m * row + 2 * m * heads * F32 + 8 * nodes + stat + 2 * csr
+        fwd_min = 4 * nodes + stat + csr
+    elif op == "spmm":
+        # fwd (norm="both"): gather x_j per edge (M*F*4), read the cached normalised edge
+        # values (M*4), write out (N*F*4), read the CSR.
+        fwd = m * row + m * F32 + nodes + csr
+        # bwd: dX = A^T dY: gather dY_i per edge, values again, write dX; transposed CSR.
+        bwd = m * row + m * F32 + nodes + csr
+        fwd_min = 2 * nodes + m * F32 + csr
+    elif op == "segment_reduce":
+        # fwd (max): gather x_j per edge (M*F*4), write out and the int32 arg index
+        # (2*N*F*4), read the CSR.
+        fwd = m * row + 2 * nodes + csr
+        # bwd: zero dX, read dY and the arg index, scatter dY into dX (one write per
+        # output value): 4*N*F*4.
+        bwd = 4 * nodes
+        fwd_min = 3 * nodes + csr
+    else:
+        raise KeyError(op)
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd, "fwd_min": fwd_min}
+
+
+# ----------------------------------------------------------------------------- ops
+@dataclass(frozen=True)
+class OpCase:
+    name: str
+    heads: int
+    width: int           # H*D or F
+    label: str
+    ref_factor: float    # reference fwd+bwd working set ~ ref_factor * M * width * 4 bytes
+
+    def inputs(self, n: int, device, seed: int) -> Tuple[List[torch.Tensor], Dict]:
+        """Fresh random inputs (requires_grad) and keyword arguments for the call."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+
+        def rnd(*shape, scale=1.0):
+            t = torch.randn(*shape, generator=g) * scale
+            return t.to(device).requires_grad_(True)
+
+        if self.name == "gatv2_attention":
+            h, d = self.heads, self.width // self.heads
+            return [rnd(n, h, d), rnd(n, h, d), rnd(h, d, scale=1 / math.sqrt(d))], {}
+        if self.name == "dot_attention":
+            h, d = self.heads, self.width // self.heads
+            return [rnd(n, h, d), rnd(n, h, d), rnd(n, h, d)], {}
+        if self.name == "spmm":
+            return [rnd(n, self.width)], {"norm": "both"}
+        if self.name == "segment_reduce":
+            return [rnd(n, self.width)], {"reduce": "max"}
+        raise KeyError(self.name)
+
+    def fn(self) -> Callable:
+        import gnn_fastpath
+
+        return getattr(gnn_fastpath, self.name)
+
+
+OPS: Dict[str, OpCase] = {c.name: c for c in [
+    OpCase("gatv2_attention", 2, 128, "H=2 D=64", 8),
+    OpCase("dot_attention", 4, 512, "H=4 D=128", 10),
+    OpCase("spmm", 1, 512, "F=512 norm=both", 4),
+    OpCase("segment_reduce", 1, 512, "F=512 max", 4),
+]}
+
+#: Which ops an environment variable concerns (variant runs rerun only those).
+ENV_OPS = {"GATV2": ["gatv2_attention"], "DOT": ["dot_attention"], "SPMM": ["spmm"],
+           "SEGMENT": ["segment_reduce"], "REDUCE": ["segment_reduce"]}
+
+
+def ops_for_env(names: List[str]) -> Optional[List[str]]:
+    found: List[str] = []
+    for name in names:
+        hit = [ops for key, ops in ENV_OPS.items() if key in name.upper()]
+        if not hit:
+            return None  # unknown variable: rerun everything
+        for ops in hit:
+            found += [o for o in ops if o not in found]
+    return found
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------- runner
+class Runner:
+    def __init__(self, args, device: torch.device, bandwidth_gb_s: Optional[float]):
+        self.args = args
+        self.device = device
+        self.bw = bandwidth_gb_s
+        self.rows: List[dict] = []
+        self.graph_info: List[dict] = []
+        self.t0 = time.perf_counter()
+
+    def over_budget(self) -> bool:
+        return self.args.budget_s is not None and time.perf_counter() - self.t0 > self.args.budget_s
+
+    def floors(self, case: OpCase, n: int, m: int) -> dict:
+        b = floor_bytes(case.name, n, m, case.width, case.heads)
+        out = {"bytes_fwd": b["fwd"], "bytes_fwd_bwd": b["fwd_bwd"], "bytes_fwd_min": b["fwd_min"]}
+        if self.bw:
+            to_ms = lambda nbytes: nbytes / (self.bw * 1e9) * 1e3  # noqa: E731
+            out.update(floor_fwd_ms=to_ms(b["fwd"]), floor_fwd_bwd_ms=to_ms(b["fwd_bwd"]),
+                       floor_fwd_min_ms=to_ms(b["fwd_min"]))
+        return out
+
+    def run_case(self, gname: str, graph, n: int, m: int, case: OpCase) -> None:
+        from gnn_fastpath import ops as gops
+
+        a = self.args
+        fn = case.fn()
+        base = {"graph": gname, "nodes": n, "edges": m, "op": case.name, "shape": case.label,
+                "variant": a.variant_label}
+        base.update(self.floors(case, n, m))
+        inputs, kwargs = case.inputs(n, self.device, a.seed)
+        outputs = {}
+        backends = [] if a.no_cuda else ["cuda"]
+        if not a.no_reference:
+            backends.append("reference")
+        for backend in backends:
+            row = dict(base, backend=backend)
+            if self.over_budget():
+                row["status"] = "skipped: time budget"
+                self.add(row)
+                continue
+            if backend == "cuda":
+                chosen = gops.backend_for(case.name, inputs[0])
+                if chosen != "cuda":
+                    from gnn_fastpath import cuda as gcuda
+
+                    why = gcuda.unavailable_reason() or "no CUDA kernel registered for this op"
+                    row["status"] = f"no CUDA path (dispatches to reference: {why})"
+                    self.add(row)
+                    continue
+                ctx = _nullcontext()
+            else:
+                need = case.ref_factor * m * case.width * F32
+                free = _free_bytes(self.device)
+                if free is not None and need > 0.8 * free:
+                    row["status"] = f"skipped: reference needs ~{need / 1e9:.0f} GB, {free / 1e9:.0f} GB free"
+                    self.add(row)
+                    continue
+                ctx = gops.force_reference()
+            with ctx:
+                call = lambda: fn(graph, *inputs, **kwargs)  # noqa: E731
+                failed = None
+                try:
+                    with torch.no_grad():
+                        outputs[backend] = call().detach()
+                except Exception as exc:  # noqa: BLE001
+                    failed = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:300]
+                if failed is not None:
+                    free_memory()
+                    row["status"] = failed
+                    self.add(row)
+                    continue
+                res = measure(call, inputs, a.warmup, a.iters, self.device)
+            row.update(res)
+            err = res.get("error")
+            row["status"] = ("ok" if not err and OOM not in (res["fwd_ms"], res["fwd_bwd_ms"], res["peak_mb"])
+                             else (f"error: {err}" if err else OOM))
+            if row.get("floor_fwd_ms") and isinstance(res["fwd_ms"], float):
+                row["x_floor_fwd"] = res["fwd_ms"] / row["floor_fwd_ms"]
+            if row.get("floor_fwd_bwd_ms") and isinstance(res["fwd_bwd_ms"], float):
+                row["x_floor_fwd_bwd"] = res["fwd_bwd_ms"] / row["floor_fwd_bwd_ms"]
+            self.add(row)
+        if "cuda" in outputs and "reference" in outputs:
+            for r in self.rows:
+                if r["graph"] == gname and r["op"] == case.name and r["backend"] == "cuda" \
+                        and r["variant"] == a.variant_label:
+                    r["rel_err_vs_reference"] = rel_err(outputs["cuda"], outputs["reference"])
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        msg = " ".join(f"{k}={fmt(row.get(k)) if not isinstance(row.get(k), str) else row.get(k)}"
+                       for k in ("graph", "op", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb",
+                                 "x_floor_fwd", "status") if row.get(k) is not None)
+        print("  " + msg, flush=True)
+        self.save()
+
+    def save(self) -> None:
+        if self.args.json_out:
+            report.write_json(self.args.json_out, self.payload())
+
+    def payload(self) -> dict:
+        return {"benchmark": "ops", "environment": self.env, "settings": self.settings,
+                "graphs": self.graph_info, "rows": self.rows}
+
+    def run(self, graph_names: List[str], op_names: List[str]) -> None:
+        import gnn_fastpath
+
+        a = self.args
+        for gname in graph_names:
+            if self.over_budget():
+                print(f"time budget ({a.budget_s} s) spent: skipping {gname}", flush=True)
+                for op in op_names:
+                    self.add({"graph": gname, "op": op, "backend": "-", "variant": a.variant_label,
+                              "status": "skipped: time budget"})
+                continue
+            t = time.perf_counter()
+            try:
+                bg = G.load(gname, data_dir=a.data_dir, device=self.device, seed=a.seed, scale=a.scale_for(gname))
+            except FileNotFoundError as exc:
+                print(f"{gname}: {exc}", flush=True)
+                for op in op_names:
+                    self.add({"graph": gname, "op": op, "backend": "-", "variant": a.variant_label,
+                              "status": "missing data"})
+                continue
+            load_s = time.perf_counter() - t
+            t = time.perf_counter()
+            graph = gnn_fastpath.Graph.from_edge_index(bg.edge_index, bg.num_nodes)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            build_ms = (time.perf_counter() - t) * 1e3
+            info = dict(bg.meta, load_s=round(load_s, 2), graph_build_ms=round(build_ms, 1))
+            self.graph_info.append(info)
+            print(f"{gname}: {bg.num_nodes:,} nodes, {bg.num_edges:,} edges, max in-degree {info.get('in_max')}; "
+                  f"loaded in {load_s:.1f} s, Graph built in {build_ms:.0f} ms", flush=True)
+            for op in op_names:
+                self.run_case(gname, graph, bg.num_nodes, bg.num_edges, OPS[op])
+                free_memory()  # run_case's inputs and outputs are gone with its frame
+            del graph, bg
+            free_memory()
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _free_bytes(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    # memory torch has cached but not allocated is free to it as well
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+# ----------------------------------------------------------------------------- variants
+def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], bandwidth: Optional[float]) -> List[dict]:
+    """Rerun ``op_names`` restricted to those ``spec``'s variables concern, in a subprocess
+    whose environment carries ``spec`` (``"NAME=VALUE NAME2=VALUE2"``)."""
+    assigns = dict(item.split("=", 1) for item in spec.split())
+    ops = ops_for_env(list(assigns))
+    ops = [o for o in op_names if ops is None or o in ops]
+    if not ops:
+        return []
+    env = dict(os.environ, **assigns)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "variant.json"
+        cmd = [sys.executable, "-m", "benchmarks.bench_ops", "--graphs", ",".join(graph_names),
+               "--ops", ",".join(ops), "--no-reference", "--warmup", str(args.warmup), "--iters", str(args.iters),
+               "--seed", str(args.seed), "--json-out", str(out), "--md", "", "--variant-label", spec]
+        if bandwidth:
+            cmd += ["--bandwidth", str(bandwidth)]
+        if args.data_dir:
+            cmd += ["--data-dir", args.data_dir]
+        if args.budget_s is not None:
+            cmd += ["--budget-s", str(max(1.0, args.budget_s - (time.perf_counter() - args.t_start)))]
+        print(f"variant [{spec}]: {' '.join(ops)}", flush=True)
+        proc = subprocess.run(cmd, env=env, cwd=str(report.REPO_ROOT))
+        if out.exists():
+            return json.loads(out.read_text())["rows"]
+        return [{"graph": g, "op": o, "backend": "cuda", "variant": spec,
+                 "status": f"variant run failed (exit {proc.returncode})"} for g in graph_names for o in ops]
+
+
+# ----------------------------------------------------------------------------- output
+COLUMNS = ["graph", "op", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd",
+           "floor_fwd_bwd_ms", "x_floor_fwd_bwd", "rel_err_vs_reference", "status"]
+HEADERS = ["graph", "op", "backend", "variant", "fwd ms", "fwd+bwd ms", "fwd peak MB", "floor fwd ms", "x floor",
+           "floor f+b ms", "x floor f+b", "rel err", "status"]
+
+
+def _err(v):
+    return "" if v is None else f"{v:.1e}"
+
+
+def markdown(payload: dict) -> str:
+    env = payload["environment"]
+    ops = list(OPS)
+    graphs = payload["settings"]["graphs"]
+
+    def key(r):
+        return (ops.index(r["op"]) if r.get("op") in ops else 99,
+                graphs.index(r["graph"]) if r.get("graph") in graphs else 99,
+                0 if r.get("backend") == "cuda" else 1, r.get("variant") != "default", str(r.get("variant")))
+
+    rows = sorted(payload["rows"], key=key)
+    fm = {c: fmt for c in ("fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd", "floor_fwd_bwd_ms",
+                           "x_floor_fwd_bwd")}
+    fm["rel_err_vs_reference"] = _err
+    fm["status"] = lambda s: "" if s == "ok" else str(s or "")
+    fm["variant"] = lambda s: "" if s in (None, "default") else str(s)
+    return "\n".join([
+        "### Op benchmarks", "", report.env_header(env), "",
+        f"warm-up {payload['settings']['warmup']}, timed {payload['settings']['iters']} (median); floor = bytes that "
+        "must move / measured copy bandwidth (benchmarks/README.md); 'x floor' = measured / floor.", "",
+        report.markdown_table(rows, COLUMNS, HEADERS, fm), ""])
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graphs", default=None, help=f"comma list (default quick: {','.join(QUICK_GRAPHS)}; "
+                                                  f"full: {','.join(FULL_GRAPHS)})")
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
+    p.add_argument("--quick", action="store_true", help="quick graph set and 3 warm-up / 10 timed calls")
+    p.add_argument("--warmup", type=int, default=None, help="default 5 (quick: 3)")
+    p.add_argument("--iters", type=int, default=None, help="default 20 (quick: 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=None, help="synthetic graph scale (default 1; CPU: 0.01)")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default=None, help="results directory (default benchmarks/results/)")
+    p.add_argument("--json-out", default=None, help="JSON path (default <out>/bench_ops.json)")
+    p.add_argument("--md", default=None, help="markdown path (default <out>/bench_ops.md; '' for none)")
+    p.add_argument("--no-reference", action="store_true", help="skip the reference backend")
+    p.add_argument("--no-cuda", action="store_true", help="skip the CUDA backend")
+    p.add_argument("--variant", action="append", default=[],
+                   help="'NAME=VALUE ...' environment for a rerun of the ops it concerns (repeatable)")
+    p.add_argument("--variant-label", default="default", help=argparse.SUPPRESS)
+    p.add_argument("--bandwidth", type=float, default=None, help="GB/s to use instead of measuring")
+    p.add_argument("--budget-s", type=float, default=None, help="start no new measurement after this many seconds")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.t_start = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.graphs:
+        graph_names = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    else:
+        graph_names = QUICK_GRAPHS if args.quick else FULL_GRAPHS
+    op_names = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in op_names if o not in OPS]
+    if bad:
+        raise SystemExit(f"unknown ops {bad}; known: {', '.join(OPS)}")
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 5)
+    args.iters = args.iters if args.iters is not None else (10 if args.quick else 20)
+    scale = args.scale
+    if not cuda:
+        print("no GPU: timing the reference backend on scaled-down synthetic graphs (a smoke run, not a benchmark)",
+              flush=True)
+        if scale is None:
+            scale = CPU_SCALE
+        if not args.graphs:
+            graph_names = CPU_GRAPHS
+        args.no_cuda = True
+        args.warmup, args.iters = min(args.warmup, 1), min(args.iters, 3)
+        args.variant = []
+    scale = 1.0 if scale is None else scale
+    args.scale_for = lambda name: 1.0 if name in G.REAL else scale
+    out_dir = report.out_dir(args.out)
+    if args.json_out is None:
+        args.json_out = str(out_dir / "bench_ops.json")
+    md_path = str(out_dir / "bench_ops.md") if args.md is None else args.md
+
+    bw = None
+    if args.bandwidth:
+        bw = {"gb_s": args.bandwidth, "bytes": None, "ms": None, "note": "given by --bandwidth"}
+    elif cuda:
+        bw = measure_bandwidth()
+        print(f"copy bandwidth: {bw['gb_s']:,.0f} GB/s (read + write)", flush=True)
+    runner = Runner(args, device, bw["gb_s"] if bw else None)
+    runner.env = report.environment(bw)
+    runner.settings = {"warmup": args.warmup, "iters": args.iters, "seed": args.seed, "scale": scale,
+                       "graphs": graph_names, "ops": op_names, "variants": args.variant, "quick": args.quick,
+                       "device": str(device)}
+    runner.run(graph_names, op_names)
+    free_memory()
+    for spec in args.variant:
+        runner.rows += run_variant(spec, args, graph_names, op_names, bw["gb_s"] if bw else None)
+        runner.save()
+    runner.save()
+    text = markdown(runner.payload())
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(md_path).write_text(text)
+    if args.variant_label == "default":
+        print()
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# One device call: install offline, GPU tests, memcheck, benchmarks, summary (printed last).
+#
+#   bash benchmarks/device_run.sh [quick|full]
+#
+# Run from the repository root on the device machine (its python3 has torch, CuPy, PyG;
+# no package registry). Expects ./.data/tolokers.npz (carry .data) and optionally DGL
+# wheels in ./.whl (carry .whl). Writes at most 8 files into $OUT (flat):
+#   summary.md  pytest_cuda.log  pytest_rest.log  sanitizer.log  bench.log
+#   bench_ops.json  bench_layers.json
+# Time budget for the whole script: quick 240 s, full 540 s (override BUDGET_S); each
+# stage gets at most its own cap (override PYTEST_CUDA_S, PYTEST_REST_S, SANITIZER_S,
+# OPS_S, LAYERS_S) and never more than what is left of the budget. Stages that run out of
+# time are cut, and whatever they wrote so far is kept.
+# Set GNN_FASTPATH_COMMIT=<sha> in the command (the device copy has no .git).
+set -u
+MODE=${1:-quick}
+OUT=${OUT:-/tmp/gnn_fastpath_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+START=$SECONDS
+case "$MODE" in
+  quick)
+    BUDGET=${BUDGET_S:-240}
+    CAP_PYTEST_CUDA=${PYTEST_CUDA_S:-60}; CAP_PYTEST_REST=${PYTEST_REST_S:-30}; CAP_SAN=${SANITIZER_S:-45}
+    CAP_OPS=${OPS_S:-60}; CAP_LAYERS=${LAYERS_S:-40}
+    BENCH_FLAGS="--quick" ;;
+  full)
+    BUDGET=${BUDGET_S:-540}
+    CAP_PYTEST_CUDA=${PYTEST_CUDA_S:-120}; CAP_PYTEST_REST=${PYTEST_REST_S:-60}; CAP_SAN=${SANITIZER_S:-90}
+    CAP_OPS=${OPS_S:-150}; CAP_LAYERS=${LAYERS_S:-110}
+    BENCH_FLAGS="" ;;
+  *) echo "usage: bash benchmarks/device_run.sh [quick|full]"; exit 2 ;;
+esac
+SUMMARY=$OUT/summary.md
+STAGES=""
+
+# seconds a stage may take: its cap, cut to what is left of the budget (15 s kept for the summary)
+stage_time() {
+  local want=$1 left=$(( BUDGET - (SECONDS - START) - 15 ))
+  (( left < want )) && want=$left
+  echo "$want"
+}
+note_stage() { STAGES="$STAGES| $1 | $2 | $3 s |"$'\n'; }
+
+# ---------------------------------------------------------------- install (offline)
+mkdir -p /tmp/site
+WHEELS="none"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      >/tmp/pip_whl.log 2>&1; then WHEELS="$(cd .whl && ls *.whl | tr '\n' ' ')"; else WHEELS="FAILED: $(tail -3 /tmp/pip_whl.log)"; fi
+fi
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# The package maps ./integrations to gnn_fastpath.integrations (pyproject package-dir), so a
+# plain PYTHONPATH=$PWD cannot import gnn_fastpath.integrations. An editable install puts a
+# finder for that mapping into the system site-packages (offline: setuptools and wheel are
+# on the machine; --no-build-isolation keeps pip from fetching them). If that fails, install
+# a regular copy into /tmp/gfp and run python with -P, so that the cwd's gnn_fastpath
+# (without the mapping) does not shadow the copy.
+PY="python3"
+if python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/pip_e.log 2>&1 \
+    && (cd / && python3 -c "import gnn_fastpath.integrations") >/dev/null 2>&1; then
+  INSTALL="editable (pip install -e . into the system site-packages)"
+else
+  rm -rf /tmp/gfp
+  if python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/gfp . >/tmp/pip_t.log 2>&1; then
+    export PYTHONPATH=/tmp/gfp:$PYTHONPATH
+    PY="python3 -P"
+    INSTALL="copy in /tmp/gfp, python3 -P (editable failed: $(tail -1 /tmp/pip_e.log))"
+  else
+    INSTALL="FAILED (editable: $(tail -1 /tmp/pip_e.log); copy: $(tail -1 /tmp/pip_t.log)); PYTHONPATH=\$PWD only"
+  fi
+fi
+IMPORT_CHECK=$($PY -c "import gnn_fastpath, gnn_fastpath.integrations as i; print(gnn_fastpath.__file__, i.__file__, 'cuda:', gnn_fastpath.cuda.unavailable_reason() or 'available')" 2>&1 | tail -1)
+GPU=$(nvidia-smi -L 2>&1 | head -4)
+echo "== GPU: $GPU"
+echo "== install: $INSTALL"
+echo "== import: $IMPORT_CHECK"
+echo "== wheels: $WHEELS"
+if [ ! -f .data/tolokers.npz ]; then echo "== WARNING: .data/tolokers.npz missing (carry .data): tolokers rows will say 'missing data'"; fi
+note_stage install "done" $(( SECONDS - START ))
+
+# ---------------------------------------------------------------- tests
+# pytest-xdist (on the device image) spreads tests over workers: PYTEST_WORKERS_CUDA
+# (default 4) for the GPU tests, PYTEST_WORKERS_REST (default 8) for the rest; 0 = serial.
+XD_CUDA=""; XD_REST=""
+if $PY -c "import xdist" >/dev/null 2>&1; then
+  (( ${PYTEST_WORKERS_CUDA:-4} > 0 )) && XD_CUDA="-n ${PYTEST_WORKERS_CUDA:-4}"
+  (( ${PYTEST_WORKERS_REST:-8} > 0 )) && XD_REST="-n ${PYTEST_WORKERS_REST:-8}"
+fi
+t=$(stage_time "$CAP_PYTEST_CUDA"); s0=$SECONDS
+if (( t > 5 )); then
+  echo "== pytest -m cuda $XD_CUDA (limit ${t} s)"
+  timeout -k 5 "$t" $PY -m pytest tests -m cuda -q ${PYTEST_CUDA_FLAGS:--x} -p no:cacheprovider $XD_CUDA >"$OUT/pytest_cuda.log" 2>&1
+  rc=$?; tail -5 "$OUT/pytest_cuda.log"
+  note_stage "pytest -m cuda" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage "pytest -m cuda" "skipped: budget" 0; fi
+
+t=$(stage_time "$CAP_PYTEST_REST"); s0=$SECONDS
+if (( t > 5 )); then
+  echo "== pytest -m 'not cuda' $XD_REST (limit ${t} s)"
+  timeout -k 5 "$t" $PY -m pytest tests -m "not cuda" -q -p no:cacheprovider $XD_REST >"$OUT/pytest_rest.log" 2>&1
+  rc=$?; tail -3 "$OUT/pytest_rest.log"
+  note_stage "pytest -m 'not cuda'" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage "pytest -m 'not cuda'" "skipped: budget" 0; fi
+
+# ---------------------------------------------------------------- memcheck
+t=$(stage_time "$CAP_SAN"); s0=$SECONDS
+if (( t > 5 )) && command -v compute-sanitizer >/dev/null 2>&1; then
+  echo "== compute-sanitizer memcheck (limit ${t} s)"
+  SANITIZE_COMPARE=0 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 5 "$t" compute-sanitizer --tool memcheck --error-exitcode 86 \
+    --print-limit 30 --target-processes all $PY benchmarks/sanitize_small.py >"$OUT/sanitizer.log" 2>&1
+  rc=$?; grep -E "ERROR SUMMARY|SANITIZE_SMALL|FAIL " "$OUT/sanitizer.log" | tail -5
+  note_stage "memcheck sanitize_small.py" "exit $rc$( ((rc==86)) && echo ' (memcheck errors)')$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else
+  note_stage "memcheck sanitize_small.py" "skipped: $(command -v compute-sanitizer >/dev/null || echo 'no compute-sanitizer; ')budget ${t} s" 0
+fi
+
+# ---------------------------------------------------------------- benchmarks
+t=$(stage_time "$CAP_OPS"); s0=$SECONDS
+if (( t > 10 )); then
+  echo "== bench_ops $BENCH_FLAGS (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_ops $BENCH_FLAGS --out /tmp/bench --json-out "$OUT/bench_ops.json" \
+    --md /tmp/bench/bench_ops.md --budget-s $(( t * 85 / 100 )) \
+    --variant "GNN_FASTPATH_GATV2_BWD=atomic GNN_FASTPATH_DOT_BWD=atomic" \
+    --variant "GNN_FASTPATH_GATV2_BWD=transposed GNN_FASTPATH_DOT_BWD=transposed" >>"$OUT/bench.log" 2>&1
+  rc=$?; note_stage bench_ops "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage bench_ops "skipped: budget" 0; fi
+
+t=$(stage_time "$CAP_LAYERS"); s0=$SECONDS
+if (( t > 10 )); then
+  echo "== bench_layers $BENCH_FLAGS (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_layers $BENCH_FLAGS --out /tmp/bench --json-out "$OUT/bench_layers.json" \
+    --md /tmp/bench/bench_layers.md --budget-s $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
+  rc=$?; note_stage bench_layers "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage bench_layers "skipped: budget" 0; fi
+
+# ---------------------------------------------------------------- summary (printed last)
+last_line() {  # pytest's final count line, or why there is none
+  [ -f "$1" ] || { echo "(not run)"; return; }
+  local l; l=$(grep -E "(passed|failed|skipped|deselected|errors?|no tests ran).* in [0-9.]+s" "$1" | tail -1)
+  echo "${l:-no summary line (cut by the time limit?): $(tail -1 "$1" | cut -c1-150)}"
+}
+{
+  echo "# gnn_fastpath device run ($MODE) $(date -u +%FT%TZ)"
+  echo
+  echo "- GPU: $(echo "$GPU" | head -1)"
+  echo "- commit: ${GNN_FASTPATH_COMMIT:-unknown (set GNN_FASTPATH_COMMIT)}"
+  echo "- install: $INSTALL; import: $IMPORT_CHECK"
+  echo "- wheels: $WHEELS"
+  echo "- pytest -m cuda: $(last_line "$OUT/pytest_cuda.log")"
+  echo "- pytest -m 'not cuda': $(last_line "$OUT/pytest_rest.log")"
+  echo "- memcheck: $([ -f "$OUT/sanitizer.log" ] && grep -E "ERROR SUMMARY|SANITIZE_SMALL" "$OUT/sanitizer.log" | tr '\n' ' ' || echo '(not run)')"
+  echo
+  echo "| stage | result | seconds |"
+  echo "| --- | --- | --- |"
+  printf "%s" "$STAGES"
+  echo
+  $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" 2>&1
+  echo
+  echo "## full tables"
+  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md; do [ -f "$f" ] && cat "$f" && echo; done
+} >"$SUMMARY" 2>&1
+echo
+echo "================ SUMMARY (full tables in summary.md) ================"
+sed '/^## full tables/,$d' "$SUMMARY"
+echo "total ${SECONDS}s (budget ${BUDGET}s)"

@@ -1,0 +1,188 @@
+"""Run every available CUDA op, forward and backward, on small random graphs.
+
+Meant to run under ``compute-sanitizer --tool memcheck`` (benchmarks/device_run.sh does,
+with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so each tensor is its own allocation and an
+out-of-bounds access is not hidden inside a cached block). It also compares every output
+and gradient with the reference backend, so it doubles as a quick GPU smoke test.
+
+The graphs have what kernels get wrong: destinations without in-edges, self loops,
+duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
+"heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
+backward variants (atomic, transposed). Exit status 1 when a case raised or mismatched.
+
+    python3 benchmarks/sanitize_small.py                       # GPU, compared with the reference
+    SANITIZE_DEVICE=cpu python3 benchmarks/sanitize_small.py    # dry run of the harness on the CPU
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Callable, List, Sequence
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import gnn_fastpath  # noqa: E402
+from gnn_fastpath import ops as gops  # noqa: E402
+
+TOL = 1e-4
+#: SANITIZE_DEVICE=cpu is a dry run of this harness (reference against itself, no GPU).
+DEVICE = os.environ.get("SANITIZE_DEVICE", "cuda")
+#: SANITIZE_COMPARE=0 skips the reference comparison (under memcheck it only adds checked
+#: torch kernels; correctness is the GPU tests' job).
+COMPARE = os.environ.get("SANITIZE_COMPARE", "1") != "0"
+failures: List[str] = []
+
+
+def make_graph(n_src: int, n_dst: int, m: int, heavy: int, seed: int, bipartite: bool):
+    g = torch.Generator().manual_seed(seed)
+    live = max(1, int(n_dst * 0.8))  # destinations >= live get no in-edges (empty rows)
+    src = torch.randint(0, n_src, (m,), generator=g)
+    dst = torch.randint(0, live, (m,), generator=g)
+    parts_s, parts_d = [src], [dst]
+    parts_s.append(torch.randint(0, n_src, (heavy,), generator=g))    # super node 7
+    parts_d.append(torch.full((heavy,), 7, dtype=torch.long))
+    if not bipartite:
+        loops = torch.randint(0, live, (20,), generator=g)           # self loops
+        parts_s.append(loops)
+        parts_d.append(loops)
+    dup = torch.randint(0, m, (50,), generator=g)                    # duplicate edges
+    parts_s.append(src[dup])
+    parts_d.append(dst[dup])
+    ei = torch.stack([torch.cat(parts_s), torch.cat(parts_d)])
+    perm = torch.randperm(ei.shape[1], generator=g)                  # caller order != CSR order
+    ei = ei[:, perm].to(DEVICE)
+    nodes = (n_src, n_dst) if bipartite else n_src
+    return gnn_fastpath.Graph.from_edge_index(ei, nodes)
+
+
+def rnd(*shape, scale=1.0, grad=True):
+    t = (torch.randn(*shape, device=DEVICE) * scale)
+    return t.requires_grad_(grad)
+
+
+def set_attention_variant(kind: str) -> None:
+    """Backward variant of both attention ops (env read per call by dot, module attribute
+    read per call by GATv2; harmless where a variant does not exist)."""
+    os.environ["GNN_FASTPATH_DOT_BWD"] = kind
+    os.environ["GNN_FASTPATH_GATV2_BWD"] = kind
+    try:
+        from gnn_fastpath.cuda import gatv2
+
+        if hasattr(gatv2, "BWD_DX_SRC"):
+            gatv2.BWD_DX_SRC = kind
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _flat(out) -> List[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], compare: bool = True) -> None:
+    probe = inputs[0]
+    backend = gops.backend_for(op, probe)
+    if backend != "cuda" and DEVICE == "cuda":
+        print(f"SKIP {name}: {op} dispatches to {backend} here", flush=True)
+        return
+    t0 = time.perf_counter()
+    try:
+        outs = _flat(fn(*inputs))
+        grads_out = [torch.randn_like(o) for o in outs]
+        diff = [x for x in inputs if x.requires_grad]
+        grads = torch.autograd.grad(outs, diff, grads_out, allow_unused=True)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        worst = 0.0
+        if compare and COMPARE:
+            with gops.force_reference():
+                ref_outs = _flat(fn(*inputs))
+                ref_grads = torch.autograd.grad(ref_outs, diff, grads_out, allow_unused=True)
+            for a, b in list(zip(outs, ref_outs)) + list(zip(grads, ref_grads)):
+                if a is None and b is None:
+                    continue
+                if a is None or b is None:
+                    raise AssertionError("a gradient is None on one backend only")
+                a, b = a.detach().double(), b.detach().double()
+                if not torch.isfinite(a).all():
+                    raise AssertionError("non-finite values")
+                err = float((a - b).norm() / b.norm().clamp_min(1e-12))
+                worst = max(worst, err)
+            if worst > TOL:
+                raise AssertionError(f"relative error {worst:.2e} > {TOL:.0e}")
+        checked = f"max rel err {worst:.1e}" if compare and COMPARE else "ran (not compared)"
+        print(f"OK   {name}: {checked} ({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)
+    except Exception as exc:  # noqa: BLE001
+        failures.append(name)
+        print(f"FAIL {name}: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc(limit=4)
+
+
+def main() -> int:
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no GPU: nothing to sanitize")
+        return 0
+    reason = gnn_fastpath.cuda.unavailable_reason()
+    if reason and DEVICE == "cuda":
+        print(f"CUDA kernels unavailable: {reason}")
+        return 1
+    torch.manual_seed(0)
+    graphs = {
+        "homog": make_graph(300, 300, 2500, 700, seed=1, bipartite=False),
+        "bipartite": make_graph(200, 120, 1500, 400, seed=2, bipartite=True),
+    }
+    for gname, g in graphs.items():
+        ns, nd, m = g.n_src, g.n_dst, g.num_edges
+        print(f"graph {gname}: n_src={ns} n_dst={nd} M={m}", flush=True)
+        for variant in ("atomic", "transposed"):
+            set_attention_variant(variant)
+            for h, d in ((2, 64), (1, 32), (4, 128), (3, 20)):
+                tag = f"{gname} H{h} D{d} bwd={variant}"
+                run_case(f"gatv2 {tag}", "gatv2_attention",
+                         lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a),
+                         [rnd(ns, h, d), rnd(nd, h, d), rnd(h, d, scale=d ** -0.5)])
+                run_case(f"dot {tag}", "dot_attention",
+                         lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v),
+                         [rnd(nd, h, d), rnd(ns, h, d), rnd(ns, h, d)])
+            tag = f"{gname} H2 D64 bwd={variant}"
+            run_case(f"gatv2 edge_term+attention {tag}", "gatv2_attention",
+                     lambda xs, xd, a, et: gnn_fastpath.gatv2_attention(g, xs, xd, a, edge_term=et, return_attention=True),
+                     [rnd(ns, 2, 64), rnd(nd, 2, 64), rnd(2, 64, scale=0.125), rnd(m, 2, 64)])
+            run_case(f"dot edge_term+attention {tag}", "dot_attention",
+                     lambda q, k, v, et: gnn_fastpath.dot_attention(g, q, k, v, edge_term=et, return_attention=True),
+                     [rnd(nd, 2, 64), rnd(ns, 2, 64), rnd(ns, 2, 64), rnd(m, 2, 64)])
+            # dropout: random streams differ from the reference, so memory checking only
+            run_case(f"gatv2 dropout {tag}", "gatv2_attention",
+                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, dropout=0.2, return_attention="dropped"),
+                     [rnd(ns, 2, 64), rnd(nd, 2, 64), rnd(2, 64, scale=0.125)], compare=False)
+            run_case(f"dot dropout {tag}", "dot_attention",
+                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, dropout=0.2),
+                     [rnd(nd, 2, 64), rnd(ns, 2, 64), rnd(ns, 2, 64)], compare=False)
+        set_attention_variant("atomic")
+        for f in (64, 512, 33):
+            for norm in ("none", "left", "right", "both"):
+                run_case(f"spmm {gname} F{f} norm={norm}", "spmm",
+                         lambda x: gnn_fastpath.spmm(g, x, norm=norm), [rnd(ns, f)])
+            run_case(f"spmm {gname} F{f} edge_weight norm=both", "spmm",
+                     lambda x, w: gnn_fastpath.spmm(g, x, edge_weight=w, norm="both"),
+                     [rnd(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
+            for reduce in ("max", "min"):
+                run_case(f"segment_reduce {gname} F{f} {reduce}", "segment_reduce",
+                         lambda x: gnn_fastpath.segment_reduce(g, x, reduce=reduce), [rnd(ns, f)])
+            run_case(f"segment_reduce {gname} F{f} max edge_weight", "segment_reduce",
+                     lambda x, w: gnn_fastpath.segment_reduce(g, x, reduce="max", edge_weight=w),
+                     [rnd(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    if failures:
+        print(f"SANITIZE_SMALL: {len(failures)} case(s) failed: {', '.join(failures)}")
+        return 1
+    print("SANITIZE_SMALL: all available cases ran" + (" and matched the reference" if COMPARE else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
