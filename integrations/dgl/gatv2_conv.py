@@ -1,0 +1,123 @@
+"""DGL ``GATv2Conv`` on :func:`gnn_fastpath.gatv2_attention`.
+
+Reproduces ``dgl.nn.pytorch.conv.GATv2Conv.forward`` (DGL 2.1.0) step by step: the
+zero-in-degree check (memoised per Graph, same DGLError), ``feat_drop`` called the same
+number of times in the same order (so feature dropout draws the same random numbers as
+stock), ``fc_src``/``fc_dst`` called as submodules, blocks take the first
+``num_dst_nodes`` rows as destination features, then one fused op for the edge logits,
+softmax, attention dropout and aggregation, then the residual (``res_fc`` called as a
+submodule: ``nn.Linear`` or DGL's ``Identity``) and ``activation``. The bias lives in the
+``fc_*``/``res_fc`` linears in DGL 2.1.0, so there is no separate bias step.
+
+What differs from stock: attention dropout with p > 0 in training draws its own random
+numbers (same keep probability 1 - p and scale 1 / (1 - p)); stock and fused agree exactly
+at p = 0 and in eval mode.
+"""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ... import ops
+from ..shim import Shim, Unsupported
+from .graph import (autocast_on, check_device, check_graph, check_tensor_like, check_zero_in_degree,
+                    features_of, graph_of, has_hooks)
+
+
+def _check_module(module, x: Tensor):
+    """(H, D, att [H, D], negative slope, attention dropout p) or Unsupported."""
+    attn_drop = module.attn_drop
+    if type(attn_drop) is not nn.Dropout:
+        raise Unsupported("attn_drop", f"attn_drop is a {type(attn_drop).__name__}, not nn.Dropout")
+    leaky = module.leaky_relu
+    if type(leaky) is not nn.LeakyReLU:
+        raise Unsupported("leaky_relu", f"leaky_relu is a {type(leaky).__name__}, not nn.LeakyReLU")
+    # The op applies both itself: hooks on them would not fire.
+    if has_hooks(attn_drop) or has_hooks(leaky):
+        raise Unsupported("hooks", "hooks on attn_drop or leaky_relu")
+    H, D = int(module._num_heads), int(module._out_feats)
+    attn = module.attn
+    check_tensor_like("attn", attn, x)
+    if tuple(attn.shape) != (1, H, D):
+        raise Unsupported("attn", f"attn has shape {tuple(attn.shape)}, expected (1, {H}, {D})")
+    p = float(attn_drop.p) if attn_drop.training else 0.0
+    return H, D, attn.reshape(H, D), float(leaky.negative_slope), p
+
+
+def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
+    """Shape checks stock would fail later; a mismatch runs stock so it reports the error."""
+    if isinstance(feat, tuple):
+        if len(feat) != 2:
+            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
+        src, dst = feat
+        check_tensor_like("feat[1]", dst, src)
+        if src.dim() != 2 or dst.dim() != 2:
+            raise Unsupported("input", "feat_src and feat_dst must be 2-D [N, in_feats]")
+        if src.shape[0] != n_src or dst.shape[0] != n_dst:
+            raise Unsupported("input", f"feature rows ({src.shape[0]}, {dst.shape[0]}) != graph nodes "
+                                       f"({n_src}, {n_dst})")
+        return src
+    if feat.dim() != 2:
+        raise Unsupported("input", f"feat must be 2-D [N, in_feats], got {feat.dim()}-D")
+    if feat.shape[0] != n_src or (n_src != n_dst if not is_block else n_src < n_dst):
+        raise Unsupported("input", f"feat has {feat.shape[0]} rows for a graph of ({n_src}, {n_dst}) nodes")
+    return feat
+
+
+def _fc_dst_rows(module, h_dst: Tensor, n_dst: int) -> Tensor:
+    """``fc_dst(h_dst)[:n_dst]`` for a block; a plain hook-free Linear only computes the rows kept."""
+    fc = module.fc_dst
+    if type(fc) is nn.Linear and not has_hooks(fc):
+        return fc(h_dst[:n_dst])
+    return fc(h_dst)[:n_dst]
+
+
+def fused_forward(module, backend, graph, feat, get_attention=False):
+    """``GATv2Conv.forward(graph, feat, get_attention=False)`` on the fused op."""
+    g = graph
+    n_src, n_dst, is_block = check_graph(g)
+    x = features_of(g, feat)
+    check_device(g, x)
+    if autocast_on(x):
+        raise Unsupported("autocast", "autocast is active (the fused path takes float32)")
+    H, D, att, negative_slope, p = _check_module(module, x)
+    _check_features(g, feat, n_src, n_dst, is_block)
+
+    G = graph_of(g)
+    check_zero_in_degree(module, G)
+
+    if isinstance(feat, tuple):
+        h_src = module.feat_drop(feat[0])
+        h_dst = module.feat_drop(feat[1])
+        feat_src = module.fc_src(h_src).view(-1, H, D)
+        feat_dst = module.fc_dst(h_dst).view(-1, H, D)
+    else:
+        h_src = h_dst = module.feat_drop(feat)
+        feat_src = module.fc_src(h_src).view(-1, H, D)
+        if is_block:
+            h_dst = h_dst[:n_dst]
+        if module.share_weights:
+            feat_dst = feat_src[:n_dst] if is_block else feat_src
+        elif is_block:
+            feat_dst = _fc_dst_rows(module, h_src, n_dst).view(-1, H, D)
+        else:
+            feat_dst = module.fc_dst(h_dst).view(-1, H, D)
+
+    result = ops.gatv2_attention(G, feat_src, feat_dst, att, negative_slope,
+                                 return_attention="dropped" if get_attention else False, dropout=p)
+    rst, alpha = result if get_attention else (result, None)
+
+    if module.res_fc is not None:
+        resval = module.res_fc(h_dst).view(h_dst.shape[0], -1, module._out_feats)
+        rst = rst + resval
+    if module.activation:
+        rst = module.activation(rst)
+    if get_attention:
+        return rst, alpha.unsqueeze(-1)
+    return rst
+
+
+def make_shim() -> Shim:
+    from dgl.nn.pytorch.conv import GATv2Conv
+
+    return Shim(key="dgl.GATv2Conv", cls=GATv2Conv, forward=fused_forward, op="gatv2_attention",
+                features=features_of)

@@ -1,0 +1,13 @@
+"""The DGL shims: ``SHIMS`` lists one :class:`~gnn_fastpath.integrations.shim.Shim` per layer.
+
+Imported only once ``import dgl`` has succeeded (see ``__init__.shims``).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ..shim import Shim
+from .gatv2_conv import make_shim as _gatv2_conv
+from .graph_conv import make_shim as _graph_conv
+
+SHIMS: List[Shim] = [_gatv2_conv(), _graph_conv()]

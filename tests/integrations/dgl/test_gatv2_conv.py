@@ -1,0 +1,273 @@
+"""DGL GATv2Conv under gnn_fastpath.enable(): stock semantics, fallbacks, errors, devices."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gnn_fastpath
+from gnn_fastpath import Graph
+
+pytestmark = pytest.mark.dgl
+
+KEY = "dgl.GATv2Conv"
+OUT = 4
+
+# (name, constructor kwargs, forward kwargs); in_feats is set per graph kind below.
+CONFIGS = [
+    ("plain", dict(num_heads=1), {}),
+    ("heads3_residual_linear_attention", dict(num_heads=3, residual=True, activation=F.elu),
+     dict(get_attention=True)),
+    ("residual_identity_nobias", dict(num_heads=2, residual=True, bias=False, identity=True), {}),
+    ("share_weights_residual_attention", dict(num_heads=2, share_weights=True, residual=True, bias=False),
+     dict(get_attention=True)),
+    ("slope_activation_share", dict(num_heads=4, negative_slope=0.05, activation=torch.relu,
+                                    share_weights=True), {}),
+    ("dropouts_in_eval", dict(num_heads=2, feat_drop=0.5, attn_drop=0.5, residual=True, eval_mode=True),
+     dict(get_attention=True)),
+]
+
+
+def build(dgl, pair, heads, identity=False, eval_mode=False, seed=0, **kwargs):
+    from dgl.nn import GATv2Conv
+
+    torch.manual_seed(seed)
+    if pair:
+        in_feats = (7, heads * OUT if identity else 5)
+    else:
+        in_feats = heads * OUT if identity else 6
+    conv = GATv2Conv(in_feats, OUT, heads, allow_zero_in_degree=True, **kwargs)
+    if identity:
+        assert not isinstance(conv.res_fc, nn.Linear)
+    with torch.no_grad():  # stock inits biases to 0: make them count
+        for name, p in conv.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+    return conv.eval() if eval_mode else conv.train()
+
+
+KINDS = ["homo", "homo_int32", "bipartite_pair", "create_block", "create_block_pair", "to_block"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name,ctor,call", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_matches_stock(dgl, h, kind, name, ctor, call):
+    make, pair = h.KINDS[kind]
+    g = make(dgl)
+    ctor = dict(ctor)
+    conv = build(dgl, pair, ctor.pop("num_heads"), **ctor)
+    in_feats = (conv._in_src_feats, conv._in_dst_feats) if pair else conv._in_src_feats
+    feat = h.features(g, in_feats, pair)
+    before = h.graph_state(g)
+    out = h.compare(conv, g, feat, call)
+    assert out[0].shape == (g.num_dst_nodes(), conv._num_heads, OUT)
+    if call.get("get_attention"):
+        assert out[1].shape == (g.num_edges(), conv._num_heads, 1)
+    assert h.same_graph_state(before, h.graph_state(g))
+    assert h.fused_count(KEY) == 1
+    assert gnn_fastpath.stats()[KEY]["fallback"] == {}
+
+
+def test_feature_dropout_in_training_draws_stock_random_numbers(dgl, h):
+    """feat_drop is called as stock calls it: same seed, same masks, same result."""
+    for pair in (False, True):
+        g = h.bipartite(dgl) if pair else h.homo(dgl, empty_rows=2)
+        conv = build(dgl, pair, 2, feat_drop=0.4, residual=True)
+        in_feats = (conv._in_src_feats, conv._in_dst_feats) if pair else conv._in_src_feats
+        h.compare(conv, g, h.features(g, in_feats, pair), dict(get_attention=True))
+
+
+def test_attention_dropout_in_distribution(dgl, h):
+    """Training with attn_drop: each weight is kept with probability 1 - p, scaled by 1/(1 - p)."""
+    p = 0.3
+    g = h.homo(dgl, n=300, m=6000)
+    conv = build(dgl, False, 2, attn_drop=p)
+    feat = h.features(g, conv._in_src_feats, False)
+    conv.eval()
+    (_, alpha), _ = h.run(conv, g, feat, dict(get_attention=True), "reference", grad=False)
+    conv.train()
+    (out, dropped), _ = h.run(conv, g, feat, dict(get_attention=True), "reference", grad=False)
+    kept = dropped != 0
+    rate = kept.float().mean().item()
+    assert abs(rate - (1 - p)) < 0.02, rate
+    torch.testing.assert_close(dropped[kept], alpha[kept] / (1 - p))
+    # the output aggregates exactly the returned (dropped) weights
+    src, dst = g.edges()
+    feat_src = conv.fc_src(feat).view(-1, 2, OUT)
+    manual = torch.zeros_like(out).index_add_(0, dst.long(), dropped * feat_src[src.long()])
+    torch.testing.assert_close(out, manual, rtol=1e-5, atol=1e-6)
+    # p = 1 drops everything, like nn.Dropout(1.0)
+    conv.attn_drop.p = 1.0
+    (out, dropped), _ = h.run(conv, g, feat, dict(get_attention=True), "reference", grad=False)
+    assert not dropped.any() and not out.any()
+
+
+def test_keyword_arguments_and_submodule_hooks(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2, residual=True)
+    seen = []
+    conv.fc_src.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    feat = h.features(g, 6, False)
+    ref = conv(graph=g, feat=feat, get_attention=True)
+    with h.fused():
+        out = conv(graph=g, feat=feat, get_attention=True)
+    for a, b in zip(out, ref):
+        h.assert_close(a, b)
+    assert len(seen) == 2 and h.fused_count(KEY) == 1
+
+
+def test_zero_in_degree_raises_like_stock_and_is_checked_once(dgl, h, monkeypatch):
+    g = h.homo(dgl, empty_rows=2)
+    conv = build(dgl, False, 2)
+    conv.set_allow_zero_in_degree(False)
+    feat = h.features(g, 6, False)
+    with pytest.raises(dgl.DGLError) as ref:
+        conv(g, feat)
+    with h.fused(), pytest.raises(dgl.DGLError) as exc:
+        conv(g, feat)
+    assert str(exc.value) == str(ref.value)
+    assert gnn_fastpath.stats().get(KEY, {"fallback": {}})["fallback"] == {}
+    # a graph without zero in-degree: checked on the first call only (memoised on the Graph)
+    g = dgl.add_self_loop(g)
+    with h.fused():
+        conv(g, feat)
+        graph = Graph.of(g)
+        calls = []
+        original = Graph.in_degree
+        monkeypatch.setattr(Graph, "in_degree", lambda self: calls.append(1) or original(self))
+        conv(g, feat)
+    assert calls == [] and h.fused_count(KEY) == 2
+    assert graph.memo(("dgl", "has_zero_in_degree"), lambda: None) is False
+
+
+def test_graph_frames_untouched(dgl, h):
+    g = h.homo(dgl, empty_rows=2)
+    g.ndata["x"] = torch.ones(g.num_nodes(), 3)
+    g.edata["w"] = torch.ones(g.num_edges())
+    before = h.graph_state(g)
+    conv = build(dgl, False, 2, residual=True)
+    with h.fused():
+        conv(g, h.features(g, 6, False), get_attention=True)
+    assert h.fused_count(KEY) == 1
+    assert h.same_graph_state(before, h.graph_state(g))
+    assert set(g.ndata.keys()) == {"x"} and set(g.edata.keys()) == {"w"}
+
+
+# --------------------------------------------------------------------------- fallbacks
+def test_fallback_cpu_in_stock_mode(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2)
+    feat = h.features(g, 6, False)
+    ref = conv(g, feat)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with h.fused(cpu="stock"):
+            for _ in range(2):
+                assert torch.equal(conv(g, feat), ref)
+    assert len([w for w in caught if issubclass(w.category, gnn_fastpath.FastpathFallbackWarning)]) == 1
+    assert gnn_fastpath.stats()[KEY]["fallback"] == {"cpu": 2}
+
+
+def test_fallback_float64(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2).double()
+    h.fallback_case(conv, g, h.features(g, 6, False, dtype=torch.float64), "dtype", KEY)
+
+
+def test_fallback_forward_hook(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2)
+    conv.register_forward_hook(lambda m, i, o: None)
+    h.fallback_case(conv, g, h.features(g, 6, False), "hooks", KEY)
+
+
+def test_fallback_subclass_overriding_forward(dgl, h):
+    from dgl.nn import GATv2Conv
+
+    class Mine(GATv2Conv):
+        def forward(self, graph, feat, get_attention=False):
+            return super().forward(graph, feat, get_attention)
+
+    g = h.homo(dgl)
+    torch.manual_seed(0)
+    conv = Mine(6, OUT, 2, allow_zero_in_degree=True)
+    h.fallback_case(conv, g, h.features(g, 6, False), "subclass", KEY)
+
+
+def test_fallback_attn_drop_not_dropout(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2)
+    conv.attn_drop = nn.Identity()
+    h.fallback_case(conv, g, h.features(g, 6, False), "attn_drop", KEY)
+
+
+def test_fallback_hook_on_attn_drop(dgl, h):
+    g = h.homo(dgl)
+    conv = build(dgl, False, 2)
+    conv.attn_drop.register_forward_hook(lambda m, i, o: None)
+    h.fallback_case(conv, g, h.features(g, 6, False), "hooks", KEY)
+
+
+def test_fallback_several_edge_types(dgl, h):
+    g = h.multi_etype(dgl)
+    conv = build(dgl, False, 2)
+    conv.set_allow_zero_in_degree(False)
+    h.fallback_case(conv, g, h.features(g, 6, False), "heterograph", KEY, expect_error=dgl.DGLError)
+
+
+def test_fallback_feature_rows_mismatch(dgl, h):
+    """A single feature tensor on a non-block bipartite graph: stock reports its own error."""
+    g = h.bipartite(dgl)
+    conv = build(dgl, False, 2)
+    h.fallback_case(conv, g, h.features(g, 6, False), "input", KEY, expect_error=dgl.DGLError)
+
+
+# --------------------------------------------------------------------------- real graphs
+@pytest.mark.data
+def test_cora(dgl, h, shared_data):
+    g, x = h.cora(dgl, shared_data)
+    from dgl.nn import GATv2Conv
+
+    torch.manual_seed(0)
+    conv = GATv2Conv(x.shape[1], 8, 8, residual=True, activation=F.elu, feat_drop=0.6)
+    h.compare(conv.train(), g, x, dict(get_attention=True))
+    assert h.fused_count(KEY) == 1
+
+
+@pytest.mark.data
+def test_tolokers_subgraph(dgl, h, shared_data):
+    g, x = h.tolokers(dgl, shared_data)
+    from dgl.nn import GATv2Conv
+
+    torch.manual_seed(0)
+    conv = GATv2Conv(x.shape[1], 16, 2, residual=True, allow_zero_in_degree=True)
+    h.compare(conv, g, x, dict(get_attention=True))
+    assert h.fused_count(KEY) == 1
+
+
+# --------------------------------------------------------------------------- GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["homo", "to_block", "bipartite_pair"])
+def test_cpu_graph_cuda_features(dgl, h, kind):
+    """A CPU DGL graph with CUDA features (DGL's PyPI build is CPU-only: stock cannot run
+    that mix, so the reference is stock on CPU copies of the module and inputs)."""
+    make, pair = h.KINDS[kind]
+    g = make(dgl)
+    conv = build(dgl, pair, 3, residual=True, activation=F.elu)
+    in_feats = (conv._in_src_feats, conv._in_dst_feats) if pair else conv._in_src_feats
+    feat = h.features(g, in_feats, pair)
+    ref_out, ref_grads = h.run(conv, g, feat, dict(get_attention=True))
+    gpu = h.cuda_copy(conv)
+    feat_gpu = tuple(t.cuda() for t in feat) if pair else feat.cuda()
+    out, grads = h.run(gpu, g, feat_gpu, dict(get_attention=True), mode="stock")
+    for a, b in zip(out, ref_out):
+        assert a.is_cuda
+        h.assert_close(a, b, "output")
+    for a, b in zip(grads, ref_grads):
+        h.assert_close(a, b, "gradient")
+    assert gnn_fastpath.stats()[KEY]["fused"]["cuda"] > 0
+    assert g.device.type == "cpu"

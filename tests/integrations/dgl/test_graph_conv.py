@@ -1,0 +1,267 @@
+"""DGL GraphConv under gnn_fastpath.enable(): stock semantics, fallbacks, errors, devices."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnn_fastpath
+from gnn_fastpath import Graph
+
+pytestmark = pytest.mark.dgl
+
+KEY = "dgl.GraphConv"
+NORMS = ["none", "left", "right", "both"]
+KINDS = ["homo", "homo_int32", "bipartite_pair", "create_block", "create_block_pair", "to_block"]
+
+# (name, in_feats, out_feats, constructor kwargs, forward extras)
+CONFIGS = [
+    ("shrink_weight_bias", 9, 4, {}, {}),                       # in > out: W before aggregation
+    ("grow_weight_bias_relu", 4, 9, dict(activation=torch.relu), {}),  # in <= out: W after
+    ("no_weight_no_bias", 5, 5, dict(weight=False, bias=False), {}),
+    ("edge_weight_shrink", 9, 3, {}, dict(edge_weight=True)),
+    ("edge_weight_grow_external_weight", 3, 7, dict(weight=False, activation=F.elu),
+     dict(edge_weight=True, external_weight=True)),
+    ("external_weight_shrink", 8, 2, dict(weight=False), dict(external_weight=True)),
+]
+
+
+def build(in_feats, out_feats, norm, seed=0, **kwargs):
+    from dgl.nn import GraphConv
+
+    torch.manual_seed(seed)
+    conv = GraphConv(in_feats, out_feats, norm=norm, allow_zero_in_degree=True, **kwargs)
+    if conv.bias is not None:  # stock inits the bias to 0: make it count
+        with torch.no_grad():
+            conv.bias.normal_()
+    return conv
+
+
+def call_kwargs(h, g, in_feats, out_feats, extras):
+    kwargs = {}
+    if extras.get("edge_weight"):
+        kwargs["edge_weight"] = h.randn(g.num_edges(), seed=31).abs() + 0.1
+    if extras.get("external_weight"):
+        kwargs["weight"] = h.randn(in_feats, out_feats, seed=32)
+    return kwargs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("name,in_feats,out_feats,ctor,extras", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_matches_stock(dgl, h, kind, norm, name, in_feats, out_feats, ctor, extras):
+    make, pair = h.KINDS[kind]
+    g = make(dgl)
+    conv = build(in_feats, out_feats, norm, **ctor)
+    feat = h.features(g, in_feats, pair)
+    before = h.graph_state(g)
+    out = h.compare(conv, g, feat, call_kwargs(h, g, in_feats, out_feats, extras))
+    expected_width = out_feats if (conv.weight is not None or "external_weight" in extras) else in_feats
+    assert out[0].shape == (g.num_dst_nodes(), expected_width)
+    assert h.same_graph_state(before, h.graph_state(g))
+    assert h.fused_count(KEY) == 1
+    assert gnn_fastpath.stats()[KEY]["fallback"] == {}
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_extra_feature_dimensions(dgl, h, norm):
+    """Stock takes [N, *, in_feats]; the fused path too, edge weights included."""
+    g = h.homo(dgl, empty_rows=2)
+    for in_feats, out_feats in ((6, 3), (3, 6)):
+        conv = build(in_feats, out_feats, norm)
+        feat = h.randn(g.num_nodes(), 2, in_feats, seed=4)
+        out = h.compare(conv, g, feat, dict(edge_weight=h.randn(g.num_edges(), seed=5)))
+        assert out[0].shape == (g.num_nodes(), 2, out_feats)
+    assert h.fused_count(KEY) == 2
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_bipartite_graph_with_one_feature_tensor(dgl, h, norm):
+    """Stock pairs a single tensor with itself on a (non-block) bipartite graph."""
+    g = h.bipartite(dgl, empty_rows=2)
+    out = h.compare(build(6, 3, norm), g, h.features(g, 6, False))
+    assert out[0].shape == (g.num_dst_nodes(), 3) and h.fused_count(KEY) == 1
+
+
+def test_zero_in_degree_raises_like_stock_and_is_checked_once(dgl, h, monkeypatch):
+    g = h.homo(dgl, empty_rows=2)
+    conv = build(5, 3, "both")
+    conv.set_allow_zero_in_degree(False)
+    feat = h.features(g, 5, False)
+    with pytest.raises(dgl.DGLError) as ref:
+        conv(g, feat)
+    with h.fused(), pytest.raises(dgl.DGLError) as exc:
+        conv(g, feat)
+    assert str(exc.value) == str(ref.value)
+    g = dgl.add_self_loop(g)
+    conv = build(5, 3, "none")
+    conv.set_allow_zero_in_degree(False)
+    with h.fused():
+        conv(g, feat)
+        calls = []
+        original = Graph.in_degree
+        monkeypatch.setattr(Graph, "in_degree", lambda self: calls.append(1) or original(self))
+        conv(g, feat)
+    assert calls == [] and h.fused_count(KEY) == 2
+
+
+def test_external_weight_with_own_weight_raises_like_stock(dgl, h):
+    g = h.homo(dgl)
+    conv = build(5, 3, "both")
+    feat = h.features(g, 5, False)
+    w = h.randn(5, 3)
+    with pytest.raises(dgl.DGLError) as ref:
+        conv(g, feat, weight=w)
+    with h.fused(), pytest.raises(dgl.DGLError) as exc:
+        conv(g, feat, weight=w)
+    assert str(exc.value) == str(ref.value)
+
+
+def test_weight_before_aggregation_only_when_it_shrinks(dgl, h, monkeypatch):
+    """Stock multiplies by W first when in_feats > out_feats; the op sees the same width."""
+    widths = []
+    spmm = gnn_fastpath.ops.spmm
+    monkeypatch.setattr(gnn_fastpath.ops, "spmm", lambda graph, x, *a, **k: widths.append(x.shape[-1]) or
+                        spmm(graph, x, *a, **k))
+    g = h.homo(dgl)
+    with h.fused():
+        build(9, 4, "both")(g, h.features(g, 9, False))
+        build(4, 9, "both")(g, h.features(g, 4, False))
+        build(6, 6, "both")(g, h.features(g, 6, False))
+    assert widths == [4, 4, 6]
+
+
+def test_edge_weight_does_not_enter_the_normalisation(dgl, h):
+    """Scaling all edge weights by c scales the output (minus bias) by c, as in stock."""
+    g = h.homo(dgl, empty_rows=2)
+    conv = build(4, 4, "both", bias=False)
+    feat = h.features(g, 4, False)
+    w = h.randn(g.num_edges(), seed=3).abs()
+    with h.fused():
+        a = conv(g, feat, edge_weight=w)
+        b = conv(g, feat, edge_weight=3 * w)
+    h.assert_close(b, 3 * a)
+
+
+def test_graph_frames_untouched(dgl, h):
+    g = h.homo(dgl, empty_rows=2)
+    g.ndata["x"] = torch.ones(g.num_nodes(), 3)
+    before = h.graph_state(g)
+    conv = build(5, 3, "both")
+    with h.fused():
+        conv(g, h.features(g, 5, False), edge_weight=torch.ones(g.num_edges()))
+    assert h.fused_count(KEY) == 1
+    assert h.same_graph_state(before, h.graph_state(g))
+    assert set(g.ndata.keys()) == {"x"} and set(g.edata.keys()) == set()
+
+
+# --------------------------------------------------------------------------- fallbacks
+def test_fallback_cpu_in_stock_mode(dgl, h):
+    g = h.homo(dgl)
+    conv = build(5, 3, "both")
+    feat = h.features(g, 5, False)
+    ref = conv(g, feat)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with h.fused(cpu="stock"):
+            for _ in range(2):
+                assert torch.equal(conv(g, feat), ref)
+    assert len([w for w in caught if issubclass(w.category, gnn_fastpath.FastpathFallbackWarning)]) == 1
+    assert gnn_fastpath.stats()[KEY]["fallback"] == {"cpu": 2}
+
+
+def test_fallback_float64(dgl, h):
+    g = h.homo(dgl)
+    conv = build(5, 3, "both").double()
+    h.fallback_case(conv, g, h.features(g, 5, False, dtype=torch.float64), "dtype", KEY)
+
+
+def test_fallback_forward_hook(dgl, h):
+    g = h.homo(dgl)
+    conv = build(5, 3, "right")
+    conv.register_forward_pre_hook(lambda m, i: None)
+    h.fallback_case(conv, g, h.features(g, 5, False), "hooks", KEY)
+
+
+def test_fallback_subclass_overriding_forward(dgl, h):
+    from dgl.nn import GraphConv
+
+    class Mine(GraphConv):
+        def forward(self, graph, feat, weight=None, edge_weight=None):
+            return super().forward(graph, feat, weight, edge_weight)
+
+    g = h.homo(dgl)
+    torch.manual_seed(0)
+    conv = Mine(5, 3, allow_zero_in_degree=True)
+    h.fallback_case(conv, g, h.features(g, 5, False), "subclass", KEY)
+
+
+def test_fallback_per_feature_edge_weight(dgl, h):
+    """Edge weights of shape [M, F] (stock broadcasts them per feature): stock runs."""
+    g = h.homo(dgl)
+    conv = build(5, 5, "left", weight=False)
+    h.fallback_case(conv, g, h.features(g, 5, False), "edge_weight", KEY,
+                    kwargs=dict(edge_weight=h.randn(g.num_edges(), 5)))
+
+
+def test_fallback_several_edge_types(dgl, h):
+    g = h.multi_etype(dgl)
+    conv = build(5, 3, "both")
+    h.fallback_case(conv, g, h.features(g, 5, False), "heterograph", KEY, expect_error=dgl.DGLError)
+
+
+# --------------------------------------------------------------------------- real graphs
+@pytest.mark.data
+def test_cora(dgl, h, shared_data):
+    g, x = h.cora(dgl, shared_data)
+    for in_feats, out_feats in ((x.shape[1], 16), (16, 32)):
+        conv = build(in_feats, out_feats, "both", activation=torch.relu)
+        feat = x if in_feats == x.shape[1] else h.randn(g.num_nodes(), in_feats)
+        h.compare(conv, g, feat)
+    assert h.fused_count(KEY) == 2
+
+
+@pytest.mark.data
+def test_tolokers_subgraph(dgl, h, shared_data):
+    g, x = h.tolokers(dgl, shared_data)
+    for norm in ("both", "left"):
+        conv = build(x.shape[1], 32, norm)
+        h.compare(conv, g, x, dict(edge_weight=h.randn(g.num_edges(), seed=8).abs()))
+    assert h.fused_count(KEY) == 2
+
+
+# --------------------------------------------------------------------------- GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["homo", "to_block", "bipartite_pair"])
+def test_cpu_graph_cuda_features(dgl, h, kind):
+    """A CPU DGL graph with CUDA features (DGL's PyPI build is CPU-only: stock cannot run
+    that mix, so the reference is stock on CPU copies of the module and inputs).
+
+    Without spmm CUDA kernels the shim falls back to stock ('no_kernel'), and stock DGL
+    refuses CUDA features on a CPU graph with a DGLError ("Cannot assign node feature ...
+    to a graph on device cpu").
+    """
+    make, pair = h.KINDS[kind]
+    g = make(dgl)
+    conv = build(9, 4, "both", activation=torch.relu)
+    feat = h.features(g, 9, pair)
+    kwargs = dict(edge_weight=h.randn(g.num_edges(), seed=6).abs())
+    ref_out, ref_grads = h.run(conv, g, feat, kwargs)
+    gpu = h.cuda_copy(conv)
+    feat_gpu = tuple(t.cuda() for t in feat) if pair else feat.cuda()
+    kwargs_gpu = {k: v.cuda() for k, v in kwargs.items()}
+    if gnn_fastpath.ops.has_cuda_kernels("spmm"):
+        out, grads = h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
+        for a, b in zip(out, ref_out):
+            assert a.is_cuda
+            h.assert_close(a, b, "output")
+        for a, b in zip(grads, ref_grads):
+            h.assert_close(a, b, "gradient")
+        assert gnn_fastpath.stats()[KEY]["fused"]["cuda"] > 0
+    else:
+        with pytest.raises(dgl.DGLError):
+            h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
+        assert gnn_fastpath.stats()[KEY]["fallback"] == {"no_kernel": 1}
+    assert g.device.type == "cpu"
