@@ -1,0 +1,774 @@
+// Fused dot-product (Graph Transformer, PyG TransformerConv) attention: forward and backward.
+//
+//   e_ij = scale * <q_i, k_j + t_ij>,  alpha_ij = softmax_j(e_ij),  O_i = sum_j alpha_ij s_ij (v_j + t_ij)
+//
+// per head, over the in-edges j -> i of each destination i (destination-major CSR). t is the
+// optional edge term in the caller's edge order (read through perm), s_ij the inverted
+// dropout multiplier regenerated from (seed, offset, caller edge id, head) by Philox.
+//
+// Work mapping. A group of LPH lanes (a power of two <= 32) owns NH heads of one row; each
+// lane holds, per head, NV vectors of VEC floats, interleaved so the LPH lanes read
+// consecutive 16-byte pieces (coalesced). A warp covers 32 / LPH groups of the SAME row, so
+// every lane of a warp runs the same edge loop: all shuffles use the full mask and are
+// tail-safe (lanes past the head count or the head width hold zeros and still take part).
+// A warp's row comes from a chunk list (int4 records: row, first edge, end edge, partial
+// slot) built once per graph: long rows are cut into chunks that write partial states
+// (forward: m, l, acc; backward: gradient sums) into slots merged by a second small kernel,
+// so a super node does not serialise on one warp.
+//
+// Edge loop: a window of LPH edges is read lane-parallel (source id, caller id, dropout
+// multiplier, per-destination scalars), then consumed in batches of UB edges whose rows are
+// gathered together (several 16-byte loads in flight per lane) and broadcast by shuffles.
+// Rows read or written once (q, O, dO, edge terms, outputs) use cache-streaming hints so the
+// gathered k/v (or q/dO) rows keep the L2.
+//
+// Template parameters: VEC (4: float4 loads, every row 16-byte aligned; 1: scalar), LPH, NV,
+// NH, EXACT (D == VEC * LPH * NV known at compile time; otherwise the runtime D masks the
+// tail). All index arithmetic on feature rows is 64-bit (M * H * D may exceed 2**31); CSR
+// indices are int32.
+
+#include "attention_common.cuh"
+
+typedef long long gf_i64;
+
+// Tuning knobs (compile-time; defaults measured on an H200).
+// Floats per lane gathered per batch and row tensor: sets edges per batch (UB).
+#ifndef DOT_EDGE_FLOATS
+#define DOT_EDGE_FLOATS 16
+#endif
+#ifndef DOT_EDGE_FLOATS_SRC
+#define DOT_EDGE_FLOATS_SRC DOT_EDGE_FLOATS
+#endif
+// __launch_bounds__ minimum resident blocks of 256 threads per SM: 3 caps registers at 80,
+// trading a few spilled bytes for occupancy (more gathers in flight); faster on an H200.
+#ifndef DOT_MIN_BLOCKS_FWD
+#define DOT_MIN_BLOCKS_FWD 3
+#endif
+#ifndef DOT_MIN_BLOCKS_DST
+#define DOT_MIN_BLOCKS_DST 3
+#endif
+#ifndef DOT_MIN_BLOCKS_SRC
+#define DOT_MIN_BLOCKS_SRC 3
+#endif
+#ifndef DOT_STREAM  // cache-streaming hints on rows read or written once (keep gathers in L2)
+#define DOT_STREAM 1
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Small helpers.
+
+template <int VEC>
+__device__ __forceinline__ void dot_ld(float* r, const float* __restrict__ p) {
+    if constexpr (VEC == 4) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+        r[0] = x.x;
+        r[1] = x.y;
+        r[2] = x.z;
+        r[3] = x.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) r[i] = __ldg(p + i);
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void dot_st(float* p, const float* r) {
+    if constexpr (VEC == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) p[i] = r[i];
+    }
+}
+
+// Read-once / write-once rows: evict-first in L1 and L2 so gathered rows stay cached.
+template <int VEC>
+__device__ __forceinline__ void dot_ld_cs(float* r, const float* p) {
+#if DOT_STREAM
+    if constexpr (VEC == 4) {
+        const float4 x = __ldcs(reinterpret_cast<const float4*>(p));
+        r[0] = x.x;
+        r[1] = x.y;
+        r[2] = x.z;
+        r[3] = x.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) r[i] = __ldcs(p + i);
+    }
+#else
+    dot_ld<VEC>(r, p);
+#endif
+}
+
+template <int VEC>
+__device__ __forceinline__ void dot_st_cs(float* p, const float* r) {
+#if DOT_STREAM
+    if constexpr (VEC == 4) {
+        __stcs(reinterpret_cast<float4*>(p), make_float4(r[0], r[1], r[2], r[3]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) __stcs(p + i, r[i]);
+    }
+#else
+    dot_st<VEC>(p, r);
+#endif
+}
+
+template <int VEC>
+__device__ __forceinline__ void dot_atomic_add(float* p, const float* r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (VEC == 4) {  // float4 atomicAdd: sm_90+, global memory
+        atomicAdd(reinterpret_cast<float4*>(p), make_float4(r[0], r[1], r[2], r[3]));
+    } else
+#endif
+    {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) atomicAdd(p + i, r[i]);
+    }
+}
+
+// Where one lane's floats live inside a node row of H * D floats. A group of LPH lanes owns
+// NH heads of the row; lane `sub` of the group holds, per head, NV vectors of VEC floats
+// (vector j at position j * LPH + sub of the head, so a group's loads are contiguous). A
+// warp holds HPW = 32 / LPH groups, i.e. HPB = HPW * NH heads of one row. Register arrays of
+// one row are laid out [NH][NV][VEC] (R floats per lane).
+template <int VEC, int LPH, int NV, int NH, bool EXACT, int EDGE_FLOATS = DOT_EDGE_FLOATS>
+struct DotLanes {
+    static constexpr int F = VEC * NV;    // floats per lane per head
+    static constexpr int R = F * NH;      // floats per lane per node row
+    static constexpr int HPW = 32 / LPH;  // head groups per warp
+    static constexpr int HPB = HPW * NH;  // heads per warp
+    static constexpr int U = EDGE_FLOATS / R < 1 ? 1 : (EDGE_FLOATS / R > 8 ? 8 : EDGE_FLOATS / R);
+    static constexpr int UB = U < LPH ? U : LPH;  // edges per gather batch; divides LPH
+
+    int sub;           // lane within the head group
+    int gbase;         // first lane of the head group
+    int h[NH];         // heads
+    bool head_ok[NH];  // h < H
+    int col[NH][NV];   // float offset inside the node row
+    bool ok[NH][NV];   // this vector exists (head in range, inside D)
+
+    __device__ __forceinline__ DotLanes(int lane, int head_block, int H, int D) {
+        sub = lane & (LPH - 1);
+        gbase = lane & ~(LPH - 1);
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            h[n] = head_block * HPB + n * HPW + lane / LPH;
+            head_ok[n] = h[n] < H;
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                const int vi = j * LPH + sub;
+                ok[n][j] = head_ok[n] && (EXACT || vi * VEC < D);
+                col[n][j] = h[n] * D + vi * VEC;
+            }
+        }
+    }
+
+    // MODE 0: plain read-only load; 1: streaming (row read once).
+    template <int MODE = 0>
+    __device__ __forceinline__ void load(float* r, const float* __restrict__ row) const {
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                float* x = r + n * F + j * VEC;
+                if (ok[n][j]) {
+                    if constexpr (MODE == 1)
+                        dot_ld_cs<VEC>(x, row + col[n][j]);
+                    else
+                        dot_ld<VEC>(x, row + col[n][j]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) x[i] = 0.f;
+                }
+            }
+    }
+
+    template <bool STREAM = false>
+    __device__ __forceinline__ void store(float* row, const float* r) const {
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                if (!ok[n][j]) continue;
+                if constexpr (STREAM)
+                    dot_st_cs<VEC>(row + col[n][j], r + n * F + j * VEC);
+                else
+                    dot_st<VEC>(row + col[n][j], r + n * F + j * VEC);
+            }
+    }
+
+    __device__ __forceinline__ void atomic_add(float* row, const float* r) const {
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+                if (ok[n][j]) dot_atomic_add<VEC>(row + col[n][j], r + n * F + j * VEC);
+    }
+
+    // out[n] = <a, b> over head n's floats of the group (every lane of the group gets it).
+    __device__ __forceinline__ static void dots(const float* a, const float* b, float* out) {
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            float d = 0.f;
+#pragma unroll
+            for (int f = 0; f < F; ++f) d = fmaf(a[n * F + f], b[n * F + f], d);
+            out[n] = d;
+        }
+#pragma unroll
+        for (int n = 0; n < NH; ++n) out[n] = gf_group_sum<LPH>(out[n]);
+    }
+};
+
+// One record of a chunk list (int4): edges [e0, e1) of `row`; slot < 0 writes the result
+// directly, slot >= 0 writes a partial state into that slot. One 16-byte load per warp.
+struct DotChunk {
+    int row;
+    int slot;
+    gf_i64 e0;
+    gf_i64 e1;
+};
+
+__device__ __forceinline__ DotChunk dot_chunk(const int4* __restrict__ chunks, gf_i64 c) {
+    const int4 x = __ldg(chunks + c);
+    DotChunk r;
+    r.row = x.x;
+    r.e0 = x.y;
+    r.e1 = x.z;
+    r.slot = x.w;
+    return r;
+}
+
+__device__ __forceinline__ gf_i64 dot_warp_id() {
+    return ((gf_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+}
+
+// Gathers one batch of edge rows: x[u] = base[row u] (+ t[cid u] when t is given) and y[u]
+// likewise from base2; zeros for dead slots.
+template <class L, int UB>
+__device__ __forceinline__ void dot_gather(const L& ln, float (*x)[L::R], float (*y)[L::R],
+                                           const float* __restrict__ base, const float* __restrict__ base2,
+                                           const float* __restrict__ t, const int* rows, const int* cid,
+                                           const bool* live, gf_i64 HD) {
+#pragma unroll
+    for (int u = 0; u < UB; ++u) {
+        if (live[u]) {
+            const gf_i64 off = (gf_i64)rows[u] * HD;
+            ln.load(x[u], base + off);
+            ln.load(y[u], base2 + off);
+            if (t != nullptr) {
+                float tr[L::R];
+                ln.template load<1>(tr, t + (gf_i64)cid[u] * HD);  // each edge term is read once
+#pragma unroll
+                for (int f = 0; f < L::R; ++f) {
+                    x[u][f] += tr[f];
+                    y[u][f] += tr[f];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int f = 0; f < L::R; ++f) {
+                x[u][f] = 0.f;
+                y[u][f] = 0.f;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward: one warp per (chunk, head block). Writes out (normalised) and lse for whole rows,
+// or (m, l, acc) partials for chunks of split rows; optionally the raw logits e_ij at
+// logits[caller edge, head] (normalised later by dot_alpha_finalize).
+
+template <int VEC, int LPH, int NV, int NH, bool EXACT>
+__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_FWD)
+dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
+        const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+        const float* __restrict__ t, float* __restrict__ out, float* __restrict__ lse,
+        float* __restrict__ part_acc, float* __restrict__ part_ml, float* __restrict__ logits, int H, int D_rt,
+        float scale, float p, unsigned long long seed, unsigned long long offset) {
+    typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
+    constexpr int F = L::F;
+    constexpr int R = L::R;
+    constexpr int UB = L::UB;
+    const int D = EXACT ? VEC * LPH * NV : D_rt;
+    const gf_i64 w = dot_warp_id();
+    if (w >= n_work) return;  // whole warps only: blockDim is a multiple of 32
+    const int lane = threadIdx.x & 31;
+    const gf_i64 c = w / head_blocks;
+    const int hb = (int)(w - c * head_blocks);
+    const DotChunk ch = dot_chunk(chunks, c);
+    const L ln(lane, hb, H, D);
+    const gf_i64 HD = (gf_i64)H * D;
+    const bool need_cid = (t != nullptr) || (p > 0.f) || (logits != nullptr);
+
+    float qr[R], acc[R], m[NH], l[NH];
+    ln.template load<1>(qr, q + (gf_i64)ch.row * HD);
+#pragma unroll
+    for (int f = 0; f < R; ++f) acc[f] = 0.f;
+#pragma unroll
+    for (int n = 0; n < NH; ++n) {
+        m[n] = GF_NEG_INF;
+        l[n] = 0.f;
+    }
+
+    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const gf_i64 rem = ch.e1 - w0;
+        const int nwin = rem < LPH ? (int)rem : LPH;
+        // Lane-parallel window reads: edge w0 + sub, for each of this lane's heads.
+        const bool my_live = ln.sub < nwin;
+        const gf_i64 my_e = w0 + ln.sub;
+        const int my_src = my_live ? indices[my_e] : 0;
+        const int my_cid = (my_live && need_cid) ? perm[my_e] : 0;
+        float my_s[NH];
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
+                                           : 1.f;
+        for (int b = 0; b < nwin; b += UB) {
+            int src[UB], cid[UB];
+            float sd[UB][NH];
+            bool live[UB];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                const int from = ln.gbase + b + u;  // b + u < LPH: UB divides LPH
+                src[u] = __shfl_sync(GF_FULL_MASK, my_src, from);
+                cid[u] = __shfl_sync(GF_FULL_MASK, my_cid, from);
+#pragma unroll
+                for (int n = 0; n < NH; ++n) sd[u][n] = __shfl_sync(GF_FULL_MASK, my_s[n], from);
+                live[u] = b + u < nwin;
+            }
+            float kr[UB][R], vr[UB][R];
+            dot_gather<L, UB>(ln, kr, vr, k, v, t, src, cid, live, HD);
+            float lg[UB][NH];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) L::dots(qr, kr[u], lg[u]);
+#pragma unroll
+            for (int n = 0; n < NH; ++n) {
+                float mb = m[n];
+#pragma unroll
+                for (int u = 0; u < UB; ++u) {
+                    lg[u][n] = live[u] ? lg[u][n] * scale : GF_NEG_INF;
+                    mb = fmaxf(mb, lg[u][n]);
+                }
+                // mb is finite: the batch's first edge is live.
+                const float corr = __expf(m[n] - mb);  // 0 on the first batch (m = -inf)
+                l[n] *= corr;
+#pragma unroll
+                for (int f = 0; f < F; ++f) acc[n * F + f] *= corr;
+#pragma unroll
+                for (int u = 0; u < UB; ++u) {
+                    const float pu = __expf(lg[u][n] - mb);  // 0 for dead slots
+                    l[n] += pu;
+                    const float wgt = pu * sd[u][n];
+#pragma unroll
+                    for (int f = 0; f < F; ++f) acc[n * F + f] = fmaf(wgt, vr[u][n * F + f], acc[n * F + f]);
+                }
+                m[n] = mb;
+            }
+            if (logits != nullptr && ln.sub == 0) {
+#pragma unroll
+                for (int u = 0; u < UB; ++u)
+#pragma unroll
+                    for (int n = 0; n < NH; ++n)
+                        if (live[u] && ln.head_ok[n]) logits[(gf_i64)cid[u] * H + ln.h[n]] = lg[u][n];
+            }
+        }
+    }
+
+    if (ch.slot < 0) {
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            const float inv = l[n] > 0.f ? 1.f / l[n] : 0.f;
+#pragma unroll
+            for (int f = 0; f < F; ++f) acc[n * F + f] *= inv;
+            if (ln.sub == 0 && ln.head_ok[n])
+                lse[(gf_i64)ch.row * H + ln.h[n]] = l[n] > 0.f ? m[n] + logf(l[n]) : GF_NEG_INF;
+        }
+        ln.template store<true>(out + (gf_i64)ch.row * HD, acc);
+    } else {
+        ln.store(part_acc + (gf_i64)ch.slot * HD, acc);
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            if (ln.sub == 0 && ln.head_ok[n]) {
+                const gf_i64 s = ((gf_i64)ch.slot * H + ln.h[n]) * 2;
+                part_ml[s] = m[n];
+                part_ml[s + 1] = l[n];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, destination-major: one warp per (chunk, head block). Recomputes alpha from lse,
+// uses Delta_i = <O_i, dO_i> (+ G_i = sum_j A_ij dA_ij when the returned attention has a
+// gradient) and accumulates dq in registers. Per edge it also writes dt (caller order, no
+// atomics: every edge is visited once) and, in atomic mode (dk != nullptr), adds the source
+// gradients with vector atomics. In transposed mode it writes Delta (+ G) for dot_bwd_src.
+//
+//   alpha~ = alpha * s;  dalpha = s <dO_i, v_j + t_ij> (+ dA' );  de = alpha (dalpha - Delta_i)
+//   dq_i += scale de (k_j + t_ij);  dk_j += scale de q_i;  dv_j += alpha~ dO_i;
+//   dt_ij = alpha~ dO_i + scale de q_i
+// where dA' = dA (return_attention True) or s dA ("dropped").
+
+template <int VEC, int LPH, int NV, int NH, bool EXACT>
+__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_DST)
+dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
+            const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+            const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+            const float* __restrict__ t, const float* __restrict__ o, const float* __restrict__ dout,
+            const float* __restrict__ lse, const float* __restrict__ dalpha, const float* __restrict__ gsum,
+            int dalpha_dropped, float* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
+            float* __restrict__ dt, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
+            unsigned long long seed, unsigned long long offset) {
+    typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
+    constexpr int F = L::F;
+    constexpr int R = L::R;
+    constexpr int UB = L::UB;
+    const int D = EXACT ? VEC * LPH * NV : D_rt;
+    const gf_i64 w = dot_warp_id();
+    if (w >= n_work) return;
+    const int lane = threadIdx.x & 31;
+    const gf_i64 c = w / head_blocks;
+    const int hb = (int)(w - c * head_blocks);
+    const DotChunk ch = dot_chunk(chunks, c);
+    const L ln(lane, hb, H, D);
+    const gf_i64 HD = (gf_i64)H * D;
+    const gf_i64 rowb = (gf_i64)ch.row * HD;
+
+    float qr[R], gr[R], dqa[R], delta[NH], lrow[NH];
+    ln.template load<1>(qr, q + rowb);
+    ln.template load<1>(gr, dout + rowb);
+    {
+        float orow[R];
+        ln.template load<1>(orow, o + rowb);
+        L::dots(orow, gr, delta);
+    }
+#pragma unroll
+    for (int n = 0; n < NH; ++n) {
+        const gf_i64 rh = (gf_i64)ch.row * H + ln.h[n];
+        if (gsum != nullptr && ln.head_ok[n]) delta[n] += gsum[rh];
+        lrow[n] = ln.head_ok[n] ? lse[rh] : 0.f;
+        // every chunk of a split row computes the same Delta: duplicate writes are benign
+        if (delta_out != nullptr && ln.sub == 0 && ln.head_ok[n]) delta_out[rh] = delta[n];
+    }
+#pragma unroll
+    for (int f = 0; f < R; ++f) dqa[f] = 0.f;
+
+    const bool need_cid = (t != nullptr) || (p > 0.f) || (dalpha != nullptr);
+    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const gf_i64 rem = ch.e1 - w0;
+        const int nwin = rem < LPH ? (int)rem : LPH;
+        const bool my_live = ln.sub < nwin;
+        const gf_i64 my_e = w0 + ln.sub;
+        const int my_src = my_live ? indices[my_e] : 0;
+        const int my_cid = (my_live && need_cid) ? perm[my_e] : 0;
+        float my_s[NH], my_da[NH];
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
+                                           : 1.f;
+            my_da[n] = 0.f;
+            if (dalpha != nullptr && my_live && ln.head_ok[n]) {
+                my_da[n] = dalpha[(gf_i64)my_cid * H + ln.h[n]];
+                if (dalpha_dropped) my_da[n] *= my_s[n];
+            }
+        }
+        for (int b = 0; b < nwin; b += UB) {
+            int src[UB], cid[UB];
+            float sd[UB][NH], da[UB][NH];
+            bool live[UB];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                const int from = ln.gbase + b + u;
+                src[u] = __shfl_sync(GF_FULL_MASK, my_src, from);
+                cid[u] = __shfl_sync(GF_FULL_MASK, my_cid, from);
+#pragma unroll
+                for (int n = 0; n < NH; ++n) {
+                    sd[u][n] = __shfl_sync(GF_FULL_MASK, my_s[n], from);
+                    da[u][n] = __shfl_sync(GF_FULL_MASK, my_da[n], from);
+                }
+                live[u] = b + u < nwin;
+            }
+            float kr[UB][R], vr[UB][R];
+            dot_gather<L, UB>(ln, kr, vr, k, v, t, src, cid, live, HD);
+            float lg[UB][NH], dd[UB][NH];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                L::dots(qr, kr[u], lg[u]);
+                L::dots(gr, vr[u], dd[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                if (!live[u]) continue;  // warp-uniform
+                float cq[NH], as[NH];
+#pragma unroll
+                for (int n = 0; n < NH; ++n) {
+                    const float alpha = __expf(fmaf(lg[u][n], scale, -lrow[n]));
+                    const float de = alpha * (fmaf(sd[u][n], dd[u][n], da[u][n]) - delta[n]);
+                    cq[n] = scale * de;
+                    as[n] = alpha * sd[u][n];
+#pragma unroll
+                    for (int f = 0; f < F; ++f) dqa[n * F + f] = fmaf(cq[n], kr[u][n * F + f], dqa[n * F + f]);
+                }
+                if (dk != nullptr) {
+                    float tmp[R];
+#pragma unroll
+                    for (int n = 0; n < NH; ++n)
+#pragma unroll
+                        for (int f = 0; f < F; ++f) tmp[n * F + f] = cq[n] * qr[n * F + f];
+                    ln.atomic_add(dk + (gf_i64)src[u] * HD, tmp);
+#pragma unroll
+                    for (int n = 0; n < NH; ++n)
+#pragma unroll
+                        for (int f = 0; f < F; ++f) tmp[n * F + f] = as[n] * gr[n * F + f];
+                    ln.atomic_add(dv + (gf_i64)src[u] * HD, tmp);
+                }
+                if (dt != nullptr) {
+                    float tmp[R];
+#pragma unroll
+                    for (int n = 0; n < NH; ++n)
+#pragma unroll
+                        for (int f = 0; f < F; ++f) tmp[n * F + f] = fmaf(as[n], gr[n * F + f], cq[n] * qr[n * F + f]);
+                    ln.template store<true>(dt + (gf_i64)cid[u] * HD, tmp);
+                }
+            }
+        }
+    }
+
+    if (ch.slot < 0) {
+        ln.template store<true>(dq + rowb, dqa);
+    } else {
+        ln.store(part_dq + (gf_i64)ch.slot * HD, dqa);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, source-major (transposed mode): one warp per (source chunk, head block) over the
+// source-major CSR (out-edges: destination id and caller edge id per edge). k_j and v_j stay
+// in registers; dk_j and dv_j accumulate in registers, no atomics. Needs lse and Delta (+ G)
+// per (destination, head), written by dot_bwd_dst.
+
+template <int VEC, int LPH, int NV, int NH, bool EXACT>
+__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_SRC)
+dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
+            const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+            const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+            const float* __restrict__ t, const float* __restrict__ dout, const float* __restrict__ lse,
+            const float* __restrict__ delta, const float* __restrict__ dalpha, int dalpha_dropped,
+            float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part_dk,
+            float* __restrict__ part_dv, int H, int D_rt, float scale, float p, unsigned long long seed,
+            unsigned long long offset) {
+    typedef DotLanes<VEC, LPH, NV, NH, EXACT, DOT_EDGE_FLOATS_SRC> L;
+    constexpr int F = L::F;
+    constexpr int R = L::R;
+    constexpr int UB = L::UB;
+    const int D = EXACT ? VEC * LPH * NV : D_rt;
+    const gf_i64 w = dot_warp_id();
+    if (w >= n_work) return;
+    const int lane = threadIdx.x & 31;
+    const gf_i64 c = w / head_blocks;
+    const int hb = (int)(w - c * head_blocks);
+    const DotChunk ch = dot_chunk(chunks, c);
+    const L ln(lane, hb, H, D);
+    const gf_i64 HD = (gf_i64)H * D;
+    const gf_i64 rowb = (gf_i64)ch.row * HD;
+
+    float kj[R], vj[R], dka[R], dva[R];
+    ln.template load<1>(kj, k + rowb);
+    ln.template load<1>(vj, v + rowb);
+#pragma unroll
+    for (int f = 0; f < R; ++f) {
+        dka[f] = 0.f;
+        dva[f] = 0.f;
+    }
+
+    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const gf_i64 rem = ch.e1 - w0;
+        const int nwin = rem < LPH ? (int)rem : LPH;
+        const bool my_live = ln.sub < nwin;
+        const gf_i64 my_e = w0 + ln.sub;
+        const int my_dst = my_live ? s_dst[my_e] : 0;
+        const int my_cid = my_live ? s_cid[my_e] : 0;
+        float my_s[NH], my_l[NH], my_delta[NH], my_da[NH];
+#pragma unroll
+        for (int n = 0; n < NH; ++n) {
+            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
+                                           : 1.f;
+            my_l[n] = 0.f;
+            my_delta[n] = 0.f;
+            my_da[n] = 0.f;
+            if (my_live && ln.head_ok[n]) {
+                const gf_i64 ih = (gf_i64)my_dst * H + ln.h[n];
+                my_l[n] = lse[ih];
+                my_delta[n] = delta[ih];
+                if (dalpha != nullptr) {
+                    my_da[n] = dalpha[(gf_i64)my_cid * H + ln.h[n]];
+                    if (dalpha_dropped) my_da[n] *= my_s[n];
+                }
+            }
+        }
+        for (int b = 0; b < nwin; b += UB) {
+            int dst[UB], cid[UB];
+            float sd[UB][NH], lrow[UB][NH], dl[UB][NH], da[UB][NH];
+            bool live[UB];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                const int from = ln.gbase + b + u;
+                dst[u] = __shfl_sync(GF_FULL_MASK, my_dst, from);
+                cid[u] = __shfl_sync(GF_FULL_MASK, my_cid, from);
+#pragma unroll
+                for (int n = 0; n < NH; ++n) {
+                    sd[u][n] = __shfl_sync(GF_FULL_MASK, my_s[n], from);
+                    lrow[u][n] = __shfl_sync(GF_FULL_MASK, my_l[n], from);
+                    dl[u][n] = __shfl_sync(GF_FULL_MASK, my_delta[n], from);
+                    da[u][n] = __shfl_sync(GF_FULL_MASK, my_da[n], from);
+                }
+                live[u] = b + u < nwin;
+            }
+            float qi[UB][R], gi[UB][R];
+            dot_gather<L, UB>(ln, qi, gi, q, dout, nullptr, dst, cid, live, HD);
+            float lg[UB][NH], dd[UB][NH];
+            if (t != nullptr) {  // <q_i, k_j + t> and <dO_i, v_j + t>
+#pragma unroll
+                for (int u = 0; u < UB; ++u) {
+                    float kt[R];
+                    if (live[u]) {
+                        ln.template load<1>(kt, t + (gf_i64)cid[u] * HD);
+                    } else {
+#pragma unroll
+                        for (int f = 0; f < R; ++f) kt[f] = 0.f;
+                    }
+                    float vt[R];
+#pragma unroll
+                    for (int f = 0; f < R; ++f) {
+                        vt[f] = vj[f] + kt[f];
+                        kt[f] += kj[f];
+                    }
+                    L::dots(qi[u], kt, lg[u]);
+                    L::dots(gi[u], vt, dd[u]);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < UB; ++u) {
+                    L::dots(qi[u], kj, lg[u]);
+                    L::dots(gi[u], vj, dd[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UB; ++u) {
+                if (!live[u]) continue;  // warp-uniform
+#pragma unroll
+                for (int n = 0; n < NH; ++n) {
+                    const float alpha = __expf(fmaf(lg[u][n], scale, -lrow[u][n]));
+                    const float de = alpha * (fmaf(sd[u][n], dd[u][n], da[u][n]) - dl[u][n]);
+                    const float cq = scale * de;
+                    const float as = alpha * sd[u][n];
+#pragma unroll
+                    for (int f = 0; f < F; ++f) {
+                        dka[n * F + f] = fmaf(cq, qi[u][n * F + f], dka[n * F + f]);
+                        dva[n * F + f] = fmaf(as, gi[u][n * F + f], dva[n * F + f]);
+                    }
+                }
+            }
+        }
+    }
+
+    if (ch.slot < 0) {
+        ln.template store<true>(dk + rowb, dka);
+        ln.template store<true>(dv + rowb, dva);
+    } else {
+        ln.store(part_dk + (gf_i64)ch.slot * HD, dka);
+        ln.store(part_dv + (gf_i64)ch.slot * HD, dva);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Merges of split rows. Row r of the heavy list owns partial slots [slot_ptr[r], slot_ptr[r+1]).
+
+// Forward: combine (m, l, acc) partials into out and lse. One thread per (heavy row, head, d).
+extern "C" __global__ void dot_fwd_merge(const int* __restrict__ heavy_row, const int* __restrict__ slot_ptr,
+                                         gf_i64 n_heavy, const float* __restrict__ part_acc,
+                                         const float* __restrict__ part_ml, float* __restrict__ out,
+                                         float* __restrict__ lse, int H, int D) {
+    const gf_i64 idx = (gf_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_heavy * H * D) return;
+    const int d = (int)(idx % D);
+    const gf_i64 rh = idx / D;
+    const int h = (int)(rh % H);
+    const gf_i64 r = rh / H;
+    const int s0 = slot_ptr[r], s1 = slot_ptr[r + 1];
+    float mx = GF_NEG_INF;
+    for (int s = s0; s < s1; ++s) mx = fmaxf(mx, part_ml[((gf_i64)s * H + h) * 2]);
+    float l = 0.f, a = 0.f;
+    for (int s = s0; s < s1; ++s) {
+        const gf_i64 sh = (gf_i64)s * H + h;
+        const float wgt = expf(part_ml[sh * 2] - mx);
+        l = fmaf(wgt, part_ml[sh * 2 + 1], l);
+        a = fmaf(wgt, part_acc[sh * D + d], a);
+    }
+    const gf_i64 row = heavy_row[r];
+    out[(row * H + h) * D + d] = l > 0.f ? a / l : 0.f;
+    if (d == 0) lse[row * H + h] = l > 0.f ? mx + logf(l) : GF_NEG_INF;
+}
+
+// Backward: sum partial gradient rows into dst rows. One thread per (heavy row, element).
+extern "C" __global__ void dot_sum_partials(const int* __restrict__ heavy_row, const int* __restrict__ slot_ptr,
+                                            gf_i64 n_heavy, const float* __restrict__ part,
+                                            float* __restrict__ dst, gf_i64 row_len) {
+    const gf_i64 idx = (gf_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_heavy * row_len) return;
+    const gf_i64 r = idx / row_len;
+    const gf_i64 x = idx - r * row_len;
+    const int s0 = slot_ptr[r], s1 = slot_ptr[r + 1];
+    float a = 0.f;
+    for (int s = s0; s < s1; ++s) a += part[(gf_i64)s * row_len + x];
+    dst[(gf_i64)heavy_row[r] * row_len + x] = a;
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention weights: turn the raw logits written by dot_fwd (caller order [M, H]) into
+// alpha = exp(e - lse) (times the dropout multiplier for "dropped"). One warp per chunk of
+// the destination chunk list, lanes over (edge, head) pairs.
+extern "C" __global__ void dot_alpha_finalize(const int* __restrict__ perm, const int4* __restrict__ chunks,
+                                              gf_i64 n_chunks, const float* __restrict__ lse,
+                                              float* __restrict__ alpha, int H, int dropped, float p,
+                                              unsigned long long seed, unsigned long long offset) {
+    const gf_i64 w = dot_warp_id();
+    if (w >= n_chunks) return;
+    const int lane = threadIdx.x & 31;
+    const DotChunk ch = dot_chunk(chunks, w);
+    const gf_i64 n = (ch.e1 - ch.e0) * H;
+    for (gf_i64 i = lane; i < n; i += 32) {
+        const gf_i64 e = ch.e0 + i / H;
+        const int h = (int)(i % H);
+        const gf_i64 at = (gf_i64)perm[e] * H + h;
+        float a = expf(alpha[at] - lse[(gf_i64)ch.row * H + h]);
+        if (dropped) a *= gf_dropout_scale(p, seed, offset, (unsigned)perm[e], (unsigned)h);
+        alpha[at] = a;
+    }
+}
+
+// G_i = sum_j A_ij dA_ij per (destination, head), A the returned attention (alpha or
+// alpha~), dA its gradient, both caller order [M, H]. gsum must be zeroed: split rows add
+// one partial per chunk. One warp per chunk, lanes over edges, a loop over heads.
+extern "C" __global__ void dot_alpha_grad_rowsum(const int* __restrict__ perm, const int4* __restrict__ chunks,
+                                                 gf_i64 n_chunks, const float* __restrict__ attn,
+                                                 const float* __restrict__ dattn, float* __restrict__ gsum,
+                                                 int H) {
+    const gf_i64 w = dot_warp_id();
+    if (w >= n_chunks) return;
+    const int lane = threadIdx.x & 31;
+    const DotChunk ch = dot_chunk(chunks, w);
+    if (ch.e1 <= ch.e0) return;  // warp-uniform
+    for (int h = 0; h < H; ++h) {
+        float s = 0.f;
+        for (gf_i64 e = ch.e0 + lane; e < ch.e1; e += 32) {
+            const gf_i64 at = (gf_i64)perm[e] * H + h;
+            s = fmaf(attn[at], dattn[at], s);
+        }
+        s = gf_warp_sum(s);
+        if (lane == 0) atomicAdd(gsum + (gf_i64)ch.row * H + h, s);
+    }
+}
