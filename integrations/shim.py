@@ -70,11 +70,13 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
 
 def _is_fx_tracing() -> bool:
     try:
-        from torch.fx._symbolic_trace import is_fx_tracing
-
-        return is_fx_tracing()
+        from torch.fx import _symbolic_trace
     except ImportError:  # pragma: no cover - older torch
         return False
+    # Newer torch logs a warning from is_fx_tracing(); its successor reads the
+    # same flag (compiling is checked separately).
+    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None) or getattr(_symbolic_trace, "is_fx_tracing", None)
+    return bool(check is not None and check())
 
 
 def _is_compiling() -> bool:

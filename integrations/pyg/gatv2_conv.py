@@ -1,0 +1,166 @@
+"""PyG ``GATv2Conv`` on :func:`gnn_fastpath.gatv2_attention`.
+
+Reproduces ``torch_geometric.nn.conv.GATv2Conv.forward`` (PyG 2.8) step by step: ``res``,
+``lin_l`` and ``lin_r`` called as submodules in stock's order (``lin_r`` is ``lin_l`` under
+``share_weights``; a homogeneous input then projects once), stock's self-loop handling
+(every existing loop removed, ``(i, i)`` appended for ``i < min(N_src, N_dst)``, loop edge
+attributes from ``fill_value``: ``None``, a number, a tensor, or a reduction of the kept
+edges' attributes by target such as ``"mean"``), ``lin_edge`` on the (looped) edge
+attributes, one fused op for the logits, softmax, attention dropout and aggregation, then
+concat or head mean, residual and bias.
+
+The looped graph is built once per input graph and memoised on it (see :mod:`.graph`);
+only the loop edge attributes are computed per call, as they depend on ``edge_attr``.
+
+``return_attention_weights`` (truthy, as stock checks it) returns
+``(out, (edge_index, alpha))`` where ``edge_index`` includes the added loops exactly as
+stock builds it, and alpha is the attention *after* dropout: stock's ``edge_update``
+applies dropout before returning alpha, so that is what stock returns (the issue text says
+so too). For a torch.sparse adjacency (without added loops) stock returns
+``(out, (adj_with_alpha_values, alpha))``; so does this.
+
+What differs from stock: attention dropout with p > 0 in training draws its own random
+numbers (same keep probability 1 - p and scale 1 / (1 - p)); stock and fused agree exactly
+at p = 0 and in eval mode.
+
+Falls back (Unsupported) for: ``aggr`` other than sum, ``flow="target_to_source"``, a
+torch.sparse adjacency with ``add_self_loops=True`` (stock rebuilds and coalesces the
+adjacency, merging duplicate edges), ``edge_attr`` without ``edge_dim`` (stock asserts), a
+string ``fill_value`` that is not a PyG reduction or whose reduction stock cannot index
+(kept edges target a node >= min(N_src, N_dst)), ``x_dst = None``, x not 2-D, and the
+graph inputs listed in :mod:`.graph`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ... import ops
+from ..shim import Unsupported
+from .graph import (Looped, attention_dropout, check_inputs, check_like, check_message_passing, graph_of,
+                    is_sparse, pair_features, replace_self_loops, split_pair)
+
+#: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
+features = pair_features
+
+#: The reductions ``torch_geometric.utils.scatter`` accepts (``fill_value`` strings).
+FILL_REDUCTIONS = ("sum", "add", "mean", "min", "max", "amin", "amax", "mul", "any")
+
+
+def _check_fill(module, edge_attr: Optional[Tensor], looped: Looped) -> None:
+    fill = module.fill_value
+    if edge_attr is None:
+        return
+    if isinstance(fill, str):
+        if fill not in FILL_REDUCTIONS:
+            raise Unsupported("fill_value", f"fill_value={fill!r}")
+        if looped.kept_dst_max >= looped.num_loops:
+            raise Unsupported("fill_value", "a kept edge targets a node beyond min(N_src, N_dst) "
+                                            f"(stock cannot reduce fill_value={fill!r} there)")
+    elif fill is not None and not isinstance(fill, (int, float, Tensor)):
+        raise Unsupported("fill_value", f"fill_value of type {type(fill).__name__}")
+
+
+def _loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
+    """PyG's ``compute_loop_attr`` for the appended loops, from the kept edges' attributes."""
+    size = (looped.num_loops,) + tuple(edge_attr.shape[1:])
+    if fill is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill, (int, float)):
+        return edge_attr.new_full(size, fill)
+    if isinstance(fill, Tensor):
+        loop_attr = fill.to(edge_attr.device, edge_attr.dtype)
+        if edge_attr.dim() != loop_attr.dim():
+            loop_attr = loop_attr.unsqueeze(0)
+        return loop_attr.expand(size).contiguous()
+    from torch_geometric.utils import scatter
+
+    return scatter(edge_attr, looped.kept_dst, 0, looped.num_loops, fill)
+
+
+def forward(module, backend: str, x, edge_index, edge_attr=None, return_attention_weights=None):
+    """Fused ``GATv2Conv.forward``: same arguments, same return value."""
+    check_message_passing(module)
+    x_src, x_dst = split_pair(x)
+    check_inputs(module, x_src)
+    if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
+        raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
+    n_src = x_src.size(0)
+    n_dst = n_src if x_dst is None else x_dst.size(0)
+    base = graph_of(edge_index, n_src, n_dst, x_src)
+    if edge_attr is not None:
+        if module.lin_edge is None:
+            raise Unsupported("edge_attr", "edge_attr without edge_dim (stock asserts)")
+        check_like("edge_attr", edge_attr, x_src)
+        if edge_attr.dim() not in (1, 2) or edge_attr.size(0) != base.num_edges:
+            raise Unsupported("edge_attr", f"edge_attr of shape {tuple(edge_attr.shape)} "
+                                           f"(expected [{base.num_edges}] or [{base.num_edges}, edge_dim])")
+    looped = None
+    graph = base
+    if module.add_self_loops:
+        if is_sparse(edge_index):
+            raise Unsupported("sparse_self_loops", "add_self_loops on a torch.sparse adjacency "
+                                                   "(stock rebuilds and coalesces it)")
+        looped = replace_self_loops(base, min(n_src, n_dst))
+        _check_fill(module, edge_attr, looped)
+        graph = looped.graph
+    p = attention_dropout(module)
+
+    H, C = module.heads, module.out_channels
+    res = None
+    if x_dst is None:
+        if module.res is not None:
+            res = module.res(x_src)
+        x_l = module.lin_l(x_src).view(-1, H, C)
+        x_r = x_l if module.share_weights else module.lin_r(x_src).view(-1, H, C)
+    else:
+        if module.res is not None:
+            res = module.res(x_dst)
+        x_l = module.lin_l(x_src).view(-1, H, C)
+        x_r = module.lin_r(x_dst).view(-1, H, C)
+
+    edge_term = None
+    if edge_attr is not None:
+        if looped is not None:
+            kept = edge_attr[looped.keep]
+            edge_attr = torch.cat([kept, _loop_attr(module.fill_value, kept, looped)])
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        edge_term = module.lin_edge(edge_attr).view(-1, H, C)
+
+    # Stock returns alpha after dropout ("dropped"): its edge_update applies the dropout.
+    out = ops.gatv2_attention(graph, x_l, x_r, module.att.view(H, C), negative_slope=module.negative_slope,
+                              edge_term=edge_term, dropout=p,
+                              return_attention="dropped" if return_attention_weights else False)
+    if return_attention_weights:
+        out, alpha = out
+
+    if module.concat:
+        out = out.view(-1, H * C)
+    else:
+        out = out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if module.bias is not None:
+        out = out + module.bias
+
+    if return_attention_weights:
+        if is_sparse(edge_index):
+            from torch_geometric.utils.sparse import set_sparse_value
+
+            return out, (set_sparse_value(edge_index, alpha), alpha)
+        if looped is not None:
+            edge_index = _stock_looped_edge_index(edge_index, looped.num_loops)
+        return out, (edge_index, alpha)
+    return out
+
+
+def _stock_looped_edge_index(edge_index: Tensor, num_loops: int) -> Tensor:
+    """The looped ``edge_index`` stock returns, built by the same PyG calls (only on request)."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    edge_index, _ = remove_self_loops(edge_index)
+    edge_index, _ = add_self_loops(edge_index, num_nodes=num_loops)
+    return edge_index

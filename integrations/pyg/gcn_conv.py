@@ -1,0 +1,157 @@
+"""PyG ``GCNConv`` on :func:`gnn_fastpath.spmm`.
+
+Reproduces ``torch_geometric.nn.conv.GCNConv.forward`` (PyG 2.8): the symmetric
+normalisation of ``gcn_norm``, then ``lin`` (called as a submodule), one
+``spmm(graph, lin(x), edge_weight=normalised, norm="none")`` and the bias.
+
+The normalisation is gnn_fastpath's own code, computed from the Graph:
+
+- ``edge_index`` Tensor / ``EdgeIndex``: with ``add_self_loops``, PyG's
+  ``add_remaining_self_loops`` (every existing loop removed, one loop per node appended;
+  with ``edge_weight`` a node's loop keeps the weight of its existing loop, else gets
+  ``fill_value`` = 2 if ``improved`` else 1). Then ``deg_i = sum of weights into i``,
+  ``w_ij * deg_j^-1/2 * deg_i^-1/2`` (0 where a degree is 0). Without ``edge_weight`` the
+  weights are structural: the looped graph and the normalised weights are memoised on the
+  input's Graph (once per graph and dtype). Like stock PyG 2.8, ``improved`` has no effect
+  then: stock adds the loops without weights and fills every weight with 1 afterwards.
+  With ``edge_weight`` the weights are recomputed per call (they may carry gradients).
+- torch.sparse adjacency: its values are the weights; with ``add_self_loops`` loops of
+  weight ``fill_value`` are appended (stock coalesces them into existing loops, which sums
+  the same weights), then the same normalisation. ``edge_weight`` is ignored, as stock
+  ignores it for sparse inputs.
+
+Issue 6 moves this normalisation into a CUDA kernel.
+
+``cached=True`` keeps stock's semantics: whatever sits in ``module._cached_edge_index``
+is used as the normalised ``(edge_index, edge_weight)`` (stock reads it whenever it is set,
+even with ``cached=False``), and a first call with ``cached=True`` stores exactly what stock
+stores (the looped ``edge_index`` PyG builds, the normalised weights), so switching
+``enable()``/``disable()`` mid-training stays consistent. The first ``cached=True`` call on
+a torch.sparse adjacency runs stock (reason ``cached_sparse``) so stock builds the sparse
+tensor it caches; later calls read that cache on the fused path.
+
+Falls back (Unsupported) for: bipartite (tuple) x (stock raises), x not 2-D, ``aggr`` other
+than sum, ``flow="target_to_source"``, ``edge_weight`` not a float [M] tensor, a
+torch.sparse adjacency whose values require grad, and the graph inputs listed in
+:mod:`.graph` (a non-square adjacency among them: its shape must match the features).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ... import ops
+from ...graph import Graph
+from ..shim import Unsupported
+from .graph import (append_self_loops, caller_coo, check_inputs, check_like, check_message_passing,
+                    edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values)
+
+
+def features(x, *args, **kwargs) -> Tensor:
+    """The tensor deciding device and dtype: ``x`` (a pair runs stock, which raises)."""
+    if isinstance(x, (tuple, list)):
+        raise Unsupported("bipartite", "GCNConv takes no (x_src, x_dst) pair (stock raises)")
+    return x
+
+
+def _normalise(graph: Graph, weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``w_ij / sqrt(deg_i deg_j)`` in the graph's caller order, ``deg`` = weighted in-degree."""
+    src, dst = caller_coo(graph)
+    if weight is None:
+        deg = graph.in_degree().to(dtype)
+        weight = torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+    else:
+        deg = weight.new_zeros(graph.n_dst).index_add(0, dst, weight)
+    deg_inv_sqrt = deg.pow(-0.5)
+    deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
+    return deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
+
+
+def gcn_weights(graph: Graph, weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """The GCN-normalised weights of ``graph``; memoised on it when structural."""
+    if weight is None:
+        return graph.memo(("pyg", "gcn_norm", dtype), lambda: _normalise(graph, None, dtype))
+    return _normalise(graph, weight, dtype)
+
+
+def _sparse_values(adj: Tensor, x: Tensor) -> Tensor:
+    values = check_like("adjacency values", sparse_values(adj), x)
+    if values.requires_grad:
+        raise Unsupported("sparse_grad", "the adjacency's values require grad")
+    return values
+
+
+def _as_given(edge_index, edge_weight, n: int, x: Tensor) -> Tuple[Graph, Optional[Tensor]]:
+    """Graph and weights for propagating over ``edge_index`` as it is (normalised already)."""
+    graph = graph_of(edge_index, n, n, x)
+    if is_sparse(edge_index):  # stock's message_and_aggregate reads the adjacency's values only
+        return graph, _sparse_values(edge_index, x)
+    return graph, edge_weight_of("edge_weight", edge_weight, graph, x)
+
+
+def _normalised_sparse(module, adj: Tensor, n: int, x: Tensor) -> Tuple[Graph, Tensor]:
+    graph = graph_of(adj, n, n, x)
+    values = _sparse_values(adj, x)
+    if module.add_self_loops:
+        graph = append_self_loops(graph, n).graph
+        values = torch.cat([values, values.new_full((n,), 2.0 if module.improved else 1.0)])
+    return graph, gcn_weights(graph, values, x.dtype)
+
+
+def _normalised(module, edge_index: Tensor, edge_weight, n: int, x: Tensor) -> Tuple[Graph, Tensor, bool]:
+    """(graph, normalised weights, whether the weights are a memoised structural tensor)."""
+    graph = graph_of(edge_index, n, n, x)
+    edge_weight = edge_weight_of("edge_weight", edge_weight, graph, x)
+    if module.add_self_loops:
+        looped = replace_self_loops(graph, n)
+        graph = looped.graph
+        if edge_weight is not None:
+            loop_weight = edge_weight.new_full((n,), 2.0 if module.improved else 1.0)
+            # Stock's very write: for a node with several loops, the CPU keeps the last one's
+            # weight and CUDA any one's (undefined for duplicate indices), and the backward
+            # sends the node's gradient to every one of them. Same op, same behaviour.
+            loop_weight[looped.loop_node] = edge_weight[looped.loop_pos]
+            edge_weight = torch.cat([edge_weight[looped.keep], loop_weight])
+    return graph, gcn_weights(graph, edge_weight, x.dtype), edge_weight is None
+
+
+def _stock_edge_index(module, edge_index: Tensor, n: int) -> Tensor:
+    """The normalised ``edge_index`` stock caches: PyG's own ``add_remaining_self_loops``."""
+    if not module.add_self_loops:
+        return edge_index
+    from torch_geometric.utils import add_remaining_self_loops
+
+    return add_remaining_self_loops(edge_index, None, 2.0 if module.improved else 1.0, n)[0]
+
+
+def forward(module, backend: str, x, edge_index, edge_weight=None):
+    """Fused ``GCNConv.forward``: same arguments, same return value."""
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise Unsupported("input", "x must be a 2-D [N, F] tensor")
+    check_message_passing(module)
+    check_inputs(module, x)
+    if not isinstance(edge_index, Tensor):
+        raise Unsupported("edge_index", f"edge_index is a {type(edge_index).__name__}")
+    n = x.size(0)
+    if not module.normalize:
+        graph, weight = _as_given(edge_index, edge_weight, n, x)
+    elif module._cached_edge_index is not None:
+        cached_index, cached_weight = module._cached_edge_index
+        graph, weight = _as_given(cached_index, cached_weight, n, x)
+    elif is_sparse(edge_index):
+        if module.cached:
+            raise Unsupported("cached_sparse", "first cached=True call on a torch.sparse adjacency "
+                                               "(stock builds the sparse tensor it caches)")
+        graph, weight = _normalised_sparse(module, edge_index, n, x)
+    else:
+        graph, weight, memoised = _normalised(module, edge_index, edge_weight, n, x)
+        if module.cached:
+            module._cached_edge_index = (_stock_edge_index(module, edge_index, n),
+                                         weight.clone() if memoised else weight)
+
+    out = ops.spmm(graph, module.lin(x), edge_weight=weight, norm="none")
+    if module.bias is not None:
+        out = out + module.bias
+    return out

@@ -1,0 +1,234 @@
+"""PyG graph inputs as gnn_fastpath Graphs, with PyG's size rules and derived graphs.
+
+PyG hands a layer its graph as an ``edge_index`` [2, M] tensor (row 0 sources, row 1
+targets), a PyG ``EdgeIndex`` (the same, with optional sparse sizes), or a ``torch.sparse``
+COO/CSR adjacency, which :class:`~torch_geometric.nn.conv.MessagePassing` reads as
+``adj_t``: rows are targets, columns sources, shape ``[N_dst, N_src]``, edges in storage
+order. Node counts come from the feature tensors, as ``propagate`` infers them.
+
+Every input the fused path does not take raises :class:`Unsupported` (so stock PyG runs
+and reports its own error where it has one): ``torch_sparse.SparseTensor``, CSC layouts,
+uncoalesced COO (stock marks those coalesced in place), hybrid sparse values, sizes that
+disagree with the features, devices that differ, node ids out of range.
+
+Graphs derived from the caller's graph (self loops replaced or appended) are built once and
+memoised on the base Graph (:meth:`Graph.memo`), which :meth:`Graph.of` itself caches per
+``edge_index`` object and version; nothing is rebuilt per call and nothing is stored on the
+module or the PyG objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ...graph import Graph
+from ..shim import Unsupported
+
+try:  # PyG >= 2.5
+    from torch_geometric import EdgeIndex
+except ImportError:  # pragma: no cover
+    EdgeIndex = None
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_SPARSE = (torch.sparse_coo, torch.sparse_csr)
+
+
+def is_sparse(edge_index) -> bool:
+    """Whether ``edge_index`` is a torch.sparse adjacency the fused path reads (COO or CSR)."""
+    return isinstance(edge_index, Tensor) and edge_index.layout in _SPARSE
+
+
+def pair_features(x, *args, **kwargs) -> Tensor:
+    """A shim's ``features``: ``x``, or ``x[0]`` of an ``(x_src, x_dst)`` pair."""
+    if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], Tensor):
+        return x[0]
+    return x
+
+
+def split_pair(x) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(x, None)`` for one feature tensor, ``(x_src, x_dst)`` for a pair; both 2-D with one
+    dtype and device, else Unsupported (a ``None`` target side too: stock asserts)."""
+    if isinstance(x, Tensor):
+        x_src, x_dst = x, None
+    elif isinstance(x, (tuple, list)) and len(x) == 2:
+        x_src, x_dst = x
+        if not isinstance(x_src, Tensor):
+            raise Unsupported("input", f"x[0] is a {type(x_src).__name__}")
+        if x_dst is None:
+            raise Unsupported("input", "x[1] is None")
+        check_like("x[1]", x_dst, x_src)
+    else:
+        raise Unsupported("input", f"x is a {type(x).__name__}, not a tensor or a pair of tensors")
+    if x_src.dim() != 2 or (x_dst is not None and x_dst.dim() != 2):
+        raise Unsupported("input", "node features must be 2-D [N, F]")
+    return x_src, x_dst
+
+
+def check_message_passing(module) -> None:
+    """The MessagePassing settings every shim needs: sum aggregation, source-to-target flow."""
+    from torch_geometric.nn.aggr import SumAggregation
+
+    if module.aggr not in ("add", "sum") or type(module.aggr_module) is not SumAggregation:
+        raise Unsupported("aggr", f"aggr={module.aggr!r} (the fused path sums)")
+    if module.flow != "source_to_target":
+        raise Unsupported("flow", f"flow={module.flow!r}")
+
+
+def check_like(name: str, t, like: Tensor) -> Tensor:
+    """``t`` is a tensor with ``like``'s dtype and device; Unsupported otherwise."""
+    if not isinstance(t, Tensor):
+        raise Unsupported("input", f"{name} is a {type(t).__name__}, not a tensor")
+    if t.dtype != like.dtype:
+        raise Unsupported("dtype", f"{name} has dtype {t.dtype}, features {like.dtype}")
+    if t.device != like.device:
+        raise Unsupported("device", f"{name} is on {t.device}, features on {like.device}")
+    return t
+
+
+def check_inputs(module, x: Tensor) -> None:
+    """Parameters on ``x``'s device and dtype, and no autocast (the fused path is float32)."""
+    for name, p in module.named_parameters():
+        check_like(f"parameter {name}", p, x)
+    try:
+        autocast = torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # pragma: no cover - torch without the device_type argument
+        autocast = torch.is_autocast_enabled()
+    if autocast:
+        raise Unsupported("autocast", f"autocast is enabled for {x.device.type}")
+
+
+def attention_dropout(module) -> float:
+    """The attention dropout probability stock applies now (0 in eval mode)."""
+    p = module.dropout
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        raise Unsupported("dropout", f"dropout={p!r}")
+    return float(p) if module.training else 0.0
+
+
+def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
+    """The cached Graph of a PyG graph input for ``n_src`` source and ``n_dst`` target nodes.
+
+    ``like`` is a feature tensor: the graph must be on its device. Raises Unsupported for
+    inputs the fused path does not take (see the module docstring).
+    """
+    if not isinstance(edge_index, Tensor):
+        raise Unsupported("edge_index", f"edge_index is a {type(edge_index).__name__} "
+                                        "(the fused path takes Tensor, EdgeIndex or torch.sparse COO/CSR)")
+    if edge_index.device != like.device:
+        raise Unsupported("device", f"edge_index is on {edge_index.device}, features on {like.device}")
+    if edge_index.layout in _SPARSE:
+        if edge_index.dim() != 2 or edge_index.dense_dim() != 0:
+            raise Unsupported("edge_index", f"sparse adjacency of shape {tuple(edge_index.shape)} "
+                                            f"with {edge_index.dense_dim()} dense dimensions")
+        if edge_index.layout == torch.sparse_coo and not edge_index.is_coalesced():
+            raise Unsupported("edge_index", "uncoalesced sparse COO adjacency")
+        if (edge_index.size(1), edge_index.size(0)) != (n_src, n_dst):
+            raise Unsupported("size", f"adjacency [N_dst, N_src] = {tuple(edge_index.shape)} but the "
+                                      f"features give ({n_dst}, {n_src})")
+        return Graph.of(edge_index)
+    if edge_index.layout != torch.strided:
+        raise Unsupported("edge_index", f"edge_index layout {edge_index.layout}")
+    if edge_index.dtype not in _INT_DTYPES or edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise Unsupported("edge_index", f"edge_index of dtype {edge_index.dtype} and shape "
+                                        f"{tuple(edge_index.shape)} (expected integer [2, M])")
+    if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
+        rows, cols = edge_index.sparse_size()
+        if rows not in (None, n_src) or cols not in (None, n_dst):
+            raise Unsupported("size", f"EdgeIndex sparse size {(rows, cols)} but the features give "
+                                      f"({n_src}, {n_dst})")
+    try:
+        return Graph.of(edge_index, num_nodes=(n_src, n_dst))
+    except ValueError as exc:  # node ids out of range: stock reports its own error
+        raise Unsupported("edge_index", str(exc)) from None
+
+
+def sparse_values(adj: Tensor) -> Tensor:
+    """The values of a COO/CSR adjacency in storage order (the Graph's caller edge order)."""
+    return adj._values() if adj.layout == torch.sparse_coo else adj.values()
+
+
+def caller_coo(graph: Graph) -> Tuple[Tensor, Tensor]:
+    """(src, dst) [M] in the caller's edge order (memoised on the Graph)."""
+
+    def build():
+        src = torch.empty_like(graph.indices)
+        src[graph.perm] = graph.indices
+        dst = torch.empty_like(graph.indices)
+        dst[graph.perm] = graph.dst_index()
+        return src, dst
+
+    return graph.memo(("pyg", "caller_coo"), build)
+
+
+@dataclass(frozen=True)
+class Looped:
+    """A graph with self loops added, in PyG's edge order: kept edges first, then loops.
+
+    Attributes:
+        graph: the derived Graph; its edge ``e < len(keep)`` is the caller's edge
+            ``keep[e]``, the rest are the loops ``(i, i)``, ``i < num_loops``, in order.
+        keep: int64 caller ids of the base graph's edges that stay.
+        loop_node, loop_pos: node ids and caller ids of the base graph's self loops, which
+            were removed (ascending positions); empty when loops are only appended.
+        num_loops: how many loops were appended.
+        kept_dst_max: the largest target id among the kept edges (-1 when none).
+    """
+
+    graph: Graph
+    keep: Tensor
+    loop_node: Tensor
+    loop_pos: Tensor
+    num_loops: int
+    kept_dst_max: int
+
+    @property
+    def kept_dst(self) -> Tensor:
+        return caller_coo(self.graph)[1][: self.keep.numel()]
+
+
+def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
+    src, dst = caller_coo(base)
+    ids = torch.arange(base.num_edges, device=base.device)
+    if remove_existing:
+        is_loop = src == dst
+        keep, loop_pos = ids[~is_loop], ids[is_loop]
+    else:
+        keep, loop_pos = ids, ids[:0]
+    loop_node = src[loop_pos]
+    loops = torch.arange(num_loops, device=base.device)
+    graph = Graph.from_coo(torch.cat([src[keep], loops]), torch.cat([dst[keep], loops]),
+                           base.n_src, base.n_dst, validate=False)
+    kept_dst_max = int(dst[keep].max()) if keep.numel() else -1
+    return Looped(graph, keep, loop_node, loop_pos, num_loops, kept_dst_max)
+
+
+def replace_self_loops(base: Graph, num_loops: int) -> Looped:
+    """Every self loop removed, then ``(i, i)`` for ``i < num_loops`` appended.
+
+    The edge order of PyG's ``remove_self_loops`` + ``add_self_loops`` and of
+    ``add_remaining_self_loops`` (which also drops the existing loops and appends one per
+    node). Memoised on ``base``.
+    """
+    return base.memo(("pyg", "replace_self_loops", int(num_loops)),
+                     lambda: _looped(base, int(num_loops), remove_existing=True))
+
+
+def append_self_loops(base: Graph, num_loops: int) -> Looped:
+    """``(i, i)`` for ``i < num_loops`` appended after every existing edge (PyG's
+    ``add_self_loops`` on a torch.sparse adjacency). Memoised on ``base``."""
+    return base.memo(("pyg", "append_self_loops", int(num_loops)),
+                     lambda: _looped(base, int(num_loops), remove_existing=False))
+
+
+def edge_weight_of(name: str, edge_weight: Optional[Tensor], graph: Graph, like: Tensor) -> Optional[Tensor]:
+    """A per-edge weight [M] on ``like``'s device and dtype, or None; Unsupported otherwise."""
+    if edge_weight is None:
+        return None
+    check_like(name, edge_weight, like)
+    if edge_weight.dim() != 1 or edge_weight.numel() != graph.num_edges:
+        raise Unsupported("edge_weight", f"{name} of shape {tuple(edge_weight.shape)} "
+                                         f"(expected [{graph.num_edges}])")
+    return edge_weight

@@ -1,0 +1,35 @@
+"""The PyG shims: which classes enable() patches and the fused forward of each."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, List
+
+from torch_geometric.nn.conv import GATv2Conv, GCNConv, TransformerConv
+
+from ..shim import Shim, Unsupported
+from . import gatv2_conv, gcn_conv, transformer_conv
+
+
+def _features(module) -> Callable:
+    """The shim's ``features``: ``module.features`` once the arguments bind to the fused
+    forward's (= stock's) signature; arguments that do not bind run stock, which raises."""
+    signature = inspect.signature(module.forward)
+
+    def features(*args, **kwargs):
+        try:
+            signature.bind(None, None, *args, **kwargs)
+        except TypeError as exc:
+            raise Unsupported("arguments", str(exc)) from None
+        return module.features(*args, **kwargs)
+
+    return features
+
+
+SHIMS: List[Shim] = [
+    Shim(key="pyg.TransformerConv", cls=TransformerConv, forward=transformer_conv.forward,
+         op="dot_attention", features=_features(transformer_conv)),
+    Shim(key="pyg.GATv2Conv", cls=GATv2Conv, forward=gatv2_conv.forward,
+         op="gatv2_attention", features=_features(gatv2_conv)),
+    Shim(key="pyg.GCNConv", cls=GCNConv, forward=gcn_conv.forward,
+         op="spmm", features=_features(gcn_conv)),
+]

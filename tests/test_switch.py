@@ -1,0 +1,196 @@
+"""enable() / disable() / enabled(): patching is exact, reversible, idempotent and inert
+where it should be; patched modules keep their state_dict, pickle, and still script."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import gnn_fastpath
+from gnn_fastpath import switch
+from gnn_fastpath.integrations import shim as shim_mod
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    gnn_fastpath.disable()
+    gnn_fastpath.reset_stats()
+    yield
+    gnn_fastpath.disable()
+    gnn_fastpath.reset_stats()
+
+
+def _all_shim_classes(frameworks=switch.FRAMEWORKS):
+    return [s.cls for f in frameworks for s in switch._shims_for(f)]
+
+
+_MISSING = object()
+
+
+def _call_attrs(classes):
+    return {cls: cls.__dict__.get("__call__", _MISSING) for cls in classes}
+
+
+def test_disable_restores_every_class_exactly():
+    classes = _all_shim_classes()
+    before = _call_attrs(classes)
+    absent = [cls for cls in classes if "__call__" not in cls.__dict__]
+    gnn_fastpath.enable()
+    assert set(gnn_fastpath.switch.patched_classes()) == set(classes)
+    for cls in classes:
+        assert cls.__dict__["__call__"].__gnn_fastpath_shim__.cls is cls
+    gnn_fastpath.disable()
+    after = _call_attrs(classes)
+    for cls in classes:
+        assert after[cls] is before[cls], cls
+    for cls in absent:
+        assert "__call__" not in cls.__dict__, cls
+    assert not gnn_fastpath.is_enabled() and not switch.patched_classes()
+
+
+def test_disable_restores_a_class_own_call(monkeypatch):
+    class Own(torch.nn.Module):
+        def __call__(self, *args, **kwargs):  # a class that defines its own __call__
+            return "own"
+
+        def forward(self, x):
+            return x
+
+    own_call = Own.__dict__["__call__"]
+    fake = shim_mod.Shim(key="test.Own", cls=Own, forward=lambda m, b, x: x, op="spmm", features=lambda x: x)
+    monkeypatch.setattr(switch, "_shims_for", lambda framework: [fake] if framework == "pyg" else [])
+    gnn_fastpath.enable(frameworks="pyg")
+    assert Own.__dict__["__call__"] is not own_call
+    gnn_fastpath.disable()
+    assert Own.__dict__["__call__"] is own_call
+
+
+def test_enable_twice_is_harmless():
+    gnn_fastpath.enable()
+    first = _call_attrs(_all_shim_classes())
+    gnn_fastpath.enable()
+    assert _call_attrs(_all_shim_classes()) == first
+    gnn_fastpath.disable()
+    assert not switch.patched_classes()
+    for cls in _all_shim_classes():
+        assert not hasattr(cls.__dict__.get("__call__"), "__gnn_fastpath_shim__")
+
+
+def test_env_zero_makes_enable_a_no_op(monkeypatch):
+    before = _call_attrs(_all_shim_classes())
+    monkeypatch.setenv("GNN_FASTPATH", "0")
+    gnn_fastpath.enable()
+    with gnn_fastpath.enabled(cpu="reference"):
+        assert not gnn_fastpath.is_enabled()
+    assert not gnn_fastpath.is_enabled()
+    assert _call_attrs(_all_shim_classes()) == before
+
+
+def test_enabled_restores_the_previous_state(pyg):
+    before = _call_attrs(_all_shim_classes())
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "reference"
+    assert not gnn_fastpath.is_enabled()
+    assert _call_attrs(_all_shim_classes()) == before
+
+    gnn_fastpath.enable(frameworks="pyg", cpu="stock")
+    patched = set(switch.patched_classes())
+    with gnn_fastpath.enabled(cpu="reference"):
+        assert shim_mod._config["cpu"] == "reference"
+    assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "stock"
+    assert set(switch.patched_classes()) == patched
+
+    with pytest.raises(RuntimeError):
+        with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+            raise RuntimeError("inside")
+    assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "stock"
+
+
+def test_frameworks_narrowing(pyg):
+    gnn_fastpath.enable(frameworks="pyg")
+    assert switch.patched_classes()
+    assert all(cls.__module__.startswith("torch_geometric.") for cls in switch.patched_classes())
+    gnn_fastpath.disable()
+    gnn_fastpath.enable(frameworks=["pyg"])
+    assert set(switch.patched_classes()) == set(_all_shim_classes(("pyg",)))
+
+
+@pytest.mark.parametrize("kwargs", [dict(frameworks="tf"), dict(frameworks=[]), dict(frameworks=["pyg", "jax"]),
+                                    dict(frameworks=("PyG",)), dict(cpu="gpu"), dict(cpu=None)])
+def test_invalid_arguments_raise(kwargs):
+    with pytest.raises(ValueError):
+        gnn_fastpath.enable(**kwargs)
+    assert not gnn_fastpath.is_enabled() and not switch.patched_classes()
+
+
+class _Net(torch.nn.Module):
+    """A small model over the three PyG layers (module level: it must pickle)."""
+
+    def __init__(self):
+        from torch_geometric.nn import GATv2Conv, GCNConv, TransformerConv
+
+        super().__init__()
+        self.a = TransformerConv(6, 4, heads=2, edge_dim=3, beta=True)
+        self.b = GATv2Conv(8, 4, heads=2, edge_dim=3, residual=True)
+        self.c = GCNConv(8, 3, cached=True)
+
+    def forward(self, x, edge_index, edge_attr):
+        x = self.a(x, edge_index, edge_attr).relu()
+        x = self.b(x, edge_index, edge_attr).relu()
+        return self.c(x, edge_index)
+
+
+def _model():
+    return _Net()
+
+
+def _graph(n=15, m=40):
+    gen = torch.Generator().manual_seed(0)
+    x, edge_attr = torch.randn(n, 6, generator=gen), torch.randn(m, 3, generator=gen)
+    return x, torch.randint(0, n, (2, m), generator=gen), edge_attr
+
+
+def test_state_dict_unchanged(pyg):
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        during = model.state_dict()
+        model(*_graph())  # a fused forward adds nothing either
+        after_call = model.state_dict()
+    assert gnn_fastpath.stats()["pyg.TransformerConv"]["fused"]["reference"] == 1
+    for sd in (during, after_call, model.state_dict()):
+        assert list(sd) == list(before)
+        for k, v in before.items():
+            assert torch.equal(sd[k], v), k
+
+
+def test_patched_module_pickles(pyg):
+    model = _model()
+    inputs = _graph()
+    expected = model(*inputs)
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        clone = pickle.loads(pickle.dumps(model))
+        actual = clone(*inputs)
+    assert gnn_fastpath.stats()["pyg.GATv2Conv"]["fused"]["reference"] == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+    assert clone.state_dict().keys() == model.state_dict().keys()
+    assert "__call__" not in vars(clone.a)  # the patch lives on the class, never on instances
+
+
+def test_torchscript_while_enabled(pyg):
+    import warnings
+
+    from torch_geometric.nn.models import GCN
+
+    model = GCN(6, 8, num_layers=2, out_channels=3)
+    x, edge_index, _ = _graph()
+    expected = model(x, edge_index)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated in torch 2.13
+        with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+            scripted = torch.jit.script(model)
+            torch.testing.assert_close(scripted(x, edge_index), expected, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model(x, edge_index), expected, rtol=1e-5, atol=1e-6)
+    assert gnn_fastpath.stats()["pyg.GCNConv"]["fused"]["reference"] == 2  # the eager call only
+    torch.testing.assert_close(scripted(x, edge_index), expected, rtol=1e-5, atol=1e-6)  # after disable()
