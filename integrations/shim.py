@@ -90,6 +90,29 @@ def _has_lazy_parameters(module: torch.nn.Module) -> bool:
     return any(is_lazy(p) for p in module.parameters())
 
 
+def has_module_hooks(module: torch.nn.Module) -> bool:
+    """Whether forward/backward hooks are registered on ``module`` itself."""
+    return any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS)
+
+
+def check_like(name: str, t, like: Tensor) -> Tensor:
+    """``t`` is a tensor with ``like``'s dtype and device; :class:`Unsupported` otherwise."""
+    if not isinstance(t, Tensor):
+        raise Unsupported("input", f"{name} is a {type(t).__name__}, not a tensor")
+    if t.dtype != like.dtype:
+        raise Unsupported("dtype", f"{name} has dtype {t.dtype}, features {like.dtype}")
+    if t.device != like.device:
+        raise Unsupported("device", f"{name} is on {t.device}, features on {like.device}")
+    return t
+
+
+def _autocast_on(x: Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # pragma: no cover - torch without the device_type argument
+        return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
+
+
 def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[str, str]]:
     """(reason, detail) when the module's state rules the fused path out, else None."""
     if torch.jit.is_scripting() or torch.jit.is_tracing():
@@ -100,7 +123,7 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
         return "compiling", "torch.compile traces the stock forward"
     if type(module).forward is not shim.cls.forward:
         return "subclass", f"{type(module).__name__} overrides forward"
-    if any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS):
+    if has_module_hooks(module):
         return "hooks", "module hooks are registered"
     from torch.nn.modules import module as module_mod
 
@@ -122,6 +145,8 @@ def _backend_or_blocker(shim: Shim, x: Tensor) -> Tuple[Optional[str], Optional[
         return None, ("input", f"unsupported input type {type(x).__name__}")
     if x.dtype != torch.float32:
         return None, ("dtype", f"{x.dtype} input (the fused path takes float32)")
+    if _autocast_on(x):
+        return None, ("autocast", f"autocast is active for {x.device.type} (the fused path takes float32)")
     if not x.is_cuda:
         if _config["cpu"] == "reference":
             return ops.REFERENCE, None

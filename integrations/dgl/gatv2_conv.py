@@ -18,9 +18,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ... import ops
-from ..shim import Shim, Unsupported
-from .graph import (autocast_on, check_device, check_graph, check_tensor_like, check_zero_in_degree,
-                    features_of, graph_of, has_hooks)
+from ..shim import Shim, Unsupported, check_like, has_module_hooks
+from .graph import (check_device, check_graph, check_zero_in_degree,
+                    features_of, graph_of)
 
 
 def _check_module(module, x: Tensor):
@@ -32,11 +32,11 @@ def _check_module(module, x: Tensor):
     if type(leaky) is not nn.LeakyReLU:
         raise Unsupported("leaky_relu", f"leaky_relu is a {type(leaky).__name__}, not nn.LeakyReLU")
     # The op applies both itself: hooks on them would not fire.
-    if has_hooks(attn_drop) or has_hooks(leaky):
+    if has_module_hooks(attn_drop) or has_module_hooks(leaky):
         raise Unsupported("hooks", "hooks on attn_drop or leaky_relu")
     H, D = int(module._num_heads), int(module._out_feats)
     attn = module.attn
-    check_tensor_like("attn", attn, x)
+    check_like("attn", attn, x)
     if tuple(attn.shape) != (1, H, D):
         raise Unsupported("attn", f"attn has shape {tuple(attn.shape)}, expected (1, {H}, {D})")
     p = float(attn_drop.p) if attn_drop.training else 0.0
@@ -49,7 +49,7 @@ def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
         if len(feat) != 2:
             raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
         src, dst = feat
-        check_tensor_like("feat[1]", dst, src)
+        check_like("feat[1]", dst, src)
         if src.dim() != 2 or dst.dim() != 2:
             raise Unsupported("input", "feat_src and feat_dst must be 2-D [N, in_feats]")
         if src.shape[0] != n_src or dst.shape[0] != n_dst:
@@ -66,7 +66,7 @@ def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
 def _fc_dst_rows(module, h_dst: Tensor, n_dst: int) -> Tensor:
     """``fc_dst(h_dst)[:n_dst]`` for a block; a plain hook-free Linear only computes the rows kept."""
     fc = module.fc_dst
-    if type(fc) is nn.Linear and not has_hooks(fc):
+    if type(fc) is nn.Linear and not has_module_hooks(fc):
         return fc(h_dst[:n_dst])
     return fc(h_dst)[:n_dst]
 
@@ -77,8 +77,6 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
     n_src, n_dst, is_block = check_graph(g)
     x = features_of(g, feat)
     check_device(g, x)
-    if autocast_on(x):
-        raise Unsupported("autocast", "autocast is active (the fused path takes float32)")
     H, D, att, negative_slope, p = _check_module(module, x)
     _check_features(g, feat, n_src, n_dst, is_block)
 

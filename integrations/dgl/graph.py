@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Tuple
 
-import torch
 from torch import Tensor, nn
 
 from ...graph import Graph
-from ..shim import _MODULE_HOOK_DICTS, Unsupported
+from ..shim import Unsupported
 
 #: Stock DGL's message for zero in-degree destinations (GATv2Conv, GraphConv, ... in 2.1.0).
 ZERO_IN_DEGREE_MESSAGE = (
@@ -74,30 +73,6 @@ def check_zero_in_degree(module: nn.Module, graph: Graph) -> None:
     """Raise stock DGL's DGLError when the module forbids zero in-degree and the graph has one."""
     if not module._allow_zero_in_degree and has_zero_in_degree(graph):
         raise dgl_error(ZERO_IN_DEGREE_MESSAGE)
-
-
-def has_hooks(module: nn.Module) -> bool:
-    """Whether hooks are registered on ``module`` itself."""
-    return any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS)
-
-
-def autocast_on(x: Tensor) -> bool:
-    """Whether autocast is active for ``x``'s device type (the fused path takes float32)."""
-    try:
-        return torch.is_autocast_enabled(x.device.type)
-    except TypeError:  # pragma: no cover - torch without the device_type argument
-        return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
-
-
-def check_tensor_like(name: str, t, like: Tensor) -> Tensor:
-    """``t`` is a tensor with ``like``'s dtype and device; Unsupported otherwise."""
-    if not isinstance(t, Tensor):
-        raise Unsupported("input", f"{name} is a {type(t).__name__}, not a tensor")
-    if t.dtype != like.dtype:
-        raise Unsupported("dtype", f"{name} has dtype {t.dtype}, features {like.dtype}")
-    if t.device != like.device:
-        raise Unsupported("device", f"{name} is on {t.device}, features on {like.device}")
-    return t
 
 
 def features_of(graph, feat, *args, **kwargs):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from ... import ops
-from ..shim import Shim, Unsupported
-from .graph import (autocast_on, check_device, check_graph, check_tensor_like, check_zero_in_degree,
+from ..shim import Shim, Unsupported, check_like
+from .graph import (check_device, check_graph, check_zero_in_degree,
                     dgl_error, features_of, graph_of)
 
 _NORMS = ("none", "both", "right", "left")
@@ -39,13 +39,13 @@ def _check_inputs(module, g, feat, weight, edge_weight, n_src: int, n_dst: int, 
             raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
         feat_src, feat_dst = feat
         if norm in ("right", "both"):  # stock reads feat_dst's dtype and device for the scale
-            check_tensor_like("feat[1]", feat_dst, feat_src)
+            check_like("feat[1]", feat_dst, feat_src)
     else:
         feat_src = feat  # stock's destination rows (feat[:num_dst] of a block) only set the scale's dtype
     if feat_src.dim() < 2 or feat_src.shape[0] != n_src:
         raise Unsupported("input", f"feat_src has shape {tuple(feat_src.shape)} for {n_src} source nodes")
     if edge_weight is not None:
-        check_tensor_like("edge_weight", edge_weight, feat_src)
+        check_like("edge_weight", edge_weight, feat_src)
         if edge_weight.dim() != 1 or edge_weight.shape[0] != g.num_edges():
             raise Unsupported("edge_weight", f"edge_weight of shape {tuple(edge_weight.shape)} "
                                              f"(the fused path takes one scalar per edge, [{g.num_edges()}])")
@@ -53,7 +53,7 @@ def _check_inputs(module, g, feat, weight, edge_weight, n_src: int, n_dst: int, 
         return feat_src, None  # stock raises; checked after the zero-in-degree check, as stock
     w = module.weight if weight is None else weight
     if w is not None:
-        check_tensor_like("weight", w, feat_src)
+        check_like("weight", w, feat_src)
         if w.dim() != 2 or w.shape[0] != feat_src.shape[-1]:
             raise Unsupported("input", f"weight of shape {tuple(w.shape)} for features of width "
                                        f"{feat_src.shape[-1]}")
@@ -66,8 +66,6 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
     n_src, n_dst, is_block = check_graph(g)
     x = features_of(g, feat)
     check_device(g, x)
-    if autocast_on(x):
-        raise Unsupported("autocast", "autocast is active (the fused path takes float32)")
     feat_src, w = _check_inputs(module, g, feat, weight, edge_weight, n_src, n_dst, is_block)
 
     G = graph_of(g)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ...graph import Graph
-from ..shim import Unsupported
+from ..shim import Unsupported, check_like
 
 try:  # PyG >= 2.5
     from torch_geometric import EdgeIndex
@@ -77,27 +77,10 @@ def check_message_passing(module) -> None:
         raise Unsupported("flow", f"flow={module.flow!r}")
 
 
-def check_like(name: str, t, like: Tensor) -> Tensor:
-    """``t`` is a tensor with ``like``'s dtype and device; Unsupported otherwise."""
-    if not isinstance(t, Tensor):
-        raise Unsupported("input", f"{name} is a {type(t).__name__}, not a tensor")
-    if t.dtype != like.dtype:
-        raise Unsupported("dtype", f"{name} has dtype {t.dtype}, features {like.dtype}")
-    if t.device != like.device:
-        raise Unsupported("device", f"{name} is on {t.device}, features on {like.device}")
-    return t
-
-
 def check_inputs(module, x: Tensor) -> None:
-    """Parameters on ``x``'s device and dtype, and no autocast (the fused path is float32)."""
+    """Parameters on ``x``'s device and dtype (the fused path takes float32 throughout)."""
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, x)
-    try:
-        autocast = torch.is_autocast_enabled(x.device.type)
-    except TypeError:  # pragma: no cover - torch without the device_type argument
-        autocast = torch.is_autocast_enabled()
-    if autocast:
-        raise Unsupported("autocast", f"autocast is enabled for {x.device.type}")
 
 
 def attention_dropout(module) -> float:
