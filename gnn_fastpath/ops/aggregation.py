@@ -7,10 +7,11 @@ from torch import Tensor
 
 from .. import reference
 from ._checks import check_choice, check_graph, check_tensor, graph_on
-from ._dispatch import CUDA, backend_for
+from ._dispatch import CUDA, backend_for, register_cuda
 
 NORMS = ("none", "left", "right", "both")
 REDUCES = ("max", "min")
+TIE_BREAKS = reference.aggregation.TIE_BREAKS
 
 
 def _check_features(graph, x, edge_weight):
@@ -52,30 +53,51 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     return reference.spmm(graph, x, edge_weight, norm)
 
 
-def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None) -> Tensor:
+def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None,
+                   tie_break: str = "split") -> Tensor:
     r"""Element-wise max or min of source features over each destination's in-edges.
 
     .. math::
         o_{i,f} = \max_{j \in \mathcal{N}(i)} w_{ij}\, x_{j,f} \quad (\text{or } \min)
 
-    Destinations with no in-edges get 0. The gradient of a tie is split evenly among the
-    tied edges (PyG's ``scatter_reduce`` rule).
+    Destinations with no in-edges get 0. The value never depends on ``tie_break``; the
+    gradient of an extreme reached by several edges (ties: common after a ReLU, where many
+    messages are exactly 0) does, and each framework does it its own way:
+
+    - ``"split"`` (default, PyG): what ``torch.scatter_reduce(..., include_self=False)`` on a
+      zero tensor does, which is PyG's ``MaxAggregation``/``SAGEConv(aggr="max")`` on a plain
+      ``edge_index`` without torch-scatter: each tied edge gets ``g / (n + [o == 0])``, with
+      ``n`` the number of tied edges. The ``[o == 0]`` term is torch's: the untouched zero of
+      the output counts as one more tied candidate whenever the extreme is exactly 0.
+    - ``"even"``: ``g / n`` to each tied edge (no framework does exactly this; offered as the
+      plain rule).
+    - ``"first"`` / ``"last"``: the whole ``g`` to one tied edge, the first / last in the
+      caller's edge order. DGL 2.1 (CPU) ``update_all(fn.copy_u, fn.max)`` and
+      ``fn.u_mul_e`` with per-feature edge data give it to the last; ``fn.u_mul_e`` with a
+      broadcast ``[M]``/``[M, 1]`` edge weight (``SAGEConv('pool')`` with ``edge_weight``)
+      to the first.
 
     Args:
         graph (Graph): the graph.
-        x (Tensor): [N_src, F] source features.
+        x (Tensor): [N_src, F] (or [N_src, *]) source features.
         reduce (str): ``"max"`` or ``"min"``.
         edge_weight (Tensor, optional): [M] per-edge multiplier in the caller's edge order.
+        tie_break (str): ``"split"``, ``"even"``, ``"first"`` or ``"last"`` (see above).
 
     Returns:
-        [N_dst, F].
+        [N_dst, F] (same trailing shape as ``x``).
     """
     graph = check_graph(graph)
     _check_features(graph, x, edge_weight)
     check_choice("reduce", reduce, REDUCES)
+    check_choice("tie_break", tie_break, TIE_BREAKS)
     graph = graph_on(graph, x)
     if backend_for("segment_reduce", x) == CUDA:
         from .cuda_segment_reduce import segment_reduce_cuda
 
-        return segment_reduce_cuda(graph, x, reduce, edge_weight)
-    return reference.segment_reduce(graph, x, reduce, edge_weight)
+        return segment_reduce_cuda(graph, x, reduce, edge_weight, tie_break)
+    return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break)
+
+
+register_cuda("spmm")
+register_cuda("segment_reduce")

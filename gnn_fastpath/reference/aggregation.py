@@ -50,14 +50,47 @@ def spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: st
     return out
 
 
-def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None) -> Tensor:
-    """Reference min/max aggregation; see :func:`gnn_fastpath.ops.segment_reduce`."""
+#: Gradient rules for tied extremes in :func:`segment_reduce` (see the op's docstring).
+TIE_BREAKS = ("split", "even", "first", "last")
+
+
+def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None,
+                   tie_break: str = "split") -> Tensor:
+    """Reference min/max aggregation; see :func:`gnn_fastpath.ops.segment_reduce`.
+
+    The value is the same for every ``tie_break``; only the gradient of tied extremes
+    differs. ``"split"`` is literally torch's ``scatter_reduce(..., include_self=False)`` on a
+    zero tensor (what PyG runs); the other rules route the gradient through fixed per-edge
+    coefficients (a straight-through sum whose value is exactly zero).
+    """
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {', '.join(map(repr, TIE_BREAKS))}; got {tie_break!r}")
     messages = x[graph.indices]
     w = _edge_weight_csr(graph, edge_weight)
     if w is not None:
         messages = messages * _broadcast(w, messages)
+    dst = graph.dst_index()
+    idx = expand_rows(dst, messages)
+    op = "amax" if reduce == "max" else "amin"
     out = messages.new_zeros((graph.n_dst,) + messages.shape[1:])
-    # include_self=False: rows with edges take their true extreme; empty rows keep 0.
-    # Gradient on ties is split evenly among the tied edges (torch's scatter_reduce rule).
-    return out.scatter_reduce(0, expand_rows(graph.dst_index(), messages), messages,
-                              "amax" if reduce == "max" else "amin", include_self=False)
+    if tie_break == "split":
+        # include_self=False: rows with edges take their true extreme; empty rows keep 0.
+        # torch's backward divides the gradient by (number of tied edges + 1 if the extreme
+        # equals the untouched zero of ``out``): PyG's scatter path, quirk included.
+        return out.scatter_reduce(0, idx, messages, op, include_self=False)
+    with torch.no_grad():
+        value = out.scatter_reduce(0, idx, messages, op, include_self=False)
+        tied = messages == value[dst]
+        if tie_break == "even":
+            count = torch.zeros_like(value).index_add_(0, dst, tied.to(value.dtype))
+            coef = tied.to(value.dtype) / count[dst].clamp(min=1)
+        else:  # one edge, the first or last tied one in the caller's edge order
+            perm = expand_rows(graph.perm, messages)
+            first = tie_break == "first"
+            sentinel = torch.iinfo(torch.int64).max if first else -1
+            key = torch.where(tied, perm, torch.full_like(perm, sentinel))
+            chosen = torch.full(value.shape, sentinel, dtype=torch.int64, device=value.device)
+            chosen = chosen.scatter_reduce(0, idx, key, "amin" if first else "amax", include_self=True)
+            coef = (tied & (perm == chosen[dst])).to(value.dtype)
+    weighted = segment_sum(messages * coef, dst, graph.n_dst)
+    return value + (weighted - weighted.detach())

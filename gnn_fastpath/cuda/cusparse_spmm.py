@@ -1,0 +1,299 @@
+"""cuSPARSE generic SpMM (int32 CSR x row-major fp32 dense) through CuPy's bindings.
+
+Zero-copy: descriptors point straight at torch tensors' memory. Stream: every call runs
+inside ``cupy.cuda.ExternalStream(torch's current stream)``. That matters because CuPy's
+``cusparse.spMM``/``spMM_bufferSize`` wrappers call ``cusparseSetStream(handle, <CuPy's
+current stream>)`` themselves before every call (``_setStream`` in
+``cupy_backends/cuda/libs/cusparse.pyx``), so setting the handle's stream by hand would be
+overwritten; making torch's stream CuPy's current one is what puts the work on it. On exit
+CuPy's previous current stream is restored (the next CuPy cuSPARSE call re-sets the
+handle's stream anyway).
+
+One :class:`CsrMatrix` per graph orientation holds the cuSPARSE sparse-matrix descriptor
+(created once; its values pointer is re-pointed with ``cusparseSpMatSetValues`` before each
+call, a host-only operation, so one descriptor serves every normalisation and edge weight),
+the chosen algorithm per (operation, width), and workspaces per (operation, width, stream).
+
+Algorithm choice: on the first call for an (operation, width) the CSR algorithms
+(``CUSPARSE_SPMM_ALG_DEFAULT``, ``CSR_ALG1``, ``CSR_ALG2``, ``CSR_ALG3``, those cuSPARSE
+accepts for the call) and, for non-transposed products, this package's own row-major CSR
+kernel (``csr_spmm.cu``: a group of lanes per row, 16-byte loads, rows of >= 128 entries
+cut into atomically merged chunks) are each run ``TIMED_RUNS`` times between CUDA events
+and the fastest is kept. That first call synchronises the host with the GPU once (and the
+custom kernel's first use syncs once more to size its work list); later calls never do.
+``GNN_FASTPATH_SPMM_ALG=default|alg1|alg2|alg3|custom`` skips the timing (falling back to it
+if cuSPARSE refuses the forced algorithm for a call); ``GNN_FASTPATH_SPMM_CUSTOM=0`` leaves
+the custom kernel out of the timing (cuSPARSE only).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .loader import _external_stream
+
+#: cusparseSpMMAlg_t values (cusparse.h, CUDA 11.2+; the same in CUDA 12 and 13). CuPy 14's
+#: ``cupy_backends.cuda.libs.cusparse`` exposes only the deprecated aliases
+#: ``CUSPARSE_MM_ALG_DEFAULT`` (0) and ``CUSPARSE_CSRMM_ALG1`` (4) as attributes, not
+#: ``CUSPARSE_SPMM_CSR_ALG2``/``ALG3``; its ``spMM`` takes the plain integer, so the values
+#: are spelled here (DEFAULT 0, CSR_ALG1 4, CSR_ALG2 6, CSR_ALG3 12).
+_ALGS = {"default": 0, "alg1": 4, "alg2": 6, "alg3": 12}
+#: Pseudo-algorithm: this package's own row-major CSR kernel (csr_spmm.cu), timed alongside
+#: cuSPARSE's for non-transposed products.
+CUSTOM = -1
+#: Rows of the custom kernel with at least this many entries are cut into work items of
+#: CUSTOM_CHUNK entries (atomically added), so no group walks a long row alone.
+CUSTOM_HEAVY = 128
+CUSTOM_CHUNK = 64
+TIMED_RUNS = 3
+# host scalars for cuSPARSE (pointer mode host), alive for the module's lifetime
+_ALPHA = np.ones(1, dtype=np.float32)
+_BETA = np.zeros(1, dtype=np.float32)
+_lock = threading.Lock()
+#: How many algorithm searches ran (tests check that cached plans are reused).
+search_count = 0
+
+
+def _cusparse():
+    from cupy_backends.cuda.libs import cusparse
+
+    return cusparse
+
+
+_R32F: Optional[int] = None
+
+
+def _r32f() -> int:
+    """cudaDataType CUDA_R_32F, as CuPy spells it."""
+    global _R32F
+    if _R32F is None:
+        from cupy._core._dtype import to_cuda_dtype
+
+        _R32F = to_cuda_dtype(np.dtype(np.float32))
+    return _R32F
+
+
+def algorithms(transpose: bool = False) -> Dict[str, int]:
+    """The SpMM algorithms tried, name -> cusparseSpMMAlg_t value (CUSTOM: csr_spmm.cu)."""
+    algs = dict(_ALGS)
+    if not transpose and os.environ.get("GNN_FASTPATH_SPMM_CUSTOM", "1").strip() != "0":
+        algs["custom"] = CUSTOM
+    return algs
+
+
+def _forced_algorithm() -> Optional[str]:
+    name = os.environ.get("GNN_FASTPATH_SPMM_ALG", "").strip().lower()
+    if not name:
+        return None
+    if name not in _ALGS and name != "custom":
+        raise ValueError(f"GNN_FASTPATH_SPMM_ALG must be one of {', '.join(_ALGS)}, custom; got {name!r}")
+    return name
+
+
+class CsrMatrix:
+    """An int32 CSR matrix [n_rows, n_cols] on one GPU whose values are supplied per call.
+
+    ``indptr`` and ``indices`` must stay unchanged for the object's lifetime (it keeps
+    references to them).
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int, n_cols: int):
+        if indptr.dtype != torch.int32 or indices.dtype != torch.int32:
+            raise ValueError("CsrMatrix needs int32 indptr and indices")
+        self.indptr = indptr
+        self.indices = indices
+        self.n_rows = int(n_rows)
+        self.n_cols = int(n_cols)
+        self.nnz = indices.numel()
+        self.device = indices.device
+        self._desc = None
+        self._algs: Dict[Tuple[int, int], int] = {}
+        self._workspaces: Dict[Tuple[int, int, int], Tensor] = {}
+        self._sizes: Dict[Tuple[int, int, int], int] = {}
+        self._custom_work = None
+
+    def __del__(self):
+        desc, self._desc = getattr(self, "_desc", None), None
+        if desc:
+            try:
+                _cusparse().destroySpMat(desc)
+            except Exception:  # interpreter shutdown, CuPy gone: nothing to free
+                pass
+
+    # ------------------------------------------------------------------ internals
+    def _descriptor(self, values: Tensor) -> int:
+        cs = _cusparse()
+        if self._desc is None:
+            self._desc = cs.createCsr(self.n_rows, self.n_cols, self.nnz, self.indptr.data_ptr(),
+                                      self.indices.data_ptr(), values.data_ptr(), cs.CUSPARSE_INDEX_32I,
+                                      cs.CUSPARSE_INDEX_32I, cs.CUSPARSE_INDEX_BASE_ZERO, _r32f())
+        else:
+            cs.spMatSetValues(self._desc, values.data_ptr())
+        return self._desc
+
+    def _workspace(self, size: int, key) -> Tensor:
+        ws = self._workspaces.get(key)
+        if ws is None or ws.numel() < size:
+            ws = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+            self._workspaces[key] = ws
+        return ws
+
+    def _custom_lists(self):
+        """(light rows int32 or None, heavy rows int64 or None, items int32 [n, 3] or None), built once."""
+        if self._custom_work is None:
+            deg = (self.indptr[1:] - self.indptr[:-1]).long()
+            heavy = torch.nonzero(deg >= CUSTOM_HEAVY).flatten()
+            if heavy.numel() == 0:
+                self._custom_work = (None, None, None)
+            else:
+                light = torch.nonzero(deg < CUSTOM_HEAVY).flatten().to(torch.int32)
+                starts = self.indptr[heavy].long()
+                ends = self.indptr[heavy + 1].long()
+                chunks = (ends - starts + CUSTOM_CHUNK - 1) // CUSTOM_CHUNK
+                total = int(chunks.sum())  # one host sync, once per matrix
+                slot = torch.repeat_interleave(torch.arange(heavy.numel(), device=self.device), chunks,
+                                               output_size=total)
+                j = torch.arange(total, device=self.device) - (torch.cumsum(chunks, 0) - chunks)[slot]
+                start = starts[slot] + j * CUSTOM_CHUNK
+                end = torch.minimum(start + CUSTOM_CHUNK, ends[slot])
+                order = torch.sort(j * heavy.numel() + slot).indices  # spread one row's items out
+                items = torch.stack([heavy[slot], start, end], 1)[order].to(torch.int32).contiguous()
+                self._custom_work = (light, heavy, items)
+        return self._custom_work
+
+    def _custom(self, values: Tensor, b: Tensor, c: Tensor) -> None:
+        from .loader import launch, ptr
+        from .segment_reduce import THREADS, _grid, feature_config, templated
+
+        light, heavy, items = self._custom_lists()
+        F = b.size(1)
+        config = feature_config(F, b, c, max_chunks=2)
+        vec, lanes, chunks, fblocks = config
+        n_light = self.n_rows if light is None else light.numel()
+        if n_light:
+            kernel = templated("gf_csr_spmm_rows", config, self.device, source="csr_spmm.cu")
+            launch(kernel, _grid(n_light, lanes, fblocks), (THREADS,),
+                   (ptr(self.indptr), ptr(self.indices), ptr(values), ptr(light), np.int32(n_light), ptr(b),
+                    np.int32(F), ptr(c)), self.device)
+        if heavy is not None:
+            c.index_fill_(0, heavy, 0.0)
+            kernel = templated("gf_csr_spmm_items", config, self.device, source="csr_spmm.cu")
+            launch(kernel, _grid(items.size(0), lanes, fblocks), (THREADS,),
+                   (ptr(items), np.int32(items.size(0)), ptr(self.indices), ptr(values), ptr(b), np.int32(F),
+                    ptr(c)), self.device)
+
+    def _run(self, handle, op: int, alg: int, desc, mat_b, mat_c, key, values, b, c) -> None:
+        if alg == CUSTOM:
+            self._custom(values, b, c)
+            return
+        cs = _cusparse()
+        skey = (op, key[1], alg)
+        size = self._sizes.get(skey)
+        if size is None:  # depends on the structure, the operation, the width and the algorithm only
+            size = cs.spMM_bufferSize(handle, op, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, _ALPHA.ctypes.data, desc,
+                                      mat_b, _BETA.ctypes.data, mat_c, _r32f(), alg)
+            self._sizes[skey] = size
+        ws = self._workspace(size, key)
+        cs.spMM(handle, op, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, _ALPHA.ctypes.data, desc, mat_b, _BETA.ctypes.data,
+                mat_c, _r32f(), alg, ws.data_ptr())
+
+    def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, transpose: bool) -> int:
+        """Time each algorithm that accepts this call; return the fastest."""
+        global search_count
+        best, best_ms, errors = None, float("inf"), []
+        for name, alg in algorithms(transpose).items():
+            try:
+                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)  # warm-up (and workspace)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(TIMED_RUNS):
+                    self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            except Exception as exc:  # this algorithm does not support the call
+                errors.append(f"{name}: {exc}")
+                continue
+            if ms < best_ms:
+                best, best_ms = alg, ms
+        with _lock:
+            search_count += 1
+        if best is None:
+            raise RuntimeError("no SpMM algorithm accepted the call: " + "; ".join(errors))
+        return best
+
+    # ------------------------------------------------------------------ public
+    def matmul(self, values: Tensor, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
+        """c = op(A) @ b with A's values ``values`` (fp32 [nnz], CSR order); returns c.
+
+        ``b`` [n_cols, F] (or [n_rows, F] when ``transpose``) and ``c`` [n_rows, F] (or
+        [n_cols, F]) are contiguous row-major fp32 tensors on this matrix's device. Every
+        entry of c is written (rows without entries get 0).
+        """
+        import cupy
+
+        rows_c = self.n_cols if transpose else self.n_rows
+        rows_b = self.n_rows if transpose else self.n_cols
+        F = b.size(1)
+        if tuple(b.shape) != (rows_b, F) or tuple(c.shape) != (rows_c, F):
+            raise ValueError(f"shape mismatch: A {self.n_rows}x{self.n_cols} (transpose={transpose}), "
+                             f"b {tuple(b.shape)}, c {tuple(c.shape)}")
+        if not (b.is_contiguous() and c.is_contiguous()):
+            raise ValueError("b and c must be contiguous")
+        if rows_c == 0 or F == 0:
+            return c
+        if self.nnz == 0 or rows_b == 0:
+            return c.zero_()
+        cs = _cusparse()
+        op = cs.CUSPARSE_OPERATION_TRANSPOSE if transpose else cs.CUSPARSE_OPERATION_NON_TRANSPOSE
+        akey = (op, F)
+        alg = self._algs.get(akey)
+        if alg == CUSTOM:  # no cuSPARSE state needed
+            self._custom(values, b, c)
+            return c
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(index)
+        key = (op, F, stream.cuda_stream)
+        # CuPy's current device is the CUDA runtime's, i.e. torch's: enter it only when the
+        # matrix lives elsewhere (the context manager costs host time on every call)
+        device_ctx = contextlib.nullcontext() if torch.cuda.current_device() == index else cupy.cuda.Device(index)
+        with device_ctx, _external_stream(stream.cuda_stream, index):
+            handle = cupy.cuda.device.get_cusparse_handle()
+            cs.setPointerMode(handle, cs.CUSPARSE_POINTER_MODE_HOST)
+            desc = self._descriptor(values)
+            mat_b = cs.createDnMat(rows_b, F, F, b.data_ptr(), _r32f(), cs.CUSPARSE_ORDER_ROW)
+            mat_c = cs.createDnMat(rows_c, F, F, c.data_ptr(), _r32f(), cs.CUSPARSE_ORDER_ROW)
+            try:
+                if alg is None:
+                    forced = algorithms(transpose).get(_forced_algorithm() or "")
+                    if forced is not None:
+                        try:  # the forced algorithm, unless cuSPARSE refuses it for this call
+                            self._run(handle, op, forced, desc, mat_b, mat_c, key, values, b, c)
+                            self._algs[akey] = forced
+                            return c
+                        except Exception:
+                            pass
+                    alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, transpose)
+                    self._algs[akey] = alg
+                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
+            finally:
+                cs.destroyDnMat(mat_b)
+                cs.destroyDnMat(mat_c)
+        return c
+
+    def chosen_algorithms(self) -> Dict[Tuple[int, int], int]:
+        """(operation, width) -> algorithm enum value chosen so far."""
+        return dict(self._algs)
+
+    def cached_bytes(self) -> int:
+        """Device bytes this object holds (its index arrays, workspaces, custom-kernel lists)."""
+        total = (self.indptr.numel() + self.indices.numel()) * 4 + sum(w.numel() for w in self._workspaces.values())
+        if self._custom_work is not None:
+            total += sum(t.numel() * t.element_size() for t in self._custom_work if t is not None)
+        return total

@@ -1,0 +1,106 @@
+"""PyG ``gcn_norm`` edge values for a graph that already holds its self loops."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._checks import check_graph, check_tensor, graph_on
+from ._dispatch import reference_forced
+
+
+def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool = False,
+                    dtype: Optional[torch.dtype] = None) -> Tensor:
+    r"""Symmetric GCN normalisation of every edge of ``graph``, in the caller's edge order.
+
+    What PyG's ``gcn_norm`` computes (``flow="source_to_target"``) after
+    ``add_remaining_self_loops``, for a homogeneous graph whose edges already include the
+    loops (build the Graph from the loop-augmented ``edge_index``):
+
+    .. math::
+        w_e = \begin{cases} \text{edge\_weight}_e & \text{if given} \\
+                            \text{fill} = (2 \text{ if improved else } 1) & e \text{ a self loop} \\
+                            1 & \text{otherwise} \end{cases}
+        \qquad d_i = \sum_{e:\,\mathrm{dst}(e) = i} w_e
+        \qquad \hat w_e = d_{\mathrm{src}(e)}^{-1/2}\; w_e\; d_{\mathrm{dst}(e)}^{-1/2}
+
+    ``d`` is the weighted in-degree (edges counted at their target) and scales both ends;
+    ``d^{-1/2}`` is taken as 0 where ``d == 0``; negative degrees give NaN, as in PyG.
+    ``spmm(graph, x, gcn_norm_values(graph, w), norm="none")`` is then PyG's propagation.
+
+    Reproducing PyG 2.8's ``GCNConv`` on an ``edge_index`` (its ``gcn_norm`` calls
+    ``add_remaining_self_loops`` and then weighs *every* edge 1 when no weight was given):
+
+    - without edge weights: ``gcn_norm_values(looped_graph)``, ``improved`` left False;
+      PyG's ``edge_index`` path ignores ``improved`` when ``edge_weight is None`` (the loop
+      fill only reaches loop *weights*, and there are none), so passing True here would
+      differ from it;
+    - with edge weights: pass the loop-augmented weights that
+      ``add_remaining_self_loops(edge_index, edge_weight, 2.0 if improved else 1.0, N)``
+      returns (pre-existing loops keep their own weight, new ones get the fill).
+
+    ``improved=True`` without ``edge_weight`` (every loop weighs 2) is the textbook
+    "improved" GCN, which is what PyG's ``SparseTensor`` path (``fill_diag``) computes for a
+    graph with one loop per node.
+
+    Args:
+        graph (Graph): homogeneous graph (n_src == n_dst) including its self loops.
+        edge_weight (Tensor, optional): [M] loop-augmented weights in the caller's edge
+            order. Differentiable (through the degrees too) on the PyTorch path.
+        improved (bool): self loops weigh 2.0 instead of 1.0 (only without ``edge_weight``;
+            see above for when PyG applies it).
+        dtype (torch.dtype, optional): result dtype without ``edge_weight``
+            (default float32); with it, ``edge_weight.dtype``.
+
+    Returns:
+        [M] normalised weights in the caller's edge order, on ``edge_weight``'s device (or
+        the graph's).
+
+    A CUDA kernel computes it for CUDA fp32 inputs that need no gradient; otherwise plain
+    PyTorch (the reference, and the differentiable path).
+    """
+    graph = check_graph(graph)
+    if graph.n_src != graph.n_dst:
+        raise ValueError(f"gcn_norm_values needs a homogeneous graph, got n_src={graph.n_src}, n_dst={graph.n_dst}")
+    if edge_weight is not None:
+        check_tensor("edge_weight", edge_weight, (graph.num_edges,))
+        graph = graph_on(graph, edge_weight)
+        dtype = edge_weight.dtype
+    elif dtype is None:
+        dtype = torch.float32
+    fill = 2.0 if improved else 1.0
+    if _use_kernel(graph, edge_weight, dtype):
+        from ..cuda import edge_norm
+
+        kc = graph.kernel_csr()
+        w = None if edge_weight is None else edge_weight.contiguous()
+        return edge_norm.gcn_norm(kc.indptr, kc.indices, kc.perm, w, fill)
+    return _gcn_norm_torch(graph, edge_weight, fill, dtype)
+
+
+def _use_kernel(graph, edge_weight, dtype) -> bool:
+    if reference_forced() or graph.device.type != "cuda" or dtype != torch.float32:
+        return False
+    if edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
+        return False
+    from .. import cuda
+
+    return cuda.available()
+
+
+def _gcn_norm_torch(graph, edge_weight, fill: float, dtype) -> Tensor:
+    n = graph.n_dst
+    src = torch.empty_like(graph.indices)
+    dst = torch.empty_like(graph.indices)
+    src[graph.perm] = graph.indices  # caller order, as PyG sees the edges
+    dst[graph.perm] = graph.dst_index()
+    if edge_weight is None:
+        w = torch.where(src == dst, torch.tensor(fill, dtype=dtype, device=src.device),
+                        torch.tensor(1.0, dtype=dtype, device=src.device))
+    else:
+        w = edge_weight
+    deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, dst, w)
+    dinv = deg.pow(-0.5)
+    dinv = dinv.masked_fill(dinv == float("inf"), 0.0)
+    return dinv[src] * w * dinv[dst]

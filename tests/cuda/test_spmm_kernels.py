@@ -1,0 +1,266 @@
+"""cuSPARSE SpMM op (and gcn_norm_values) against the float64 reference.
+
+Relative error ||got - want|| / ||want|| < 1e-4 of the fp32 CUDA results against
+``gnn_fastpath.reference.spmm`` on float64 copies: the output and the gradients of x and of
+the edge weights, for every norm, both backward variants (transposed CSR, transpose flag),
+graphs with a super node (>= 100k in-edges), empty rows, bipartite shapes and no edges,
+and F in {1, 7, 64, 512}. Plus: cache reuse and invalidation, streams.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnn_fastpath import Graph, reference
+from gnn_fastpath.cuda import cusparse_spmm
+from gnn_fastpath.ops import backend_for, spmm
+from gnn_fastpath.ops import cuda_spmm
+from gnn_fastpath.ops.gcn_norm import gcn_norm_values
+from zoo import random_edges
+
+pytestmark = pytest.mark.cuda
+
+TOL = 1e-4
+NORMS = ("none", "left", "right", "both")
+WIDTHS = (1, 7, 64, 512)
+
+
+def _rel_err(got, want) -> float:
+    got, want = got.double(), want.double()
+    denom = want.norm().item()
+    err = (got - want).norm().item()
+    return err if denom == 0 else err / denom
+
+
+def _close(name, got, want, tol=TOL):
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    err = _rel_err(got, want)
+    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
+
+
+_GRAPHS = {
+    "random": lambda: random_edges(300, 300, 3000, seed=1, empty_rows=20),
+    "super": lambda: random_edges(2000, 2000, 20000, seed=2, empty_rows=10, super_node_degree=110_000),
+    "bipartite": lambda: random_edges(500, 300, 4000, seed=3, empty_rows=5),
+    "bipartite_wide_dst": lambda: random_edges(200, 700, 3000, seed=4, empty_rows=30),
+    "no_edges": lambda: random_edges(50, 40, 0, seed=5, self_loops=False, duplicates=False),
+}
+_cache = {}
+
+
+def _graph(name):
+    if name not in _cache:
+        edge_index, (n_src, n_dst) = _GRAPHS[name]()
+        _cache[name] = Graph.from_edge_index(edge_index.cuda(), (n_src, n_dst))
+    return _cache[name]
+
+
+def _run(fn, graph, x, w, g):
+    x = x.clone().requires_grad_(True)
+    w = None if w is None else w.clone().requires_grad_(True)
+    out = fn(graph, x, w)
+    out.backward(g)
+    return out.detach(), x.grad, None if w is None else w.grad
+
+
+def _check(graph, F, norm, weighted, seed=0, trailing=None):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (graph.n_src, F) if trailing is None else (graph.n_src,) + trailing
+    x = torch.randn(shape, device="cuda", generator=gen)
+    w = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.25 if weighted else None
+    out_shape = (graph.n_dst,) + tuple(shape[1:])
+    g = torch.randn(out_shape, device="cuda", generator=gen)
+    assert backend_for("spmm", x) == "cuda"
+    got = _run(lambda gr, x, w: spmm(gr, x, w, norm), graph, x, w, g)
+    want = _run(lambda gr, x, w: reference.spmm(gr, x, w, norm), graph, x.double(),
+                None if w is None else w.double(), g.double())
+    for name, a, b in zip(("out", "dx", "dw"), got, want):
+        if b is not None:
+            _close(f"{name} (F={F}, norm={norm}, weighted={weighted})", a, b)
+    return got
+
+
+# ------------------------------------------------------------------------------- numerics
+@pytest.mark.parametrize("graph_name", list(_GRAPHS))
+@pytest.mark.parametrize("F", WIDTHS)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_matches_reference(graph_name, F, norm, weighted):
+    _check(_graph(graph_name), F, norm, weighted)
+
+
+@pytest.mark.parametrize("mode", cuda_spmm.BWD_MODES)
+@pytest.mark.parametrize("graph_name", ["super", "bipartite", "bipartite_wide_dst"])
+@pytest.mark.parametrize("norm", ["none", "both"])
+def test_backward_variants(monkeypatch, mode, graph_name, norm):
+    monkeypatch.setenv(cuda_spmm.BWD_ENV, mode)
+    _check(_graph(graph_name), 64, norm, weighted=True, seed=3)
+
+
+@pytest.mark.parametrize("alg", ["default", "alg1", "alg2", "alg3", "custom"])
+@pytest.mark.parametrize("graph_name", ["super", "bipartite_wide_dst"])
+@pytest.mark.parametrize("F", [7, 64])
+def test_each_algorithm(monkeypatch, alg, graph_name, F):
+    """Every algorithm the autotuner may pick (forced; a fresh Graph so nothing is cached)."""
+    monkeypatch.setenv("GNN_FASTPATH_SPMM_ALG", alg)
+    edge_index, sizes = _GRAPHS[graph_name]()
+    graph = Graph.from_edge_index(edge_index.cuda(), sizes)
+    _check(graph, F, "both", weighted=True, seed=5)
+    chosen = cuda_spmm.spmm_cache(graph).csr.chosen_algorithms()
+    assert list(chosen.values()) == [cusparse_spmm.algorithms()[alg]]
+
+
+def test_trailing_dims():
+    _check(_graph("random"), None, "both", weighted=True, trailing=(3, 5))
+
+
+def test_only_requested_gradients():
+    graph = _graph("random")
+    x = torch.randn(graph.n_src, 16, device="cuda", requires_grad=True)
+    w = torch.rand(graph.num_edges, device="cuda")  # no grad wanted
+    spmm(graph, x, w, "both").sum().backward()
+    assert x.grad is not None and w.grad is None
+    x2 = torch.randn(graph.n_src, 16, device="cuda")
+    w2 = torch.rand(graph.num_edges, device="cuda", requires_grad=True)
+    spmm(graph, x2, w2, "left").sum().backward()
+    assert w2.grad is not None
+
+
+def test_output_fully_written_when_beta_is_zero():
+    """cuSPARSE with beta = 0 must not read the (uninitialised) output: prefill it with NaN."""
+    graph = _graph("random")
+    cache = cuda_spmm.spmm_cache(graph)
+    values = cache.values("both", None).values
+    x = torch.randn(graph.n_src, 64, device="cuda")
+    out = torch.full((graph.n_dst, 64), float("nan"), device="cuda")
+    cache.csr.matmul(values, x, out)
+    _close("out", out, reference.spmm(graph, x.double(), None, "both"))
+    dx = torch.full((graph.n_src, 64), float("nan"), device="cuda")
+    cache.csr.matmul(values, out, dx, transpose=True)
+    assert torch.isfinite(dx).all()
+
+
+# ------------------------------------------------------------------------------- caching
+def test_cache_reused_across_calls():
+    edge_index, (n, _) = random_edges(400, 400, 5000, seed=11)
+    graph = Graph.from_edge_index(edge_index.cuda(), n)
+    x = torch.randn(n, 32, device="cuda")
+    w = torch.rand(graph.num_edges, device="cuda")
+    spmm(graph, x, w, "both")
+    spmm(graph, x, None, "right")
+    builds, searches = dict(cuda_spmm.build_counts), cusparse_spmm.search_count
+    cache = graph._memo[cuda_spmm._MEMO_KEY]
+    for _ in range(3):
+        a = spmm(graph, x, w, "both")
+        b = spmm(graph, x, None, "right")
+    assert dict(cuda_spmm.build_counts) == builds
+    assert cusparse_spmm.search_count == searches
+    assert graph._memo[cuda_spmm._MEMO_KEY] is cache
+    _close("weighted", a, reference.spmm(graph, x.double(), w.double(), "both"))
+    _close("unweighted", b, reference.spmm(graph, x.double(), None, "right"))
+    # a new width chooses its algorithm once
+    spmm(graph, torch.randn(n, 48, device="cuda"), None, "right")
+    assert cusparse_spmm.search_count == searches + 1
+
+
+def test_new_graph_rebuilds():
+    edge_index, (n, _) = random_edges(300, 300, 4000, seed=12)
+    x = torch.randn(n, 16, device="cuda")
+    g1 = Graph.from_edge_index(edge_index.cuda(), n)
+    spmm(g1, x, None, "both")
+    before = cuda_spmm.build_counts["csr"]
+    edge_index2 = edge_index[:, : edge_index.size(1) // 2]
+    g2 = Graph.from_edge_index(edge_index2.cuda(), n)
+    got = spmm(g2, x, None, "both")
+    assert cuda_spmm.build_counts["csr"] == before + 1
+    _close("new graph", got, reference.spmm(g2, x.double(), None, "both"))
+
+
+def test_in_place_edge_weight_change_is_noticed():
+    graph = _graph("random")
+    x = torch.randn(graph.n_src, 8, device="cuda")
+    w = torch.rand(graph.num_edges, device="cuda")
+    spmm(graph, x, w, "both")
+    with torch.no_grad():
+        w.mul_(3.0).add_(0.5)
+    got = spmm(graph, x, w, "both")
+    _close("after in-place change", got, reference.spmm(graph, x.double(), w.double(), "both"))
+    w[::7] = -1.0
+    got = spmm(graph, x, w, "none")
+    _close("after item assignment", got, reference.spmm(graph, x.double(), w.double(), "none"))
+
+
+def test_new_weight_tensor_at_same_address_is_noticed():
+    """A fresh tensor that reuses a freed tensor's memory (version 0 again) is a new key."""
+    graph = _graph("random")
+    x = torch.randn(graph.n_src, 8, device="cuda")
+    for step in range(5):
+        w = torch.full((graph.num_edges,), float(step + 1), device="cuda")
+        got = spmm(graph, x, w, "left")
+        _close(f"step {step}", got, reference.spmm(graph, x.double(), w.double(), "left"))
+        del w
+
+
+def test_weighted_cache_is_bounded():
+    graph = _graph("random")
+    x = torch.randn(graph.n_src, 8, device="cuda")
+    keep = [torch.rand(graph.num_edges, device="cuda") for _ in range(6)]
+    for w in keep:
+        spmm(graph, x, w, "both")
+    cache = cuda_spmm.spmm_cache(graph)
+    assert len(cache._weighted["both"]) <= cuda_spmm.WEIGHTED_ENTRIES
+
+
+def test_two_calls_then_one_backward():
+    """Backward of the first call uses its own values even after a second call with other weights."""
+    graph = _graph("super")
+    x = torch.randn(graph.n_src, 16, device="cuda", requires_grad=True)
+    w1 = torch.rand(graph.num_edges, device="cuda", requires_grad=True)
+    w2 = torch.rand(graph.num_edges, device="cuda", requires_grad=True)
+    (spmm(graph, x, w1, "both").sum() + 2 * spmm(graph, x, w2, "both").sum()).backward()
+    xr = x.detach().double().requires_grad_(True)
+    r1, r2 = w1.detach().double().requires_grad_(True), w2.detach().double().requires_grad_(True)
+    (reference.spmm(graph, xr, r1, "both").sum() + 2 * reference.spmm(graph, xr, r2, "both").sum()).backward()
+    _close("dx", x.grad, xr.grad)
+    _close("dw1", w1.grad, r1.grad)
+    _close("dw2", w2.grad, r2.grad)
+
+
+# ------------------------------------------------------------------------------- streams
+def test_non_default_stream():
+    graph = _graph("super")
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        x = torch.randn(graph.n_src, 64, device="cuda", requires_grad=True)
+        w = torch.rand(graph.num_edges, device="cuda", requires_grad=True)
+        out = spmm(graph, x, w, "both")
+        g = torch.randn_like(out)
+        out.backward(g)
+        out2 = out * 1.0  # more work queued on the same stream after the op
+    stream.synchronize()
+    xr = x.detach().double().requires_grad_(True)
+    wr = w.detach().double().requires_grad_(True)
+    want = reference.spmm(graph, xr, wr, "both")
+    want.backward(g.double())
+    _close("out", out2, want)
+    _close("dx", x.grad, xr.grad)
+    _close("dw", w.grad, wr.grad)
+
+
+# ------------------------------------------------------------------------------- gcn_norm
+@pytest.mark.parametrize("improved", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gcn_norm_kernel_matches_torch(improved, weighted):
+    edge_index, (n, _) = random_edges(3000, 3000, 30000, seed=7, super_node_degree=5000)
+    loops = torch.arange(n).repeat(2, 1)
+    looped = torch.cat([edge_index[:, edge_index[0] != edge_index[1]], loops], 1).cuda()
+    graph = Graph.from_edge_index(looped, n)
+    w = torch.rand(looped.size(1), device="cuda") + 0.1 if weighted else None
+    got = gcn_norm_values(graph, w, improved)
+    from gnn_fastpath.ops._dispatch import force_reference
+
+    with force_reference():
+        want = gcn_norm_values(graph, None if w is None else w.double(), improved, dtype=torch.float64)
+    _close("gcn_norm", got, want, tol=1e-6)
