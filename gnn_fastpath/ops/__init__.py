@@ -7,6 +7,7 @@ backend an input gets), and the pure-PyTorch reference otherwise.
 from ._dispatch import CUDA, REFERENCE, backend_for, force_reference, has_cuda_kernels
 from .aggregation import segment_reduce, spmm
 from .attention import dot_attention, gatv2_attention
+from .gcn_norm import gcn_norm_values
 
-__all__ = ["gatv2_attention", "dot_attention", "spmm", "segment_reduce", "backend_for",
+__all__ = ["gatv2_attention", "dot_attention", "spmm", "segment_reduce", "gcn_norm_values", "backend_for",
            "force_reference", "has_cuda_kernels", "CUDA", "REFERENCE"]

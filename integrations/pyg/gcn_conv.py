@@ -45,7 +45,7 @@ from torch import Tensor
 from ... import ops
 from ...graph import Graph
 from ..shim import Unsupported
-from .graph import (append_self_loops, caller_coo, check_inputs, check_like, check_message_passing,
+from .graph import (append_self_loops, check_inputs, check_like, check_message_passing,
                     edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values)
 
 
@@ -56,24 +56,15 @@ def features(x, *args, **kwargs) -> Tensor:
     return x
 
 
-def _normalise(graph: Graph, weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-    """``w_ij / sqrt(deg_i deg_j)`` in the graph's caller order, ``deg`` = weighted in-degree."""
-    src, dst = caller_coo(graph)
-    if weight is None:
-        deg = graph.in_degree().to(dtype)
-        weight = torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
-    else:
-        deg = weight.new_zeros(graph.n_dst).index_add(0, dst, weight)
-    deg_inv_sqrt = deg.pow(-0.5)
-    deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
-    return deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
-
-
 def gcn_weights(graph: Graph, weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-    """The GCN-normalised weights of ``graph``; memoised on it when structural."""
+    """PyG's ``gcn_norm`` weights of ``graph`` (loops included); memoised when structural.
+
+    Without weights every edge weighs 1 (PyG 2.8's edge_index path ignores ``improved``
+    then), so the structural result depends on the graph alone.
+    """
     if weight is None:
-        return graph.memo(("pyg", "gcn_norm", dtype), lambda: _normalise(graph, None, dtype))
-    return _normalise(graph, weight, dtype)
+        return graph.memo(("pyg", "gcn_norm", dtype), lambda: ops.gcn_norm_values(graph, dtype=dtype))
+    return ops.gcn_norm_values(graph, weight)
 
 
 def _sparse_values(adj: Tensor, x: Tensor) -> Tensor:

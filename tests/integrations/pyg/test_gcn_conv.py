@@ -131,11 +131,11 @@ def test_cached_sparse(check, kind):
 
 
 def test_structural_norm_memoised(monkeypatch):
-    from gnn_fastpath.integrations.pyg import gcn_conv
+    from gnn_fastpath import ops
 
     calls = []
-    original = gcn_conv._normalise
-    monkeypatch.setattr(gcn_conv, "_normalise", lambda *a: calls.append(1) or original(*a))
+    original = ops.gcn_norm_values
+    monkeypatch.setattr(ops, "gcn_norm_values", lambda *a, **k: calls.append(1) or original(*a, **k))
     conv = _conv()
     edge_index, m = _graph("tensor", 16, seed=4)
     x = torch.randn(16, F_IN)
