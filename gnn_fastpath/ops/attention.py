@@ -11,13 +11,15 @@ from torch import Tensor
 
 from .. import reference
 from ._checks import check_graph, check_probability, check_tensor, graph_on
-from ._dispatch import CUDA, backend_for
+from ._dispatch import CUDA, backend_for, register_cuda
 
-_RETURN_ATTENTION = (False, True, "dropped")
+register_cuda("gatv2_attention")
+
+register_cuda("dot_attention")
 
 
 def _check_return_attention(value) -> None:
-    if value not in _RETURN_ATTENTION:
+    if not (value is False or value is True or value == "dropped"):
         raise ValueError(f"return_attention must be False, True or 'dropped', got {value!r}")
 
 

@@ -1,0 +1,632 @@
+// Fused GATv2 attention: forward and backward over destination-major CSR.
+//
+//   z_ij = x_src[j] + x_dst[i] (+ edge_term[perm(ij)])           [H, D]
+//   e_ij = sum_d att[h, d] * LeakyReLU(z_ij)[h, d]               [H]
+//   alpha_ij = softmax_j(e_ij),  out_i = sum_j alpha_ij ds_ij x_src[j]
+// (ds = inverted-dropout multiplier, 1 without dropout). The design note lives in
+// gnn_fastpath/ops/cuda_gatv2.py; the launchers in gnn_fastpath/cuda/gatv2.py.
+//
+// Work items. Every kernel here walks a list of int4 work items (row, edge begin, edge end,
+// slot): one item per row, except rows longer than the chunk length, which are split into
+// several chunk items with slot >= 0 (their partial results go to a workspace or through
+// atomics and are merged afterwards). Items are built once per graph on the GPU.
+//
+// Lane mapping (template <VW, LH, K, DC, U>). One warp per (item, head tile). A head's D
+// columns are covered by LH lanes (a power of two); lane l of a head holds K vectors of VW
+// floats (VW = 4: float4 loads, needs 16-byte aligned rows; VW = 1: scalar path for any D),
+// at columns (l + LH * k) * VW. DC is the compile-time D of a specialised path (0: runtime
+// D, columns past D masked). The warp holds G = 32 / LH lane groups; with HT = min(H, G)
+// heads per tile, the G groups form ES = G / HT edge slots that walk interleaved edges of
+// the same row (small H*D rows still use the whole warp), and rows with H > G are covered
+// by ceil(H / HT) tiles, each its own warp. Per head, the logit needs a sum over the LH
+// lanes (gf_group_sum); the U edges of one step are loaded before any is used (memory-
+// level parallelism). Shuffles are only ever executed by all 32 lanes: loop trip counts
+// are warp-uniform, inactive lanes and tail edges carry zeros / -inf instead of branching
+// around the shuffles.
+#include "attention_common.cuh"
+
+#define GATV2_THREADS 256
+
+template <int VW, int LH, int K, int DC>
+struct Gatv2Row {
+    static constexpr int KV = K * VW;
+
+    __device__ static __forceinline__ int col(int l, int k) { return (l + LH * k) * VW; }
+    __device__ static __forceinline__ bool ok(int l, int k, int D) { return DC > 0 || col(l, k) < D; }
+
+    // r <- base[columns of lane l] (zeros where masked or when !on).
+    __device__ static __forceinline__ void load(float (&r)[KV], const float* __restrict__ base, int l, int D,
+                                                bool on) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (on && ok(l, k, D)) {
+                if constexpr (VW == 4) {
+                    const float4 v = __ldg(reinterpret_cast<const float4*>(base + col(l, k)));
+                    r[4 * k + 0] = v.x;
+                    r[4 * k + 1] = v.y;
+                    r[4 * k + 2] = v.z;
+                    r[4 * k + 3] = v.w;
+                } else {
+                    r[k] = __ldg(base + col(l, k));
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < VW; ++t) r[VW * k + t] = 0.f;
+            }
+        }
+    }
+
+    __device__ static __forceinline__ void store(float* __restrict__ base, const float (&r)[KV], int l, int D) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (ok(l, k, D)) {
+                if constexpr (VW == 4) {
+                    *reinterpret_cast<float4*>(base + col(l, k)) =
+                        make_float4(r[4 * k + 0], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+                } else {
+                    base[col(l, k)] = r[k];
+                }
+            }
+        }
+    }
+
+    __device__ static __forceinline__ void atomic_add(float* base, const float (&r)[KV], int l, int D) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (ok(l, k, D)) {
+                if constexpr (VW == 4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                    atomicAdd(reinterpret_cast<float4*>(base + col(l, k)),
+                              make_float4(r[4 * k + 0], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]));
+#else
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) atomicAdd(base + col(l, k) + t, r[4 * k + t]);
+#endif
+                } else {
+                    atomicAdd(base + col(l, k), r[k]);
+                }
+            }
+        }
+    }
+};
+
+__device__ __forceinline__ float gatv2_lrelu(float z, float slope) { return z > 0.f ? z : z * slope; }
+
+// Lane roles inside the warp for one head tile (see the header comment).
+struct Gatv2Lane {
+    int lane, l, s, ES, HT, head;
+    bool on;
+};
+
+template <int LH>
+__device__ __forceinline__ Gatv2Lane gatv2_lane(int H, int tile) {
+    constexpr int G = 32 / LH;
+    Gatv2Lane r;
+    r.lane = threadIdx.x & 31;
+    r.HT = H < G ? H : G;
+    r.ES = G / r.HT;
+    const int grp = r.lane / LH;
+    r.l = r.lane % LH;
+    r.s = grp / r.HT;
+    r.head = tile * r.HT + grp % r.HT;
+    r.on = r.s < r.ES && r.head < H;
+    return r;
+}
+
+// Source lane of edge slot t for this lane's (head, column) position (clamped: only slot-0
+// lanes use what they receive, and for them the source is always inside the warp).
+__device__ __forceinline__ int gatv2_slot_src(const Gatv2Lane& ln, int t, int LH) {
+    const int src = ln.lane + t * ln.HT * LH;
+    return src < 32 ? src : ln.lane;
+}
+
+// =======================================================================================
+// Forward: one streaming pass per item, online softmax, weighted sum of x_src rows.
+// Unsplit rows write out and lse directly; chunks of split rows write their unnormalised
+// state (acc, m, l) to workspace slot `slot`, merged by gatv2_fwd_merge. When `logits` is
+// given, raw logits go to logits[caller edge, head] (normalised later by gatv2_alpha_norm).
+template <int VW, int LH, int K, int DC, int U, bool ET>
+__global__ void __launch_bounds__(GATV2_THREADS)
+gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
+          const int* __restrict__ indices, const int* __restrict__ perm,
+          const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
+          const float* __restrict__ edge_term, int H, int D_rt, float slope,
+          float p, unsigned long long seed, unsigned long long offset,
+          float* __restrict__ out, float* __restrict__ lse,
+          float* __restrict__ ws_acc, float* __restrict__ ws_m, float* __restrict__ ws_l,
+          float* __restrict__ logits) {
+    using R = Gatv2Row<VW, LH, K, DC>;
+    constexpr int KV = R::KV;
+    const int D = DC > 0 ? DC : D_rt;
+    const int HD = H * D;  // < 2**31 (checked by the launcher)
+    const bool need_perm = edge_term != nullptr || p > 0.f || logits != nullptr;
+
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
+        const long long item = w / n_tiles;
+        const int tile = (int)(w - item * n_tiles);
+        const int4 it = items[item];
+        const int row = it.x, start = it.y, end = it.z, slot = it.w;
+        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const int l = ln.l, s = ln.s, ES = ln.ES;
+        const int hoff = (ln.on ? ln.head : 0) * D;
+
+        float xd[KV], a[KV], acc[KV];
+        R::load(xd, x_dst + (long long)row * HD + hoff, l, D, ln.on);
+        R::load(a, att + hoff, l, D, ln.on);
+#pragma unroll
+        for (int k = 0; k < KV; ++k) acc[k] = 0.f;
+        GfSoftmaxState st = gf_softmax_init();
+
+        for (long long b = start; b < end; b += 32) {
+            const int nb = (int)min(32LL, (long long)end - b);
+            const int my_j = ln.lane < nb ? __ldg(indices + b + ln.lane) : 0;
+            const int my_pe = (need_perm && ln.lane < nb) ? __ldg(perm + b + ln.lane) : 0;
+            const int rounds = (nb + ES - 1) / ES;
+            for (int r0 = 0; r0 < rounds; r0 += U) {
+                float xs[U][KV], et[ET ? U : 1][KV], c[U];
+                int pe[U];
+                bool v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = (r0 + u) * ES + s;
+                    v[u] = ln.on && (r0 + u) < rounds && q < nb;
+                    const int j = __shfl_sync(GF_FULL_MASK, my_j, q & 31);
+                    pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
+                    R::load(xs[u], x_src + (long long)j * HD + hoff, l, D, v[u]);
+                    if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    float part = 0.f;
+#pragma unroll
+                    for (int k = 0; k < KV; ++k) {
+                        float z = xs[u][k] + xd[k];
+                        if constexpr (ET) z += et[u][k];
+                        part = fmaf(a[k], gatv2_lrelu(z, slope), part);
+                    }
+                    const float e = gf_group_sum<LH>(part);
+                    c[u] = v[u] ? e : GF_NEG_INF;
+                }
+                float mx = st.m;
+#pragma unroll
+                for (int u = 0; u < U; ++u) mx = fmaxf(mx, c[u]);
+                if (mx != GF_NEG_INF) {  // lane-divergent, no shuffles inside
+                    const float sc = __expf(st.m - mx);  // 0 while the state is empty
+                    st.l *= sc;
+#pragma unroll
+                    for (int k = 0; k < KV; ++k) acc[k] *= sc;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const float pu = __expf(c[u] - mx);  // 0 for invalid edges
+                        st.l += pu;
+                        float wgt = pu;
+                        if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
+#pragma unroll
+                        for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
+                    }
+                    st.m = mx;
+                }
+                if (logits != nullptr) {
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (v[u] && l == 0) logits[(long long)pe[u] * H + ln.head] = c[u];
+                }
+            }
+        }
+
+        // Merge the edge slots into slot 0.
+        for (int t = 1; t < ES; ++t) {
+            const int src = gatv2_slot_src(ln, t, LH);
+            const float m2 = __shfl_sync(GF_FULL_MASK, st.m, src);
+            const float l2 = __shfl_sync(GF_FULL_MASK, st.l, src);
+            float a2[KV];
+#pragma unroll
+            for (int k = 0; k < KV; ++k) a2[k] = __shfl_sync(GF_FULL_MASK, acc[k], src);
+            const float mx = fmaxf(st.m, m2);
+            if (s == 0 && mx != GF_NEG_INF) {
+                const float f1 = __expf(st.m - mx), f2 = __expf(m2 - mx);
+                st.l = st.l * f1 + l2 * f2;
+#pragma unroll
+                for (int k = 0; k < KV; ++k) acc[k] = acc[k] * f1 + a2[k] * f2;
+                st.m = mx;
+            }
+        }
+
+        if (ln.on && s == 0) {
+            if (slot < 0) {
+                const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
+#pragma unroll
+                for (int k = 0; k < KV; ++k) acc[k] *= inv;
+                R::store(out + (long long)row * HD + hoff, acc, l, D);
+                if (l == 0) lse[(long long)row * H + ln.head] = gf_softmax_lse(st);
+            } else {
+                R::store(ws_acc + (long long)slot * HD + hoff, acc, l, D);
+                if (l == 0) {
+                    ws_m[(long long)slot * H + ln.head] = st.m;
+                    ws_l[(long long)slot * H + ln.head] = st.l;
+                }
+            }
+        }
+    }
+}
+
+// Merge the chunk states of split rows. split[r] = (row, first slot, number of chunks, 0).
+// Block (x, y) = (split row, 32-column tile), both grid-stride. Warp w folds chunks
+// w, w + nwarps, ... of its 32 columns with an online (m, l, acc) merge, loading 4 chunks
+// ahead of folding them, then warp 0 folds the warps' states from shared memory. Needs
+// blockDim.x == GATV2_MERGE_THREADS.
+#define GATV2_MERGE_THREADS 256
+#define GATV2_MERGE_WARPS (GATV2_MERGE_THREADS / 32)
+#define GATV2_MERGE_AHEAD 4
+
+__device__ __forceinline__ void gatv2_fold(float& m, float& l, float& acc, float m2, float l2, float acc2) {
+    const float mx = fmaxf(m, m2);
+    if (mx == GF_NEG_INF) return;
+    const float f1 = __expf(m - mx), f2 = __expf(m2 - mx);
+    l = l * f1 + l2 * f2;
+    acc = acc * f1 + acc2 * f2;
+    m = mx;
+}
+
+extern "C" __global__ void __launch_bounds__(GATV2_MERGE_THREADS)
+gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __restrict__ ws_acc,
+                const float* __restrict__ ws_m, const float* __restrict__ ws_l, int H, int D,
+                float* __restrict__ out, float* __restrict__ lse) {
+    __shared__ float sm_m[GATV2_MERGE_WARPS][32], sm_l[GATV2_MERGE_WARPS][32], sm_a[GATV2_MERGE_WARPS][32];
+    const int HD = H * D;
+    const int n_ctiles = (HD + 31) / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = blockIdx.x; r < n_split; r += gridDim.x) {
+        const int4 sp = split[r];
+        const int row = sp.x, first = sp.y, n = sp.z;
+        for (int t = blockIdx.y; t < n_ctiles; t += gridDim.y) {  // block-uniform loops
+            const int c = t * 32 + lane;
+            const bool on = c < HD;
+            const int h = on ? c / D : 0;
+            float m = GF_NEG_INF, l = 0.f, acc = 0.f;
+            for (int k0 = warp; k0 < n; k0 += GATV2_MERGE_WARPS * GATV2_MERGE_AHEAD) {
+                float m2[GATV2_MERGE_AHEAD], l2[GATV2_MERGE_AHEAD], a2[GATV2_MERGE_AHEAD];
+#pragma unroll
+                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) {
+                    const int k = k0 + u * GATV2_MERGE_WARPS;
+                    const long long s = (long long)first + k;
+                    const bool ok = on && k < n;
+                    m2[u] = ok ? ws_m[s * H + h] : GF_NEG_INF;
+                    l2[u] = ok ? ws_l[s * H + h] : 0.f;
+                    a2[u] = ok ? ws_acc[s * HD + c] : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) gatv2_fold(m, l, acc, m2[u], l2[u], a2[u]);
+            }
+            sm_m[warp][lane] = m;
+            sm_l[warp][lane] = l;
+            sm_a[warp][lane] = acc;
+            __syncthreads();
+            if (warp == 0 && on) {
+                for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(m, l, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
+                out[(long long)row * HD + c] = l > 0.f ? acc / l : 0.f;
+                if (c == h * D) lse[(long long)row * H + h] = l > 0.f ? m + __logf(l) : GF_NEG_INF;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// alpha[caller edge, h] <- exp(logit - lse[row, h]) (times the dropout multiplier when
+// `dropped`), in place over the raw logits gatv2_fwd wrote. One warp per work item.
+extern "C" __global__ void gatv2_alpha_norm(const int4* __restrict__ items, long long n_items,
+                                            const int* __restrict__ perm, const float* __restrict__ lse, int H,
+                                            float p, unsigned long long seed, unsigned long long offset,
+                                            int dropped, float* __restrict__ alpha) {
+    const int lane = threadIdx.x & 31;
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
+        const int4 it = items[w];
+        for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
+            const int pe = perm[e];
+            for (int h = 0; h < H; ++h) {
+                const long long o = (long long)pe * H + h;
+                float v = __expf(alpha[o] - lse[(long long)it.x * H + h]);
+                if (dropped) v *= gf_dropout_scale(p, seed, offset, (unsigned)pe, (unsigned)h);
+                alpha[o] = v;
+            }
+        }
+    }
+}
+
+// ga[row, h] = sum over the row's edges of alpha_out[e, h] * galpha[e, h] (caller order):
+// the softmax-gradient term contributed by a gradient on the returned attention. Rows
+// split into chunks accumulate with atomics (ga must be zeroed). One warp per work item.
+extern "C" __global__ void gatv2_alpha_grad_dot(const int4* __restrict__ items, long long n_items,
+                                                const int* __restrict__ perm, const float* __restrict__ alpha,
+                                                const float* __restrict__ galpha, int H, float* __restrict__ ga) {
+    const int lane = threadIdx.x & 31;
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
+        const int4 it = items[w];
+        for (int h = 0; h < H; ++h) {
+            float sum = 0.f;
+            for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
+                const long long o = (long long)perm[e] * H + h;
+                sum = fmaf(alpha[o], galpha[o], sum);
+            }
+            sum = gf_warp_sum(sum);
+            if (lane == 0 && it.z > it.y) {
+                if (it.w < 0) ga[(long long)it.x * H + h] = sum;
+                else atomicAdd(ga + (long long)it.x * H + h, sum);
+            }
+        }
+    }
+}
+
+// =======================================================================================
+// Backward, destination-major. Per item: G = <dO_i, O_i> (+ ga_i), then per edge
+//   alpha = exp(e - L_i), dalpha = ds <dO_i, x_j> (+ galpha * (ds if dropped)),
+//   de = alpha (dalpha - G), dz = de * att * LeakyReLU'(z),
+//   dx_dst_i += dz (registers; atomics only for split rows), d_edge_term[perm] = dz,
+//   datt += de * LeakyReLU(z) (registers -> shared -> one global atomic per block/column),
+//   dx_src_j += alpha ds dO_i + dz (atomics, only when dx_src is given: the "atomic"
+//   variant; the "transposed" variant leaves dx_src to gatv2_bwd_src and writes G).
+// Persistent grid (resident blocks only, warps striding over the items) so the datt atomics
+// stay few.
+template <int VW, int LH, int K, int DC, int U, bool ET>
+__global__ void __launch_bounds__(GATV2_THREADS)
+gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
+              const int* __restrict__ indptr, const int* __restrict__ indices, const int* __restrict__ perm,
+              const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
+              const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ dout,
+              const float* __restrict__ lse, const float* __restrict__ ga, const float* __restrict__ galpha,
+              int ga_dropped, int H, int D_rt, float slope, float p, unsigned long long seed,
+              unsigned long long offset, float* dx_src, float* dx_dst, float* __restrict__ d_et,
+              float* datt, int datt_smem, float* __restrict__ g_out) {
+    using R = Gatv2Row<VW, LH, K, DC>;
+    constexpr int KV = R::KV;
+    extern __shared__ float sm_datt[];
+    const int D = DC > 0 ? DC : D_rt;
+    const int HD = H * D;  // < 2**31 (checked by the launcher)
+    const bool need_perm = edge_term != nullptr || p > 0.f || galpha != nullptr;
+    const bool use_smem = datt != nullptr && datt_smem != 0;
+
+    if (use_smem) {  // kernel-uniform condition
+        for (long long c = threadIdx.x; c < HD; c += blockDim.x) sm_datt[c] = 0.f;
+        __syncthreads();
+    }
+
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
+        const long long item = w / n_tiles;
+        const int tile = (int)(w - item * n_tiles);
+        const int4 it = items[item];
+        const int row = it.x, start = it.y, end = it.z, slot = it.w;
+        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const int l = ln.l, s = ln.s, ES = ln.ES;
+        const int hoff = (ln.on ? ln.head : 0) * D;
+        const long long rh = (long long)row * H + (ln.on ? ln.head : 0);
+
+        float xd[KV], a[KV], dO[KV], gd[KV], gt[KV];
+        float G;
+        {
+            float o[KV];
+            R::load(o, out + (long long)row * HD + hoff, l, D, ln.on);
+            R::load(dO, dout + (long long)row * HD + hoff, l, D, ln.on);
+            float part = 0.f;
+#pragma unroll
+            for (int k = 0; k < KV; ++k) part = fmaf(dO[k], o[k], part);
+            G = gf_group_sum<LH>(part);
+        }
+        if (ga != nullptr && ln.on) G += ga[rh];
+        const float Lr = (ln.on && end > start) ? lse[rh] : 0.f;
+        if (g_out != nullptr && ln.on && s == 0 && l == 0 && (slot < 0 || start == indptr[row])) g_out[rh] = G;
+        R::load(xd, x_dst + (long long)row * HD + hoff, l, D, ln.on);
+        R::load(a, att + hoff, l, D, ln.on);
+#pragma unroll
+        for (int k = 0; k < KV; ++k) {
+            gd[k] = 0.f;
+            gt[k] = 0.f;
+        }
+
+        for (long long b = start; b < end; b += 32) {
+            const int nb = (int)min(32LL, (long long)end - b);
+            const int my_j = ln.lane < nb ? __ldg(indices + b + ln.lane) : 0;
+            const int my_pe = (need_perm && ln.lane < nb) ? __ldg(perm + b + ln.lane) : 0;
+            const int rounds = (nb + ES - 1) / ES;
+            for (int r0 = 0; r0 < rounds; r0 += U) {
+                float xs[U][KV], et[ET ? U : 1][KV], gav[U];
+                int pe[U], jj[U];
+                bool v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = (r0 + u) * ES + s;
+                    v[u] = ln.on && (r0 + u) < rounds && q < nb;
+                    jj[u] = __shfl_sync(GF_FULL_MASK, my_j, q & 31);
+                    pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
+                    R::load(xs[u], x_src + (long long)jj[u] * HD + hoff, l, D, v[u]);
+                    if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
+                    gav[u] = (galpha != nullptr && v[u]) ? __ldg(galpha + (long long)pe[u] * H + ln.head) : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    // xs[u] becomes z = x_src + x_dst (+ edge_term) once its dot with dO is taken.
+                    float pe_part = 0.f, po_part = 0.f;
+#pragma unroll
+                    for (int k = 0; k < KV; ++k) {
+                        const float x = xs[u][k];
+                        float z = x + xd[k];
+                        if constexpr (ET) z += et[u][k];
+                        xs[u][k] = z;
+                        pe_part = fmaf(a[k], gatv2_lrelu(z, slope), pe_part);
+                        po_part = fmaf(dO[k], x, po_part);
+                    }
+                    const float e = gf_group_sum<LH>(pe_part);
+                    const float dxo = gf_group_sum<LH>(po_part);
+                    if (v[u]) {  // lane-divergent, no shuffles inside
+                        const float alpha = __expf(e - Lr);
+                        const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
+                        const float dal = ds * dxo + gav[u] * (ga_dropped ? ds : 1.f);
+                        const float de = alpha * (dal - G);
+                        const float ad = alpha * ds;
+                        float dz[KV];
+#pragma unroll
+                        for (int k = 0; k < KV; ++k) {
+                            const float z = xs[u][k];
+                            dz[k] = de * a[k] * (z > 0.f ? 1.f : slope);
+                            gd[k] += dz[k];
+                            gt[k] = fmaf(de, gatv2_lrelu(z, slope), gt[k]);
+                        }
+                        if (d_et != nullptr) R::store(d_et + (long long)pe[u] * HD + hoff, dz, l, D);
+                        if (dx_src != nullptr) {
+#pragma unroll
+                            for (int k = 0; k < KV; ++k) dz[k] = fmaf(ad, dO[k], dz[k]);
+                            R::atomic_add(dx_src + (long long)jj[u] * HD + hoff, dz, l, D);
+                        }
+                    }
+                }
+            }
+        }
+
+        for (int t = 1; t < ES; ++t) {
+            const int src = gatv2_slot_src(ln, t, LH);
+#pragma unroll
+            for (int k = 0; k < KV; ++k) {
+                const float g2 = __shfl_sync(GF_FULL_MASK, gd[k], src);
+                const float t2 = __shfl_sync(GF_FULL_MASK, gt[k], src);
+                if (s == 0) {
+                    gd[k] += g2;
+                    gt[k] += t2;
+                }
+            }
+        }
+
+        if (ln.on && s == 0) {
+            if (dx_dst != nullptr) {
+                if (slot < 0) R::store(dx_dst + (long long)row * HD + hoff, gd, l, D);
+                else R::atomic_add(dx_dst + (long long)row * HD + hoff, gd, l, D);
+            }
+            if (datt != nullptr && end > start) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    if (R::ok(l, k, D)) {
+#pragma unroll
+                        for (int t = 0; t < VW; ++t) {
+                            const long long c = hoff + R::col(l, k) + t;
+                            if (use_smem) atomicAdd(sm_datt + c, gt[VW * k + t]);
+                            else atomicAdd(datt + c, gt[VW * k + t]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    if (use_smem) {
+        __syncthreads();
+        for (long long c = threadIdx.x; c < HD; c += blockDim.x) {
+            const float v = sm_datt[c];
+            if (v != 0.f) atomicAdd(datt + c, v);
+        }
+    }
+}
+
+// =======================================================================================
+// Backward, source-major ("transposed" variant): dx_src_j = sum over out-edges (j -> i) of
+// alpha~_ij dO_i + dz_ij, with no atomics except for split source rows. Reads the
+// transposed CSR (s_indices = destination ids, s_perm = caller edge ids) and G (with ga
+// folded in) from gatv2_bwd_dst.
+template <int VW, int LH, int K, int DC, int U, bool ET>
+__global__ void __launch_bounds__(GATV2_THREADS)
+gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
+              const int* __restrict__ s_indices, const int* __restrict__ s_perm,
+              const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
+              const float* __restrict__ edge_term, const float* __restrict__ dout, const float* __restrict__ lse,
+              const float* __restrict__ gbuf, const float* __restrict__ galpha, int ga_dropped, int H, int D_rt,
+              float slope, float p, unsigned long long seed, unsigned long long offset, float* dx_src) {
+    using R = Gatv2Row<VW, LH, K, DC>;
+    constexpr int KV = R::KV;
+    const int D = DC > 0 ? DC : D_rt;
+    const int HD = H * D;  // < 2**31 (checked by the launcher)
+    const bool need_perm = edge_term != nullptr || p > 0.f || galpha != nullptr;
+
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
+        const long long item = w / n_tiles;
+        const int tile = (int)(w - item * n_tiles);
+        const int4 it = items[item];
+        const int row = it.x, start = it.y, end = it.z, slot = it.w;
+        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const int l = ln.l, s = ln.s, ES = ln.ES;
+        const int hc = ln.on ? ln.head : 0;
+        const int hoff = hc * D;
+
+        float xs[KV], a[KV], acc[KV];
+        R::load(xs, x_src + (long long)row * HD + hoff, l, D, ln.on);
+        R::load(a, att + hoff, l, D, ln.on);
+#pragma unroll
+        for (int k = 0; k < KV; ++k) acc[k] = 0.f;
+
+        for (long long b = start; b < end; b += 32) {
+            const int nb = (int)min(32LL, (long long)end - b);
+            const int my_i = ln.lane < nb ? __ldg(s_indices + b + ln.lane) : 0;
+            const int my_pe = (need_perm && ln.lane < nb) ? __ldg(s_perm + b + ln.lane) : 0;
+            const int rounds = (nb + ES - 1) / ES;
+            for (int r0 = 0; r0 < rounds; r0 += U) {
+                float zt[U][KV], dO[U][KV], et[ET ? U : 1][KV], Lv[U], Gv[U], gav[U];
+                int pe[U];
+                bool v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = (r0 + u) * ES + s;
+                    v[u] = ln.on && (r0 + u) < rounds && q < nb;
+                    const int i = __shfl_sync(GF_FULL_MASK, my_i, q & 31);
+                    pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
+                    R::load(zt[u], x_dst + (long long)i * HD + hoff, l, D, v[u]);
+                    R::load(dO[u], dout + (long long)i * HD + hoff, l, D, v[u]);
+                    if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
+                    const long long ih = (long long)i * H + hc;
+                    Lv[u] = v[u] ? __ldg(lse + ih) : 0.f;
+                    Gv[u] = v[u] ? __ldg(gbuf + ih) : 0.f;
+                    gav[u] = (galpha != nullptr && v[u]) ? __ldg(galpha + (long long)pe[u] * H + hc) : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    float pe_part = 0.f, po_part = 0.f;
+#pragma unroll
+                    for (int k = 0; k < KV; ++k) {
+                        float z = zt[u][k] + xs[k];
+                        if constexpr (ET) z += et[u][k];
+                        zt[u][k] = z;
+                        pe_part = fmaf(a[k], gatv2_lrelu(z, slope), pe_part);
+                        po_part = fmaf(dO[u][k], xs[k], po_part);
+                    }
+                    const float e = gf_group_sum<LH>(pe_part);
+                    const float dxo = gf_group_sum<LH>(po_part);
+                    if (v[u]) {
+                        const float alpha = __expf(e - Lv[u]);
+                        const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
+                        const float dal = ds * dxo + gav[u] * (ga_dropped ? ds : 1.f);
+                        const float de = alpha * (dal - Gv[u]);
+                        const float ad = alpha * ds;
+#pragma unroll
+                        for (int k = 0; k < KV; ++k) {
+                            const float dz = de * a[k] * (zt[u][k] > 0.f ? 1.f : slope);
+                            acc[k] += fmaf(ad, dO[u][k], dz);
+                        }
+                    }
+                }
+            }
+        }
+
+        for (int t = 1; t < ES; ++t) {
+            const int src = gatv2_slot_src(ln, t, LH);
+#pragma unroll
+            for (int k = 0; k < KV; ++k) {
+                const float a2 = __shfl_sync(GF_FULL_MASK, acc[k], src);
+                if (s == 0) acc[k] += a2;
+            }
+        }
+        if (ln.on && s == 0) {
+            if (slot < 0) R::store(dx_src + (long long)row * HD + hoff, acc, l, D);
+            else R::atomic_add(dx_src + (long long)row * HD + hoff, acc, l, D);
+        }
+    }
+}
