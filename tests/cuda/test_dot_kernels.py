@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import dot as dot_kernels
@@ -19,23 +20,10 @@ from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
 
-TOL = 1e-4
 MODES = ("atomic", "transposed")
 
 
 # ------------------------------------------------------------------------------- helpers
-def _rel_err(got, want) -> float:
-    got, want = got.double(), want.double()
-    denom = want.norm().item()
-    err = (got - want).norm().item()
-    return err if denom == 0 else err / denom
-
-
-def _close(name, got, want, tol=TOL):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    err = _rel_err(got, want)
-    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
 
 
 def _graph(edge_index, sizes, device="cuda") -> Graph:
@@ -88,12 +76,12 @@ def _compare(graph, H, D, edge_term=True, scale=None, return_attention=False, mo
     r_out, r_attn, r_grads = _run(reference.dot_attention, graph, q, k, v, t, scale, return_attention, 0.0,
                                   dtype=torch.float64)
     tag = f"H={H} D={D} t={edge_term} mode={mode}"
-    _close(f"out ({tag})", out, r_out)
+    assert_close(f"out ({tag})", out, r_out)
     if return_attention:
-        _close(f"attention ({tag})", attn, r_attn)
+        assert_close(f"attention ({tag})", attn, r_attn)
     for name, g, r in zip(("dq", "dk", "dv", "dt"), grads, r_grads):
         if r is not None:
-            _close(f"{name} ({tag})", g, r)
+            assert_close(f"{name} ({tag})", g, r)
     return out
 
 
@@ -133,7 +121,7 @@ def test_dispatch_uses_cuda_kernels(homo_graph):
     assert backend_for("dot_attention", k) == "cuda"
     out = dot_attention(homo_graph, q, k, v, edge_term=t)
     want = reference.dot_attention(homo_graph, q.double(), k.double(), v.double(), None, t.double())
-    _close("out", out, want)
+    assert_close("out", out, want)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -183,9 +171,9 @@ def test_odd_and_misaligned_rows(small_graph, D, monkeypatch):
         out, _, grads = _run(dot_attention_cuda, small_graph, q, k, v, t, None, False, 0.0)
         r_out, _, r_grads = _run(reference.dot_attention, small_graph, q, k, v, t, None, False, 0.0,
                                  dtype=torch.float64)
-        _close(f"out D={D}", out, r_out)
+        assert_close(f"out D={D}", out, r_out)
         for name, g, r in zip(("dq", "dk", "dv", "dt"), grads, r_grads):
-            _close(f"{name} D={D} {mode}", g, r)
+            assert_close(f"{name} D={D} {mode}", g, r)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -229,21 +217,21 @@ def test_dropout_consistency(small_graph, mode, monkeypatch):
     live = alpha64.detach() > 1e-12
     frac = 1.0 - keep[live].mean().item()
     assert abs(frac - p) < 0.05, f"dropped fraction {frac:.3f} far from p={p}"
-    _close("attention (True) with dropout", alpha_pre, alpha64)
+    assert_close("attention (True) with dropout", alpha_pre, alpha64)
     scale_mask = keep / (1.0 - p)
     a_drop = alpha64 * scale_mask
-    _close("dropped attention", dropped, a_drop)
+    assert_close("dropped attention", dropped, a_drop)
     msg = (x64[2][g.indices] + x64[3][g.perm])  # CSR order [M, H, D]
     w = a_drop[g.perm]  # CSR order
     out64 = torch.zeros(g.n_dst, H, D, dtype=torch.float64, device="cuda").index_add(
         0, g.dst_index(), w.unsqueeze(-1) * msg)
-    _close("dropped output", out, out64)
+    assert_close("dropped output", out, out64)
     gen = torch.Generator(device="cuda").manual_seed(7)
     g_out = torch.randn(out.shape, device="cuda", generator=gen).double()
     g_attn = torch.randn(dropped.shape, device="cuda", generator=gen).double()
     ((out64 * g_out).sum() + (a_drop * g_attn).sum()).backward()
     for name, got, x in zip(("dq", "dk", "dv", "dt"), grads, x64):
-        _close(f"{name} with dropout ({mode})", got, x.grad)
+        assert_close(f"{name} with dropout ({mode})", got, x.grad)
 
 
 def test_dropout_one_drops_everything(small_graph):
@@ -273,10 +261,10 @@ def test_cpu_graph_with_cuda_features():
     out, attn, grads = _run(dot_attention, g_cpu, q, k, v, t, None, True, 0.0)
     g_cuda = g_cpu.to("cuda")
     r_out, r_attn, r_grads = _run(reference.dot_attention, g_cuda, q, k, v, t, None, True, 0.0, dtype=torch.float64)
-    _close("out", out, r_out)
-    _close("attention", attn, r_attn)
+    assert_close("out", out, r_out)
+    assert_close("attention", attn, r_attn)
     for name, got, want in zip(("dq", "dk", "dv", "dt"), grads, r_grads):
-        _close(name, got, want)
+        assert_close(name, got, want)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -301,7 +289,7 @@ def test_non_default_stream(small_graph, mode, monkeypatch):
     side.synchronize()
     assert torch.equal(out, want_out)
     for name, got, want in zip(("dq", "dk", "dv", "dt"), grads, want_grads):
-        _close(name, got, want, tol=1e-6)
+        assert_close(name, got, want, tol=1e-6)
 
 
 def test_forward_memory_has_no_edge_sized_tensors(monkeypatch):
@@ -383,13 +371,13 @@ def test_64bit_offsets():
         qi = q.detach()[i].double()
         alpha = torch.softmax(scale * (kk * qi).sum(-1), dim=0)  # [E, H]
         o = (alpha.unsqueeze(-1) * vv).sum(0)
-        _close(f"out row {i}", out[i], o)
+        assert_close(f"out row {i}", out[i], o)
         go = g_out[i].double()
         dalpha = (vv * go).sum(-1)
         de = alpha * (dalpha - (o * go).sum(-1))
-        _close(f"dq row {i}", xs[0].grad[i], scale * (de.unsqueeze(-1) * kk).sum(0))
+        assert_close(f"dq row {i}", xs[0].grad[i], scale * (de.unsqueeze(-1) * kk).sum(0))
         dt = alpha.unsqueeze(-1) * go + scale * de.unsqueeze(-1) * qi
-        _close(f"dt row {i}", xs[3].grad[c], dt)
+        assert_close(f"dt row {i}", xs[3].grad[c], dt)
     # ... and dk, dv of the highest source, summed over all its out-edges
     j = n_src - 1
     sel = (g.indices == j).nonzero().flatten()
@@ -409,5 +397,5 @@ def test_64bit_offsets():
         pos = e - lo
         dk += scale * de[pos].unsqueeze(-1) * qi
         dv += alpha[pos].unsqueeze(-1) * go
-    _close("dk of the last source", xs[1].grad[j], dk)
-    _close("dv of the last source", xs[2].grad[j], dv)
+    assert_close("dk of the last source", xs[1].grad[j], dk)
+    assert_close("dv of the last source", xs[2].grad[j], dv)

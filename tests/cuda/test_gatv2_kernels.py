@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import gatv2 as kernels
@@ -19,24 +20,11 @@ from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
 
-TOL = 1e-4
 VARIANTS = ("atomic", "transposed")
 SLOPE = 0.2
 
 
 # ------------------------------------------------------------------------------- helpers
-def _rel_err(got, want) -> float:
-    got, want = got.double(), want.double()
-    denom = want.norm().item()
-    err = (got - want).norm().item()
-    return err if denom == 0 else err / denom
-
-
-def _close(name, got, want, tol=TOL):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    err = _rel_err(got, want)
-    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
 
 
 def _with_hub_source(edge_index, n_dst, hub=1, degree=700, seed=1):
@@ -95,12 +83,12 @@ def _reference(graph, xs, xd, att, et, g_out, g_alpha=None, return_attention=Fal
 def _compare(tag, got, want, et):
     out, alpha, grads = got
     rout, ralpha, rgrads = want
-    _close(f"{tag} out", out, rout)
+    assert_close(f"{tag} out", out, rout)
     if ralpha is not None:
-        _close(f"{tag} alpha", alpha, ralpha)
+        assert_close(f"{tag} alpha", alpha, ralpha)
     names = ["dx_src", "dx_dst", "datt"] + (["dedge_term"] if et is not None else [])
     for name, g, r in zip(names, grads, rgrads):
-        _close(f"{tag} {name}", g, r)
+        assert_close(f"{tag} {name}", g, r)
 
 
 def _check_all_variants(monkeypatch, graph, H, D, edge_term, seed=0, return_attention=False, alpha_grad=False):
@@ -181,8 +169,8 @@ def test_dropout(monkeypatch, super_graph, H, D, edge_term):
     src, dst = graph.indices, graph.dst_index()  # CSR order; alpha is in caller order
     msg = dropped64[graph.perm].unsqueeze(-1) * xs64[src]
     out64 = torch.zeros(graph.n_dst, H, D, dtype=torch.float64, device="cuda").index_add(0, dst, msg)
-    _close("dropped alpha", dropped, dropped64)
-    _close("dropout out", out, out64)
+    assert_close("dropped alpha", dropped, dropped64)
+    assert_close("dropout out", out, out64)
     leaves64 = _leaves(xs64, xd64, att64, et64)
     for with_alpha_grad in (False, True):
         loss64 = (out64 * g_out.double()).sum()
@@ -197,13 +185,13 @@ def test_dropout(monkeypatch, super_graph, H, D, edge_term):
             assert torch.equal(got_dropped, dropped), "the dropout mask is not reproducible"
             names = ["dx_src", "dx_dst", "datt", "dedge_term"]
             for name, g, r in zip(names, grads, want):
-                _close(f"dropout {variant} alpha_grad={with_alpha_grad} {name}", g, r)
+                assert_close(f"dropout {variant} alpha_grad={with_alpha_grad} {name}", g, r)
 
     # return_attention=True with dropout returns the weights before dropout
     torch.manual_seed(1234)
     out_t, alpha_t = gatv2_attention(graph, xs, xd, att, SLOPE, et, True, p)
-    _close("dropout out (return True)", out_t, out64)
-    _close("alpha before dropout", alpha_t, alpha64)
+    assert_close("dropout out (return True)", out_t, out64)
+    assert_close("alpha before dropout", alpha_t, alpha64)
 
 
 def test_zero_edge_graph():

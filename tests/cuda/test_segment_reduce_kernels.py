@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.ops import backend_for, segment_reduce
@@ -20,23 +21,10 @@ from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
 
-TOL = 1e-4
 WIDTHS = (1, 7, 64, 512)
 TIE_BREAKS = ("split", "even", "first", "last")
 
 
-def _rel_err(got, want) -> float:
-    got, want = got.double(), want.double()
-    denom = want.norm().item()
-    err = (got - want).norm().item()
-    return err if denom == 0 else err / denom
-
-
-def _close(name, got, want, tol=TOL):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    err = _rel_err(got, want)
-    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
 
 
 def _heavy_rows(n_src, n_dst, seed):
@@ -98,7 +86,7 @@ def _check(graph, F, reduce, weighted, tie_break, ties, seed=0):
     label = f"F={F}, {reduce}, weighted={weighted}, tie_break={tie_break}, ties={ties}"
     for name, a, b in zip(("out", "dx", "dw"), got, want):
         if b is not None:
-            _close(f"{name} ({label})", a, b)
+            assert_close(f"{name} ({label})", a, b)
 
 
 # ------------------------------------------------------------------------------- numerics
@@ -135,12 +123,12 @@ def test_trailing_dims_and_misaligned_rows():
     xr = x.detach().double().requires_grad_(True)
     want = reference.segment_reduce(graph, xr, "max")
     want.backward(g.double())
-    _close("out", out, want)
-    _close("dx", x.grad, xr.grad)
+    assert_close("out", out, want)
+    assert_close("dx", x.grad, xr.grad)
     # a row-misaligned view (F % 4 == 0 but base address not 16-byte aligned): scalar loads
     base = torch.randn(graph.n_src * 8 + 1, device="cuda")
     xv = base[1:].view(graph.n_src, 8)
-    _close("misaligned", segment_reduce(graph, xv, "min"), reference.segment_reduce(graph, xv.double(), "min"))
+    assert_close("misaligned", segment_reduce(graph, xv, "min"), reference.segment_reduce(graph, xv.double(), "min"))
 
 
 def test_no_grad_saves_nothing():
@@ -148,7 +136,7 @@ def test_no_grad_saves_nothing():
     x = torch.randn(graph.n_src, 64, device="cuda")
     with torch.no_grad():
         out = segment_reduce(graph, x, "max", tie_break="first")
-    _close("out", out, reference.segment_reduce(graph, x.double(), "max"))
+    assert_close("out", out, reference.segment_reduce(graph, x.double(), "max"))
 
 
 # ------------------------------------------------------------------------------- caching
@@ -165,7 +153,7 @@ def test_work_lists_built_once_per_graph():
     graph2 = Graph.from_edge_index(edge_index[:, ::2].contiguous().cuda(), sizes)
     got = segment_reduce(graph2, x.detach(), "max")
     assert cuda_segment_reduce.build_counts["work"] == builds["work"] + 1
-    _close("new graph", got, reference.segment_reduce(graph2, x.detach().double(), "max"))
+    assert_close("new graph", got, reference.segment_reduce(graph2, x.detach().double(), "max"))
 
 
 # ------------------------------------------------------------------------------- streams
@@ -186,6 +174,6 @@ def test_non_default_stream(tie_break):
     wr = w.detach().double().requires_grad_(True)
     want = reference.segment_reduce(graph, xr, "max", wr, tie_break)
     want.backward(g.double())
-    _close("out", out2, want)
-    _close("dx", x.grad, xr.grad)
-    _close("dw", w.grad, wr.grad)
+    assert_close("out", out2, want)
+    assert_close("dx", x.grad, xr.grad)
+    assert_close("dw", w.grad, wr.grad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import cusparse_spmm
@@ -20,23 +21,10 @@ from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
 
-TOL = 1e-4
 NORMS = ("none", "left", "right", "both")
 WIDTHS = (1, 7, 64, 512)
 
 
-def _rel_err(got, want) -> float:
-    got, want = got.double(), want.double()
-    denom = want.norm().item()
-    err = (got - want).norm().item()
-    return err if denom == 0 else err / denom
-
-
-def _close(name, got, want, tol=TOL):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    err = _rel_err(got, want)
-    assert err < tol, f"{name}: relative error {err:.3e} >= {tol:.0e}"
 
 
 _GRAPHS = {
@@ -77,7 +65,7 @@ def _check(graph, F, norm, weighted, seed=0, trailing=None):
                 None if w is None else w.double(), g.double())
     for name, a, b in zip(("out", "dx", "dw"), got, want):
         if b is not None:
-            _close(f"{name} (F={F}, norm={norm}, weighted={weighted})", a, b)
+            assert_close(f"{name} (F={F}, norm={norm}, weighted={weighted})", a, b)
     return got
 
 
@@ -135,7 +123,7 @@ def test_output_fully_written_when_beta_is_zero():
     x = torch.randn(graph.n_src, 64, device="cuda")
     out = torch.full((graph.n_dst, 64), float("nan"), device="cuda")
     cache.csr.matmul(values, x, out)
-    _close("out", out, reference.spmm(graph, x.double(), None, "both"))
+    assert_close("out", out, reference.spmm(graph, x.double(), None, "both"))
     dx = torch.full((graph.n_src, 64), float("nan"), device="cuda")
     cache.csr.matmul(values, out, dx, transpose=True)
     assert torch.isfinite(dx).all()
@@ -157,8 +145,8 @@ def test_cache_reused_across_calls():
     assert dict(cuda_spmm.build_counts) == builds
     assert cusparse_spmm.search_count == searches
     assert graph._memo[cuda_spmm._MEMO_KEY] is cache
-    _close("weighted", a, reference.spmm(graph, x.double(), w.double(), "both"))
-    _close("unweighted", b, reference.spmm(graph, x.double(), None, "right"))
+    assert_close("weighted", a, reference.spmm(graph, x.double(), w.double(), "both"))
+    assert_close("unweighted", b, reference.spmm(graph, x.double(), None, "right"))
     # a new width chooses its algorithm once
     spmm(graph, torch.randn(n, 48, device="cuda"), None, "right")
     assert cusparse_spmm.search_count == searches + 1
@@ -174,7 +162,7 @@ def test_new_graph_rebuilds():
     g2 = Graph.from_edge_index(edge_index2.cuda(), n)
     got = spmm(g2, x, None, "both")
     assert cuda_spmm.build_counts["csr"] == before + 1
-    _close("new graph", got, reference.spmm(g2, x.double(), None, "both"))
+    assert_close("new graph", got, reference.spmm(g2, x.double(), None, "both"))
 
 
 def test_in_place_edge_weight_change_is_noticed():
@@ -185,10 +173,10 @@ def test_in_place_edge_weight_change_is_noticed():
     with torch.no_grad():
         w.mul_(3.0).add_(0.5)
     got = spmm(graph, x, w, "both")
-    _close("after in-place change", got, reference.spmm(graph, x.double(), w.double(), "both"))
+    assert_close("after in-place change", got, reference.spmm(graph, x.double(), w.double(), "both"))
     w[::7] = -1.0
     got = spmm(graph, x, w, "none")
-    _close("after item assignment", got, reference.spmm(graph, x.double(), w.double(), "none"))
+    assert_close("after item assignment", got, reference.spmm(graph, x.double(), w.double(), "none"))
 
 
 def test_new_weight_tensor_at_same_address_is_noticed():
@@ -198,7 +186,7 @@ def test_new_weight_tensor_at_same_address_is_noticed():
     for step in range(5):
         w = torch.full((graph.num_edges,), float(step + 1), device="cuda")
         got = spmm(graph, x, w, "left")
-        _close(f"step {step}", got, reference.spmm(graph, x.double(), w.double(), "left"))
+        assert_close(f"step {step}", got, reference.spmm(graph, x.double(), w.double(), "left"))
         del w
 
 
@@ -222,9 +210,9 @@ def test_two_calls_then_one_backward():
     xr = x.detach().double().requires_grad_(True)
     r1, r2 = w1.detach().double().requires_grad_(True), w2.detach().double().requires_grad_(True)
     (reference.spmm(graph, xr, r1, "both").sum() + 2 * reference.spmm(graph, xr, r2, "both").sum()).backward()
-    _close("dx", x.grad, xr.grad)
-    _close("dw1", w1.grad, r1.grad)
-    _close("dw2", w2.grad, r2.grad)
+    assert_close("dx", x.grad, xr.grad)
+    assert_close("dw1", w1.grad, r1.grad)
+    assert_close("dw2", w2.grad, r2.grad)
 
 
 # ------------------------------------------------------------------------------- streams
@@ -244,9 +232,9 @@ def test_non_default_stream():
     wr = w.detach().double().requires_grad_(True)
     want = reference.spmm(graph, xr, wr, "both")
     want.backward(g.double())
-    _close("out", out2, want)
-    _close("dx", x.grad, xr.grad)
-    _close("dw", w.grad, wr.grad)
+    assert_close("out", out2, want)
+    assert_close("dx", x.grad, xr.grad)
+    assert_close("dw", w.grad, wr.grad)
 
 
 # ------------------------------------------------------------------------------- gcn_norm
@@ -263,4 +251,4 @@ def test_gcn_norm_kernel_matches_torch(improved, weighted):
 
     with force_reference():
         want = gcn_norm_values(graph, None if w is None else w.double(), improved, dtype=torch.float64)
-    _close("gcn_norm", got, want, tol=1e-6)
+    assert_close("gcn_norm", got, want, tol=1e-6)
