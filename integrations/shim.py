@@ -14,7 +14,7 @@ module or the framework graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -41,7 +41,9 @@ class Shim:
         cls: the framework class to patch.
         forward: ``forward(module, backend, *args, **kwargs)``, same arguments and return
             value as the stock forward; ``backend`` is ``"cuda"`` or ``"reference"``.
-        op: the op family it runs (``"gatv2_attention"``, ...), for the backend choice.
+        op: the op family it runs (``"gatv2_attention"``, ...), for the backend choice; or
+            ``op(module) -> str`` for a layer whose op depends on its configuration (e.g. a
+            max aggregation on ``segment_reduce``, a mean on ``spmm``).
         features: ``features(*args, **kwargs) -> Tensor`` picking the input tensor whose
             device and dtype decide the backend.
     """
@@ -49,8 +51,12 @@ class Shim:
     key: str
     cls: type
     forward: Callable
-    op: str
+    op: Union[str, Callable[[torch.nn.Module], str]]
     features: Callable[..., Tensor]
+
+    def op_for(self, module: torch.nn.Module) -> str:
+        """The op family ``module`` runs on."""
+        return self.op(module) if callable(self.op) else self.op
 
 
 # Configuration written by gnn_fastpath.switch.
@@ -140,7 +146,8 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
     return None
 
 
-def _backend_or_blocker(shim: Shim, x: Tensor) -> Tuple[Optional[str], Optional[Tuple[str, str]]]:
+def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
+                        ) -> Tuple[Optional[str], Optional[Tuple[str, str]]]:
     if not isinstance(x, Tensor):
         return None, ("input", f"unsupported input type {type(x).__name__}")
     if x.dtype != torch.float32:
@@ -151,11 +158,12 @@ def _backend_or_blocker(shim: Shim, x: Tensor) -> Tuple[Optional[str], Optional[
         if _config["cpu"] == "reference":
             return ops.REFERENCE, None
         return None, ("cpu", "CPU tensors run stock code (enable(cpu='reference') to force the shims)")
-    backend = ops.backend_for(shim.op, x)
+    op = shim.op_for(module)
+    backend = ops.backend_for(op, x)
     if backend != ops.CUDA:
         from .. import cuda
 
-        why = cuda.unavailable_reason() or f"no CUDA kernels for {shim.op} yet"
+        why = cuda.unavailable_reason() or f"no CUDA kernels for {op} yet"
         return None, ("no_kernel", why)
     return backend, None
 
@@ -166,7 +174,7 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     backend = None
     if blocker is None:
         try:
-            backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs))
+            backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs), module)
         except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
     if blocker is None:

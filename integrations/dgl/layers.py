@@ -9,5 +9,6 @@ from typing import List
 from ..shim import Shim
 from .gatv2_conv import make_shim as _gatv2_conv
 from .graph_conv import make_shim as _graph_conv
+from .sage_conv import make_shim as _sage_conv
 
-SHIMS: List[Shim] = [_gatv2_conv(), _graph_conv()]
+SHIMS: List[Shim] = [_gatv2_conv(), _graph_conv(), _sage_conv()]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import inspect
 from typing import Callable, List
 
-from torch_geometric.nn.conv import GATv2Conv, GCNConv, TransformerConv
+from torch_geometric.nn.conv import GATv2Conv, GCNConv, SAGEConv, TransformerConv
 
 from ..shim import Shim, Unsupported
-from . import gatv2_conv, gcn_conv, transformer_conv
+from . import gatv2_conv, gcn_conv, sage_conv, transformer_conv
 
 
 def _features(module) -> Callable:
@@ -32,4 +32,6 @@ SHIMS: List[Shim] = [
          op="gatv2_attention", features=_features(gatv2_conv)),
     Shim(key="pyg.GCNConv", cls=GCNConv, forward=gcn_conv.forward,
          op="spmm", features=_features(gcn_conv)),
+    Shim(key="pyg.SAGEConv", cls=SAGEConv, forward=sage_conv.forward,
+         op=sage_conv.op_for, features=_features(sage_conv)),
 ]

@@ -1,0 +1,161 @@
+"""DGL ``SAGEConv`` on :func:`gnn_fastpath.spmm` (mean, gcn) and :func:`gnn_fastpath.segment_reduce`
+(pool).
+
+Reproduces ``dgl.nn.pytorch.conv.SAGEConv.forward`` (DGL 2.1.0):
+
+- ``feat_drop`` on the features: once for a single tensor (a block's destination features are
+  the first ``num_dst_nodes`` rows of the dropped source features), on ``feat[0]`` then
+  ``feat[1]`` for a pair;
+- ``edge_weight`` multiplies each message (``fn.u_mul_e``); it never enters a degree;
+- ``"mean"``: the mean of the neighbours' features (0 without in-edges) is
+  ``spmm(norm="right")`` (in-degree clamped to >= 1). ``fc_neigh`` runs before the
+  aggregation when ``in_src_feats > out_feats`` (fewer columns to aggregate), after otherwise;
+- ``"gcn"``: ``(sum of the neighbours' features + the node's own) / (in_degree + 1)``, the
+  sum by ``spmm(norm="none")``, the own features being the destination side (a block's first
+  rows, the pair's second tensor); ``fc_neigh`` before or after as for ``"mean"`` (before: on
+  both sides of a pair); the module's ``bias`` is added after (there is no ``fc_self``);
+- ``"pool"``: ``relu(fc_pool(feat_src))``, then the element-wise max over the in-edges (0
+  without in-edges) by ``segment_reduce``, then ``fc_neigh``. The gradient of a maximum
+  reached by several edges (duplicate edges, equal features; ties at the ReLU's zeros carry
+  no gradient back) goes, as in DGL 2.1 on the CPU, whole to one tied edge: the *last* one in DGL's edge order with ``fn.copy_u`` (no ``edge_weight``), the
+  *first* with ``fn.u_mul_e`` and a broadcast ``[M]`` or ``[M, 1]`` weight
+  (``tie_break="last"`` / ``"first"``);
+- then ``fc_self(feat_dst) + h_neigh`` (not for ``"gcn"``), ``activation`` and ``norm``.
+
+Submodules (``fc_pool``, ``fc_neigh``, ``fc_self``, ``feat_drop``, ``activation``/``norm``
+when modules) are called as submodules, in stock's order.
+
+Falls back (Unsupported) for: ``"lstm"``, heterographs with several edge types, features that
+are not 2-D ``[N, F]`` or whose row counts do not match the graph (stock raises or
+broadcasts), a ``"gcn"`` pair of different widths (stock raises), ``edge_weight`` other than
+one float per edge (``[M]`` or ``[M, 1]``), and ``"pool"`` on a graph without edges (DGL 2.1's
+max then returns zeros but sends every destination's gradient to source node 0; no rule to
+copy). ``"mean"``/``"gcn"`` on a graph without edges are fused (0 aggregated, as stock).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ... import ops
+from ...graph import Graph
+from ..shim import Shim, Unsupported, check_like
+from .graph import check_device, check_graph, features_of, graph_of
+
+_AGGREGATORS = ("mean", "gcn", "pool")
+
+
+def op_for(module) -> str:
+    """The op family ``module`` runs on (the Shim's ``op``)."""
+    return "segment_reduce" if getattr(module, "_aggre_type", None) == "pool" else "spmm"
+
+
+def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block: bool) -> Optional[Tensor]:
+    """The edge weight as [M] (or None), after every check stock would fail later."""
+    aggr = module._aggre_type
+    if aggr not in _AGGREGATORS:
+        raise Unsupported("aggregator_type", f"aggregator_type={aggr!r} (the fused path takes "
+                                             f"{', '.join(_AGGREGATORS)})")
+    if isinstance(feat, tuple):
+        if len(feat) != 2:
+            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
+        feat_src, feat_dst = feat
+        if not isinstance(feat_src, Tensor):
+            raise Unsupported("input", f"feat[0] is a {type(feat_src).__name__}")
+        check_like("feat[1]", feat_dst, feat_src)
+    else:
+        feat_src = feat_dst = feat
+        if not isinstance(feat_src, Tensor):
+            raise Unsupported("input", f"feat is a {type(feat_src).__name__}")
+    if feat_src.dim() != 2 or feat_dst.dim() != 2:
+        raise Unsupported("input", "the fused path takes 2-D [N, F] features")
+    if aggr == "gcn" and feat_src.shape[1:] != feat_dst.shape[1:]:
+        raise Unsupported("input", "gcn with source and destination features of different widths "
+                                   "(stock raises)")
+    dst_rows = n_dst if is_block and feat_dst is feat_src else feat_dst.shape[0]
+    if feat_src.shape[0] != n_src:
+        raise Unsupported("input", f"feat_src has {feat_src.shape[0]} rows for {n_src} source nodes")
+    if dst_rows != n_dst:
+        raise Unsupported("input", f"the destination features have {dst_rows} rows for {n_dst} "
+                                   "destination nodes")
+    for name, p in module.named_parameters():
+        check_like(f"parameter {name}", p, feat_src)
+    if edge_weight is not None:
+        check_like("edge_weight", edge_weight, feat_src)
+        m = g.num_edges()
+        if edge_weight.shape not in ((m,), (m, 1)):
+            raise Unsupported("edge_weight", f"edge_weight of shape {tuple(edge_weight.shape)} "
+                                             f"(the fused path takes one scalar per edge, [{m}] or [{m}, 1])")
+        edge_weight = edge_weight.reshape(m)
+    if aggr == "pool" and g.num_edges() == 0:
+        raise Unsupported("empty_graph", "pool on a graph without edges (DGL 2.1's max then sends every "
+                                         "destination's gradient to source node 0)")
+    return edge_weight
+
+
+def _gcn_denominator(graph: Graph, like: Tensor) -> Tensor:
+    """``in_degree + 1`` as a [n_dst, 1] column of ``like``'s dtype on its device (memoised)."""
+    if graph.device != like.device:
+        graph = graph.to(like.device)
+    return graph.memo(("dgl", "sage_gcn_in_degree_plus_one", like.dtype),
+                      lambda: (graph.in_degree().to(like.dtype) + 1).unsqueeze(-1))
+
+
+def fused_forward(module, backend, graph, feat, edge_weight=None):
+    """``SAGEConv.forward(graph, feat, edge_weight=None)`` on the fused ops."""
+    g = graph
+    n_src, n_dst, is_block = check_graph(g)
+    check_device(g, features_of(g, feat))
+    weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
+    G = graph_of(g)
+
+    if isinstance(feat, tuple):
+        feat_src = module.feat_drop(feat[0])
+        feat_dst = module.feat_drop(feat[1])
+    else:
+        feat_src = feat_dst = module.feat_drop(feat)
+        if is_block:
+            feat_dst = feat_src[:n_dst]
+    h_self = feat_dst
+    aggr = module._aggre_type
+    lin_before = module._in_src_feats > module._out_feats
+
+    if aggr == "mean":
+        h = module.fc_neigh(feat_src) if lin_before else feat_src
+        h_neigh = ops.spmm(G, h, edge_weight=weight, norm="right")
+        if not lin_before:
+            h_neigh = module.fc_neigh(h_neigh)
+    elif aggr == "gcn":
+        h = module.fc_neigh(feat_src) if lin_before else feat_src
+        if isinstance(feat, tuple):
+            h_dst = module.fc_neigh(feat_dst) if lin_before else feat_dst
+        else:
+            h_dst = h[:n_dst] if is_block else h
+        total = ops.spmm(G, h, edge_weight=weight, norm="none") + h_dst
+        h_neigh = total / _gcn_denominator(G, total)
+        if not lin_before:
+            h_neigh = module.fc_neigh(h_neigh)
+    else:  # pool
+        h = F.relu(module.fc_pool(feat_src))
+        tie = "last" if weight is None else "first"
+        h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=weight, tie_break=tie))
+
+    if aggr == "gcn":
+        rst = h_neigh
+        if module.bias is not None:
+            rst = rst + module.bias
+    else:
+        rst = module.fc_self(h_self) + h_neigh
+    if module.activation is not None:
+        rst = module.activation(rst)
+    if module.norm is not None:
+        rst = module.norm(rst)
+    return rst
+
+
+def make_shim() -> Shim:
+    from dgl.nn.pytorch.conv import SAGEConv
+
+    return Shim(key="dgl.SAGEConv", cls=SAGEConv, forward=fused_forward, op=op_for, features=features_of)
