@@ -51,6 +51,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
       >/tmp/pip_whl.log 2>&1; then WHEELS="$(cd .whl && ls *.whl | tr '\n' ' ')"; else WHEELS="FAILED: $(tail -3 /tmp/pip_whl.log)"; fi
 fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# Real graphs for the tests (../shared does not travel): carry .data with heterophilous/ and planetoid/.
+[ -d .data/planetoid ] && export GNN_FASTPATH_DATA=${GNN_FASTPATH_DATA:-$PWD/.data}
 # The package maps ./integrations to gnn_fastpath.integrations (pyproject package-dir), so a
 # plain PYTHONPATH=$PWD cannot import gnn_fastpath.integrations. An editable install puts a
 # finder for that mapping into the system site-packages (offline: setuptools and wheel are
@@ -91,7 +93,7 @@ fi
 t=$(stage_time "$CAP_PYTEST_CUDA"); s0=$SECONDS
 if (( t > 5 )); then
   echo "== pytest -m cuda $XD_CUDA (limit ${t} s)"
-  timeout -k 5 "$t" $PY -m pytest tests -m cuda -q ${PYTEST_CUDA_FLAGS:--x} -p no:cacheprovider $XD_CUDA >"$OUT/pytest_cuda.log" 2>&1
+  timeout -k 5 "$t" $PY -m pytest tests -m cuda -q ${PYTEST_CUDA_FLAGS--x} -p no:cacheprovider $XD_CUDA >"$OUT/pytest_cuda.log" 2>&1
   rc=$?; tail -5 "$OUT/pytest_cuda.log"
   note_stage "pytest -m cuda" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage "pytest -m cuda" "skipped: budget" 0; fi

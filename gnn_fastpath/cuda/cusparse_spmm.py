@@ -254,6 +254,13 @@ class CsrMatrix:
         op = cs.CUSPARSE_OPERATION_TRANSPOSE if transpose else cs.CUSPARSE_OPERATION_NON_TRANSPOSE
         akey = (op, F)
         alg = self._algs.get(akey)
+        if self.nnz > self.n_rows * self.n_cols:
+            # A multigraph can hold more edges than matrix entries (duplicate edges); cuSPARSE
+            # refuses such a descriptor (CUSPARSE_STATUS_INVALID_VALUE), our kernel does not.
+            if transpose:
+                raise ValueError(f"{self.nnz} entries in a {self.n_rows}x{self.n_cols} matrix: "
+                                 "use the explicit transposed matrix (GNN_FASTPATH_SPMM_BWD=transposed)")
+            alg = self._algs[akey] = CUSTOM
         if alg == CUSTOM:  # no cuSPARSE state needed
             self._custom(values, b, c)
             return c

@@ -189,7 +189,9 @@ class _SpmmFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = torch.empty(ctx.x_shape, dtype=dy.dtype, device=dy.device)
             dx2 = dx.view(cache.n_src, dy.size(1))
-            if backward_mode() == "transposed":
+            # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
+            # those always take the explicit transposed matrix (run by our own kernel).
+            if backward_mode() == "transposed" or cache.csr.nnz > cache.n_src * cache.n_dst:
                 csr_t, _ = cache.transposed()
                 csr_t.matmul(entry.transposed(cache), dy, dx2)
             else:
