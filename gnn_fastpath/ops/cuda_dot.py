@@ -58,6 +58,7 @@ from torch.autograd.function import once_differentiable
 from .. import reference
 from ..cuda import dot as kernels
 from ..graph import Graph
+from ._dropout import philox_seed
 
 BACKWARD_MODES = ("atomic", "transposed")
 _warned: set = set()
@@ -81,12 +82,6 @@ def backward_mode(graph: Graph) -> str:
     if mode not in BACKWARD_MODES:
         raise ValueError(f"GNN_FASTPATH_DOT_BWD must be one of {', '.join(BACKWARD_MODES)}; got {mode!r}")
     return mode
-
-
-def _draw_seed():
-    """(seed, offset) for the dropout mask, from torch's default CPU generator (no GPU sync)."""
-    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()
-    return seed, offset
 
 
 class DotAttentionFunction(torch.autograd.Function):
@@ -169,7 +164,7 @@ def dot_attention_cuda(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Opt
         return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    seed, offset = _draw_seed() if dropout > 0.0 else (0, 0)
+    seed, offset = philox_seed(dropout)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     t = edge_term.contiguous() if edge_term is not None else None
     return DotAttentionFunction.apply(q, k, v, t, graph, float(scale), return_attention, float(dropout), seed,

@@ -87,6 +87,7 @@ from .. import reference
 from ..cuda import gatv2 as kernels
 from ..graph import Graph
 from ..graph.graph import INT32_MAX
+from ._dropout import philox_seed
 
 
 class GATv2AttentionFunction(torch.autograd.Function):
@@ -133,15 +134,6 @@ class GATv2AttentionFunction(torch.autograd.Function):
         return (dx_src, dx_dst, datt, det) + none
 
 
-def _dropout_seed(p: float):
-    """(seed, offset) for the Philox dropout mask, drawn from torch's default CPU generator
-    (no GPU work, no synchronisation; ``torch.manual_seed`` makes it reproducible)."""
-    if p <= 0.0:
-        return 0, 0
-    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()
-    return int(seed), int(offset)
-
-
 def gatv2_attention_cuda(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float,
                          edge_term: Optional[Tensor], return_attention, dropout: float):
     """GATv2 attention on the CUDA kernels (arguments already checked by
@@ -150,6 +142,6 @@ def gatv2_attention_cuda(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor
     if not kernels.supports(H, D) or graph.num_edges > INT32_MAX or max(graph.n_src, graph.n_dst) > INT32_MAX:
         return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention,
                                          dropout)
-    seed, offset = _dropout_seed(dropout)
+    seed, offset = philox_seed(dropout)
     return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, float(negative_slope),
                                         return_attention, float(dropout), seed, offset)
