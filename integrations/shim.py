@@ -13,6 +13,7 @@ module or the framework graph.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
@@ -90,10 +91,21 @@ def _is_compiling() -> bool:
     return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
+# Modules seen with every parameter materialised. Lazy parameters only ever materialise, so
+# a module found complete once stays complete; walking every parameter per call would cost
+# tens of microseconds of host time on each layer call.
+_materialised: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
 def _has_lazy_parameters(module: torch.nn.Module) -> bool:
     from torch.nn.parameter import is_lazy
 
-    return any(is_lazy(p) for p in module.parameters())
+    if module in _materialised:
+        return False
+    if any(is_lazy(p) for p in module.parameters()):
+        return True
+    _materialised.add(module)
+    return False
 
 
 def has_module_hooks(module: torch.nn.Module) -> bool:
