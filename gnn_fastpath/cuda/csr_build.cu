@@ -14,6 +14,7 @@ extern "C" __global__ void csr_indptr_from_sorted(const long long* __restrict__ 
     if (e > num_edges) return;
     long long lo = (e == 0) ? -1 : rows[e - 1];
     long long hi = (e == num_edges) ? n_rows : rows[e];
+    if (hi > n_rows) hi = n_rows;  // never write past indptr[n_rows], whatever the input
     for (long long r = lo + 1; r <= hi; ++r) {
         indptr[r] = e;
     }

@@ -58,6 +58,14 @@ _BETA = np.zeros(1, dtype=np.float32)
 _lock = threading.Lock()
 #: How many algorithm searches ran (tests check that cached plans are reused).
 search_count = 0
+# call signature -> algorithm chosen by timing (see CsrMatrix._signature); bounded by the
+# number of distinct (operation, width, size bucket) combinations a process uses.
+_shared_choices: Dict[Tuple[int, ...], int] = {}
+
+
+def clear_shared_choices() -> None:
+    """Forget the algorithms chosen for earlier matrices (the next call of each shape times again)."""
+    _shared_choices.clear()
 
 
 def _cusparse():
@@ -203,6 +211,15 @@ class CsrMatrix:
         cs.spMM(handle, op, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, _ALPHA.ctypes.data, desc, mat_b, _BETA.ctypes.data,
                 mat_c, _r32f(), alg, ws.data_ptr())
 
+    def _signature(self, op: int, F: int) -> Tuple[int, ...]:
+        """Coarse shape of a call (power-of-two buckets of nnz, rows and columns).
+
+        Mini-batch training builds a new graph every step; timing every algorithm for each
+        would cost a dozen host syncs per layer per step. Graphs of one signature share the
+        first one's choice instead (any algorithm gives the same result, only speed differs).
+        """
+        return (op, F, self.nnz.bit_length(), self.n_rows.bit_length(), self.n_cols.bit_length())
+
     def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, transpose: bool) -> int:
         """Time each algorithm that accepts this call; return the fastest."""
         global search_count
@@ -286,8 +303,17 @@ class CsrMatrix:
                             return c
                         except Exception:
                             pass
+                    signature = self._signature(op, F)
+                    shared = _shared_choices.get(signature)
+                    if shared is not None:
+                        try:  # a similar matrix was timed already: no search, no host sync
+                            self._run(handle, op, shared, desc, mat_b, mat_c, key, values, b, c)
+                            self._algs[akey] = shared
+                            return c
+                        except Exception:
+                            pass
                     alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, transpose)
-                    self._algs[akey] = alg
+                    self._algs[akey] = _shared_choices[signature] = alg
                 self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
             finally:
                 cs.destroyDnMat(mat_b)

@@ -9,6 +9,7 @@ first use only.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -184,7 +185,9 @@ class DotGraph:
 
     def __init__(self, graph):
         kcsr = graph.kernel_csr()
-        self.graph = graph
+        # Weakly: this object lives in graph.memo, and a strong reference back would make a
+        # cycle that keeps the Graph's GPU buffers alive until a full garbage collection.
+        self._graph = weakref.ref(graph)
         self.indices = kcsr.indices
         self.perm = kcsr.perm
         self.chunks = build_chunk_list(graph.indptr)
@@ -194,8 +197,9 @@ class DotGraph:
     @property
     def src(self) -> SourceLists:
         if self._src is None:
-            s = self.graph.source_csr()
-            self._src = SourceLists(s.indices.to(torch.int32), self.graph.perm[s.csr_pos].to(torch.int32),
+            graph = self._graph()
+            s = graph.source_csr()
+            self._src = SourceLists(s.indices.to(torch.int32), graph.perm[s.csr_pos].to(torch.int32),
                                     build_chunk_list(s.indptr))
         return self._src
 

@@ -70,7 +70,16 @@ def _tensor_version(t: Tensor) -> Tuple:
         parts = (t._indices(),)
     else:
         parts = (t,)
-    return tuple((p._version, p.data_ptr(), tuple(p.shape), p.dtype) for p in parts) + (t._version, tuple(t.shape))
+    # Inference tensors have no version counter; they cannot be written outside inference
+    # mode, so their storage identity stands in (an in-place write inside inference mode is
+    # not noticed: build the Graph with Graph.from_edge_index there).
+    version = tuple((_version_of(p), p.data_ptr(), tuple(p.shape), p.dtype) for p in parts)
+    sparse_size = getattr(t, "sparse_size", None)  # a PyG EdgeIndex can be resized in place
+    return version + (_version_of(t), tuple(t.shape), sparse_size() if callable(sparse_size) else None)
+
+
+def _version_of(t: Tensor) -> int:
+    return -1 if t.is_inference() else t._version
 
 
 def _dgl_version(g) -> Tuple:

@@ -23,6 +23,15 @@ DEFAULT_MIN_HEAVY_DEGREE = 256
 INT32_MAX = 2**31 - 1
 
 
+def _normal_tensors():
+    """Build cached graph data as normal tensors even under ``torch.inference_mode``.
+
+    A Graph (and what is memoised on it) outlives the call that built it; built from
+    inference tensors it could never be saved for backward in a later training step.
+    """
+    return torch.inference_mode(False)
+
+
 @dataclass(frozen=True)
 class DegreeStats:
     """In-degree statistics of the destinations (host numbers, computed once)."""
@@ -163,9 +172,10 @@ class Graph:
         if validate:
             _check_ids(src, n_src, f"{name} (source row)")
             _check_ids(dst, n_dst, f"{name} (destination row)")
-        src = src.to(torch.int64)
-        dst = dst.to(torch.int64)
-        indptr, indices, perm = _sort_into_csr(dst, src, n_dst, n_src)
+        with _normal_tensors():
+            src = src.to(torch.int64)
+            dst = dst.to(torch.int64)
+            indptr, indices, perm = _sort_into_csr(dst, src, n_dst, n_src)
         return cls(indptr, indices, perm, n_src, n_dst)
 
     @classmethod
@@ -196,7 +206,9 @@ class Graph:
         from .convert import dgl_to_coo
 
         src, dst, n_src, n_dst = dgl_to_coo(g)
-        return cls.from_coo(src, dst, n_src, n_dst, validate=False)
+        # Validated like any input: a malformed block (edges to destinations beyond
+        # num_dst_nodes) must raise here, not write out of bounds in a kernel.
+        return cls.from_coo(src, dst, n_src, n_dst, name="g")
 
     @classmethod
     def of(cls, obj, num_nodes=None) -> "Graph":
@@ -239,8 +251,9 @@ class Graph:
     def dst_index(self) -> Tensor:
         """int64 [M], the destination id of each CSR edge (cached)."""
         if self._dst_index is None:
-            self._dst_index = torch.repeat_interleave(
-                torch.arange(self.n_dst, device=self.device), self.in_degree(), output_size=self.num_edges)
+            with _normal_tensors():
+                self._dst_index = torch.repeat_interleave(
+                    torch.arange(self.n_dst, device=self.device), self.in_degree(), output_size=self.num_edges)
         return self._dst_index
 
     def memo(self, key, build):
@@ -248,7 +261,8 @@ class Graph:
         try:
             return self._memo[key]
         except KeyError:
-            value = self._memo[key] = build()
+            with _normal_tensors():
+                value = self._memo[key] = build()
             return value
 
     # ------------------------------------------------------------------ derived data
@@ -279,6 +293,11 @@ class Graph:
             raise ValueError(f"quantile must be in [0, 1], got {quantile}")
         key = (float(quantile), int(min_heavy_degree))
         if key not in self._buckets:
+            self._buckets[key] = self._split_by_degree(quantile, min_heavy_degree)
+        return self._buckets[key]
+
+    def _split_by_degree(self, quantile: float, min_heavy_degree: int) -> DegreeBuckets:
+        with _normal_tensors():
             deg = self.in_degree()
             if deg.numel() == 0:
                 q = 0
@@ -289,15 +308,19 @@ class Graph:
             threshold = max(q, int(min_heavy_degree), 1)
             is_heavy = deg >= threshold
             ids = torch.arange(self.n_dst, device=self.device)
-            self._buckets[key] = DegreeBuckets(ids[~is_heavy], ids[is_heavy], threshold)
-        return self._buckets[key]
+            return DegreeBuckets(ids[~is_heavy], ids[is_heavy], threshold)
 
     def source_csr(self) -> SourceCSR:
         """The source-major CSR (transpose), built on first use and cached."""
         if self._source_csr is None:
-            indptr, dst_sorted, order = _sort_into_csr(self.indices, self.dst_index(), self.n_src, self.n_dst)
+            with _normal_tensors():
+                indptr, dst_sorted, order = _sort_into_csr(self.indices, self.dst_index(), self.n_src, self.n_dst)
             self._source_csr = SourceCSR(indptr, dst_sorted, order)
         return self._source_csr
+
+    def fits_int32(self) -> bool:
+        """Whether int32 kernels can index this graph (fewer than 2**31 edges and nodes)."""
+        return self.num_edges <= INT32_MAX and max(self.n_src, self.n_dst) <= INT32_MAX
 
     def kernel_csr(self) -> KernelCSR:
         """int32 ``indptr``/``indices``/``perm`` for kernels (cached).
@@ -306,12 +329,13 @@ class Graph:
         cannot index; callers fall back to the reference ops then.
         """
         if self._kernel_csr is None:
-            if self.num_edges > INT32_MAX or max(self.n_src, self.n_dst) > INT32_MAX:
+            if not self.fits_int32():
                 raise ValueError(
                     f"graph has {self.num_edges} edges and {max(self.n_src, self.n_dst)} nodes; "
                     "the CUDA kernels index with int32 and support fewer than 2**31")
-            self._kernel_csr = KernelCSR(self.indptr.to(torch.int32), self.indices.to(torch.int32),
-                                         self.perm.to(torch.int32))
+            with _normal_tensors():
+                self._kernel_csr = KernelCSR(self.indptr.to(torch.int32), self.indices.to(torch.int32),
+                                             self.perm.to(torch.int32))
         return self._kernel_csr
 
     def to(self, device) -> "Graph":
@@ -326,8 +350,9 @@ class Graph:
             return self
         copy = self._device_copies.get(device)
         if copy is None:
-            copy = Graph(self.indptr.to(device), self.indices.to(device), self.perm.to(device),
-                         self.n_src, self.n_dst)
+            with _normal_tensors():
+                copy = Graph(self.indptr.to(device), self.indices.to(device), self.perm.to(device),
+                             self.n_src, self.n_dst)
             copy._stats = self._stats
             self._device_copies[device] = copy
         return copy

@@ -46,7 +46,7 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     _check_features(graph, x, edge_weight)
     check_choice("norm", norm, NORMS)
     graph = graph_on(graph, x)
-    if backend_for("spmm", x) == CUDA:
+    if backend_for("spmm", x) == CUDA and graph.fits_int32():
         from .cuda_spmm import spmm_cuda
 
         return spmm_cuda(graph, x, edge_weight, norm)
@@ -92,7 +92,7 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
     check_choice("reduce", reduce, REDUCES)
     check_choice("tie_break", tie_break, TIE_BREAKS)
     graph = graph_on(graph, x)
-    if backend_for("segment_reduce", x) == CUDA:
+    if backend_for("segment_reduce", x) == CUDA and graph.fits_int32():
         from .cuda_segment_reduce import segment_reduce_cuda
 
         return segment_reduce_cuda(graph, x, reduce, edge_weight, tie_break)

@@ -80,7 +80,7 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
 
 
 def _use_kernel(graph, edge_weight, dtype) -> bool:
-    if reference_forced() or graph.device.type != "cuda" or dtype != torch.float32:
+    if reference_forced() or graph.device.type != "cuda" or dtype != torch.float32 or not graph.fits_int32():
         return False
     if edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
         return False

@@ -152,8 +152,23 @@ def test_cache_reused_across_calls():
     assert_close("weighted", a, reference.spmm(graph, x.double(), w.double(), "both"))
     assert_close("unweighted", b, reference.spmm(graph, x.double(), None, "right"))
     # a new width chooses its algorithm once
+    cusparse_spmm.clear_shared_choices()
     spmm(graph, torch.randn(n, 48, device="cuda"), None, "right")
     assert cusparse_spmm.search_count == searches + 1
+
+
+def test_similar_graph_reuses_the_timed_choice():
+    """A new graph of the same size bucket (a mini-batch step) runs without timing again."""
+    cusparse_spmm.clear_shared_choices()
+    first, (n, _) = random_edges(500, 500, 6000, seed=13)
+    x = torch.randn(n, 40, device="cuda")
+    spmm(Graph.from_edge_index(first.cuda(), n), x, None, "both")
+    searches = cusparse_spmm.search_count
+    second, _ = random_edges(500, 500, 6000, seed=14)
+    g2 = Graph.from_edge_index(second.cuda(), n)
+    got = spmm(g2, x, None, "both")
+    assert cusparse_spmm.search_count == searches
+    assert_close("reused choice", got, reference.spmm(g2, x.double(), None, "both"))
 
 
 def test_new_graph_rebuilds():

@@ -227,3 +227,32 @@ def test_pyg_edge_index_cached(pyg):
     assert (g.n_src, g.n_dst) == (3, 2)
     assert Graph.of(ei) is g
     assert type(g.indices) is torch.Tensor
+
+
+# ----------------------------------------------------------------------- review findings
+def test_graph_built_under_inference_mode_serves_training_later():
+    """A Graph first built inside inference_mode (an eval pass) must not be made of inference
+    tensors: a later training step saves its index tensors for backward."""
+    import gnn_fastpath
+
+    edge_index = torch.randint(0, 20, (2, 100))
+    with torch.inference_mode():
+        frozen = edge_index.clone()  # an inference tensor: no version counter
+        graph = Graph.of(frozen)
+        graph.dst_index(), graph.kernel_csr(), graph.source_csr(), graph.buckets()
+    assert Graph.of(frozen) is graph
+    for t in (graph.indptr, graph.indices, graph.perm, graph.dst_index(), graph.kernel_csr().indices,
+              graph.source_csr().indices, graph.buckets().light):
+        assert not t.is_inference()
+    x = torch.randn(20, 8, requires_grad=True)
+    gnn_fastpath.spmm(graph, x, norm="both").sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_edge_index_resized_in_place_rebuilds(pyg):
+    from torch_geometric import EdgeIndex
+
+    edge_index = EdgeIndex(torch.tensor([[0, 1], [1, 0]]), sparse_size=(2, 2))
+    assert Graph.of(edge_index).n_dst == 2
+    edge_index.sparse_resize_(5, 5)
+    assert Graph.of(edge_index).n_dst == 5

@@ -234,3 +234,12 @@ def test_dgl_bound(dgl):
     built = [Graph.of(g) for g in graphs]
     assert cached_count() <= 3
     assert Graph.of(graphs[-1]) is built[-1]
+
+
+def test_malformed_block_is_rejected(dgl):
+    """to_block with dst_nodes that miss some edges' targets gives a block whose edges point
+    past num_dst_nodes: Graph raises ValueError naming `g` (a kernel would write out of bounds)."""
+    frontier = dgl.graph((torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])), num_nodes=4)
+    block = dgl.to_block(frontier, dst_nodes=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"g \(destination row\) contains node id 3, out of range for 2"):
+        Graph.from_dgl(block)
