@@ -20,6 +20,12 @@ class FastpathFallbackWarning(UserWarning):
     """A patched layer ran its stock code instead of the fused path."""
 
 
+# This module already warns once per (layer, reason); Python's default once-per-call-site
+# registry would otherwise swallow the re-armed warning after reset_stats(). Appended, so a
+# user's own filter for this category still wins.
+warnings.filterwarnings("always", category=FastpathFallbackWarning, append=True)
+
+
 def _entry(layer: str) -> Dict[str, Dict[str, int]]:
     entry = _counts.get(layer)
     if entry is None:

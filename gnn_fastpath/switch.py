@@ -39,18 +39,22 @@ def _shims_for(framework: str) -> List:
     return module.shims()
 
 
-def enable(*, frameworks: Optional[Union[str, Iterable[str]]] = None, cpu: str = "stock") -> None:
+def enable(*, frameworks: Optional[Union[str, Iterable[str]]] = None, cpu: Optional[str] = None) -> None:
     """Route the supported layers of the installed frameworks through the fused kernels.
 
     Args:
         frameworks: ``None`` (all installed), or ``"dgl"`` / ``"pyg"`` or a list of them.
         cpu: ``"stock"`` runs stock code for CPU tensors; ``"reference"`` runs the shims on
-            the reference ops for CPU tensors (testing and debugging).
+            the reference ops for CPU tensors (testing and debugging). ``None`` (default)
+            keeps the current mode (``"stock"`` unless an earlier call changed it), so
+            enabling another framework later does not reset it.
 
-    Idempotent. With the environment variable ``GNN_FASTPATH=0`` it does nothing, so a
+    Idempotent. The switch is process-wide (it patches classes), not per thread. With the environment variable ``GNN_FASTPATH=0`` it does nothing, so a
     script can be A/B-tested without editing it.
     """
     frameworks = _normalise_frameworks(frameworks)
+    if cpu is None:
+        cpu = _state["cpu"]
     if cpu not in CPU_MODES:
         raise ValueError(f"cpu must be one of {CPU_MODES}, got {cpu!r}")
     if os.environ.get("GNN_FASTPATH", "1").strip() == "0":

@@ -47,6 +47,9 @@ class Shim:
             max aggregation on ``segment_reduce``, a mean on ``spmm``).
         features: ``features(*args, **kwargs) -> Tensor`` picking the input tensor whose
             device and dtype decide the backend.
+        methods: the methods the fused forward stands in for; a subclass or an instance
+            that overrides any of them (``forward``; for PyG also ``message``, ``propagate``,
+            ...) runs stock, since the fused math would silently skip the override.
     """
 
     key: str
@@ -54,6 +57,7 @@ class Shim:
     forward: Callable
     op: Union[str, Callable[[torch.nn.Module], str]]
     features: Callable[..., Tensor]
+    methods: Tuple[str, ...] = ("forward",)
 
     def op_for(self, module: torch.nn.Module) -> str:
         """The op family ``module`` runs on."""
@@ -131,16 +135,65 @@ def _autocast_on(x: Tensor) -> bool:
         return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
 
 
+_class_overrides: Dict[Tuple[type, type], Optional[str]] = {}
+
+
+def _class_override(shim: Shim, cls: type) -> Optional[str]:
+    """Which of ``shim.methods`` the subclass ``cls`` of ``shim.cls`` redefines, if any."""
+    if cls is shim.cls:
+        return None
+    below = cls.__mro__[: cls.__mro__.index(shim.cls)]
+    for name in shim.methods:
+        for k in below:
+            own = k.__dict__.get(name)
+            # PyG compiles each class's ``propagate`` from a template and stores it on the
+            # class under the plain name "propagate"; a method written in a class body has
+            # a qualified name (``MyConv.propagate``).
+            if own is not None and not (name == "propagate" and getattr(own, "__qualname__", "") == "propagate"):
+                return f"{k.__name__} overrides {name}"
+    return None
+
+
+_class_functions: Dict[type, frozenset] = {}
+
+
+def _is_own_method(module: torch.nn.Module, attr) -> bool:
+    """Whether ``attr`` is one of the module's class functions bound to it.
+
+    PyG binds its own ``propagate`` variants on the instance (explain mode switches between
+    them); those are not user overrides.
+    """
+    func = getattr(attr, "__func__", None)
+    if func is None or getattr(attr, "__self__", None) is not module:
+        return False
+    cls = type(module)
+    for refresh in (False, True):  # PyG may add class attributes after the first lookup
+        ids = _class_functions.get(cls)
+        if ids is None or refresh:
+            ids = _class_functions[cls] = frozenset(id(v) for k in cls.__mro__ for v in vars(k).values())
+        if id(func) in ids:
+            return True
+    return False
+
+
+def _override(shim: Shim, module: torch.nn.Module) -> Optional[str]:
+    """Why the module's own code must run (a method of ``shim.methods`` overridden), or None."""
+    for name in shim.methods:
+        attr = module.__dict__.get(name)
+        if attr is not None and not _is_own_method(module, attr):
+            return f"the instance overrides {name}"  # e.g. accelerate wraps ``forward`` per instance
+    key = (shim.cls, type(module))
+    if key not in _class_overrides:
+        _class_overrides[key] = _class_override(shim, type(module))
+    return _class_overrides[key]
+
+
 def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[str, str]]:
     """(reason, detail) when the module's state rules the fused path out, else None."""
     if torch.jit.is_scripting() or torch.jit.is_tracing():
         return "torchscript", "scripting or tracing"
     if _is_fx_tracing():
         return "fx_tracing", "torch.fx symbolic tracing"
-    if _is_compiling():
-        return "compiling", "torch.compile traces the stock forward"
-    if type(module).forward is not shim.cls.forward:
-        return "subclass", f"{type(module).__name__} overrides forward"
     if has_module_hooks(module):
         return "hooks", "module hooks are registered"
     from torch.nn.modules import module as module_mod
@@ -153,6 +206,9 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
         return "explain", "explain mode"
     if getattr(module, "decomposed_layers", 1) > 1:
         return "decomposed_layers", f"decomposed_layers={module.decomposed_layers}"
+    override = _override(shim, module)
+    if override:
+        return "subclass", override
     if _has_lazy_parameters(module):
         return "lazy", "uninitialised lazy parameters"
     return None
@@ -166,6 +222,8 @@ def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
         return None, ("dtype", f"{x.dtype} input (the fused path takes float32)")
     if _autocast_on(x):
         return None, ("autocast", f"autocast is active for {x.device.type} (the fused path takes float32)")
+    if ops.reference_forced():
+        return ops.REFERENCE, None
     if not x.is_cuda:
         if _config["cpu"] == "reference":
             return ops.REFERENCE, None
@@ -182,6 +240,9 @@ def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
     """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned)."""
+    if _is_compiling():
+        # torch.compile traces the stock forward; the stats' lock would break its graph.
+        return torch.nn.Module.__call__(module, *args, **kwargs)
     blocker = _framework_blocker(shim, module)
     backend = None
     if blocker is None:

@@ -117,7 +117,7 @@ def test_frameworks_narrowing(pyg):
 
 
 @pytest.mark.parametrize("kwargs", [dict(frameworks="tf"), dict(frameworks=[]), dict(frameworks=["pyg", "jax"]),
-                                    dict(frameworks=("PyG",)), dict(cpu="gpu"), dict(cpu=None)])
+                                    dict(frameworks=("PyG",)), dict(cpu="gpu"), dict(cpu="")])
 def test_invalid_arguments_raise(kwargs):
     with pytest.raises(ValueError):
         gnn_fastpath.enable(**kwargs)
@@ -194,3 +194,87 @@ def test_torchscript_while_enabled(pyg):
             torch.testing.assert_close(model(x, edge_index), expected, rtol=1e-5, atol=1e-6)
     assert gnn_fastpath.stats()["pyg.GCNConv"]["fused"]["reference"] == 2  # the eager call only
     torch.testing.assert_close(scripted(x, edge_index), expected, rtol=1e-5, atol=1e-6)  # after disable()
+
+
+def test_cpu_mode_kept_by_later_enable(pyg):
+    """enable(frameworks=...) without cpu= keeps the mode an earlier call chose."""
+    from gnn_fastpath.integrations.shim import _config
+
+    gnn_fastpath.enable(frameworks="pyg", cpu="reference")
+    gnn_fastpath.enable(frameworks="pyg")
+    assert _config["cpu"] == "reference"
+    with gnn_fastpath.enabled(frameworks="pyg"):
+        assert _config["cpu"] == "reference"
+    assert _config["cpu"] == "reference"
+    gnn_fastpath.disable()
+    assert _config["cpu"] == "stock"
+
+
+def test_overridden_message_passing_methods_run_stock(pyg):
+    """A subclass or an instance that overrides what the fused forward replaces (message,
+    update, propagate, forward...) runs its own code: the fused math would skip it."""
+    import warnings
+
+    from torch_geometric.nn import GCNConv
+
+    class Doubled(GCNConv):
+        def message(self, x_j, edge_weight):
+            return 2 * super().message(x_j, edge_weight)
+
+    torch.manual_seed(0)
+    edge_index = torch.randint(0, 10, (2, 40))
+    x = torch.randn(10, 6)
+    subclass = Doubled(6, 4)
+    instance = GCNConv(6, 4)
+    instance.update = lambda inputs: 3 * inputs
+    expected = [subclass(x, edge_index), instance(x, edge_index)]
+    gnn_fastpath.reset_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+            got = [subclass(x, edge_index), instance(x, edge_index)]
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    assert gnn_fastpath.stats()["pyg.GCNConv"]["fallback"] == {"subclass": 2}
+
+
+def test_reset_stats_rearms_the_warning(pyg):
+    import warnings
+
+    from torch_geometric.nn import GCNConv
+
+    conv = GCNConv(6, 4).double()
+    x, edge_index = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 10, (2, 30))
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        for _ in range(2):
+            gnn_fastpath.reset_stats()
+            with warnings.catch_warnings(record=True) as caught:
+                conv(x, edge_index)
+            assert sum(issubclass(w.category, gnn_fastpath.FastpathFallbackWarning) for w in caught) == 1
+
+
+def test_torch_compile_sees_no_extra_graph_breaks(pyg):
+    """Under torch.compile the patched __call__ steps aside before touching any state (the
+    stats lock would otherwise break the graph at every layer)."""
+    import warnings
+
+    from torch_geometric.nn import SAGEConv
+
+    class Net(torch.nn.Module):  # traces as one graph when stock
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = SAGEConv(8, 8), SAGEConv(8, 4)
+
+        def forward(self, x, edge_index):
+            return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+    net, x, edge_index = Net(), torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch._dynamo.reset()
+        stock = torch._dynamo.explain(net)(x, edge_index).graph_break_count
+        torch._dynamo.reset()
+        with gnn_fastpath.enabled(frameworks="pyg"):
+            enabled = torch._dynamo.explain(net)(x, edge_index).graph_break_count
+        torch._dynamo.reset()
+    assert enabled == stock

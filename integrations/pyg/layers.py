@@ -25,13 +25,18 @@ def _features(module) -> Callable:
     return features
 
 
+# What a fused forward replaces of a MessagePassing layer: overriding any of these (in a
+# subclass or on the instance) sends the layer to its stock code.
+MESSAGE_PASSING_METHODS = ("forward", "propagate", "message", "aggregate", "message_and_aggregate", "update",
+                           "edge_update", "edge_updater")
+
 SHIMS: List[Shim] = [
     Shim(key="pyg.TransformerConv", cls=TransformerConv, forward=transformer_conv.forward,
-         op="dot_attention", features=_features(transformer_conv)),
+         op="dot_attention", features=_features(transformer_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.GATv2Conv", cls=GATv2Conv, forward=gatv2_conv.forward,
-         op="gatv2_attention", features=_features(gatv2_conv)),
+         op="gatv2_attention", features=_features(gatv2_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.GCNConv", cls=GCNConv, forward=gcn_conv.forward,
-         op="spmm", features=_features(gcn_conv)),
+         op="spmm", features=_features(gcn_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.SAGEConv", cls=SAGEConv, forward=sage_conv.forward,
-         op=sage_conv.op_for, features=_features(sage_conv)),
+         op=sage_conv.op_for, features=_features(sage_conv), methods=MESSAGE_PASSING_METHODS),
 ]
