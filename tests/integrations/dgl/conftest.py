@@ -178,8 +178,8 @@ def same_graph_state(before, after) -> bool:
     return True
 
 
-def fallback_case(module, g, feat, reason, key, kwargs=None, expect_error=None):
-    """Under fused(): identical to stock (or the same error), one warning, counted per call."""
+def fallback_case(module, g, feat, reason, key, kwargs=None, expect_error=None, cpu="reference"):
+    """Under fused(cpu): identical to stock (or the same error), one warning, counted per call."""
     if expect_error is None:
         ref, _ = run(module, g, feat, kwargs, None, grad=False)
     else:
@@ -189,12 +189,12 @@ def fallback_case(module, g, feat, reason, key, kwargs=None, expect_error=None):
         warnings.simplefilter("always")
         for _ in range(2):
             if expect_error is None:
-                out, _ = run(module, g, feat, kwargs, "reference", grad=False)
+                out, _ = run(module, g, feat, kwargs, cpu, grad=False)
                 for a, b in zip(out, ref):
                     assert torch.equal(a, b)
             else:
                 with pytest.raises(expect_error) as exc:
-                    run(module, g, feat, kwargs, "reference", grad=False)
+                    run(module, g, feat, kwargs, cpu, grad=False)
                 assert str(exc.value) == str(ref_exc.value)
     mine = [w for w in caught if issubclass(w.category, gnn_fastpath.FastpathFallbackWarning)]
     assert len(mine) == 1, [str(w.message) for w in mine]

@@ -1,7 +1,6 @@
 """DGL GATv2Conv under gnn_fastpath.enable(): stock semantics, fallbacks, errors, devices."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -159,17 +158,7 @@ def test_graph_frames_untouched(dgl, h):
 # --------------------------------------------------------------------------- fallbacks
 def test_fallback_cpu_in_stock_mode(dgl, h):
     g = h.homo(dgl)
-    conv = build(dgl, False, 2)
-    feat = h.features(g, 6, False)
-    ref = conv(g, feat)
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with h.fused(cpu="stock"):
-            for _ in range(2):
-                assert torch.equal(conv(g, feat), ref)
-    assert len([w for w in caught if issubclass(w.category, gnn_fastpath.FastpathFallbackWarning)]) == 1
-    assert gnn_fastpath.stats()[KEY]["fallback"] == {"cpu": 2}
+    h.fallback_case(build(dgl, False, 2), g, h.features(g, 6, False), "cpu", KEY, cpu="stock")
 
 
 def test_fallback_float64(dgl, h):

@@ -8,7 +8,6 @@ scalar weight.
 """
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -215,16 +214,7 @@ def test_gcn_formula(dgl, h):
 # --------------------------------------------------------------------------- fallbacks
 def test_fallback_cpu_in_stock_mode(dgl, h):
     g = h.homo(dgl)
-    conv = build(5, 3, "pool")
-    feat = tied(g.num_nodes(), 5)
-    ref = conv(g, feat)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with h.fused(cpu="stock"):
-            for _ in range(2):
-                assert torch.equal(conv(g, feat), ref)
-    assert len([w for w in caught if issubclass(w.category, gnn_fastpath.FastpathFallbackWarning)]) == 1
-    assert gnn_fastpath.stats()[KEY]["fallback"] == {"cpu": 2}
+    h.fallback_case(build(5, 3, "pool"), g, tied(g.num_nodes(), 5), "cpu", KEY, cpu="stock")
 
 
 def test_fallback_lstm(dgl, h):

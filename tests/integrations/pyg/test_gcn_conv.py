@@ -166,37 +166,13 @@ def test_tolokers(check, tolokers):
 
 
 # --------------------------------------------------------------------------- fallbacks
-def test_fallback_cpu_stock(check):
-    edge_index, _ = _graph("tensor", 12)
-    check.fallback(_conv(), torch.randn(12, F_IN), edge_index, reason="cpu", cpu="stock")
-
-
-def test_fallback_float64(check):
-    edge_index, _ = _graph("tensor", 12)
-    check.fallback(_conv().double(), torch.randn(12, F_IN, dtype=torch.float64), edge_index, reason="dtype")
-
-
-@pytest.mark.parametrize("hook", ["forward", "forward_pre", "propagate_forward_pre", "message_forward",
-                                  "aggregate_forward", "message_and_aggregate_forward_pre"])
-def test_fallback_hooks(check, hook):
+def test_fallback_message_and_aggregate_hook(check):
+    """The fused message_and_aggregate path (a sparse adjacency) has hooks of its own; the
+    hooks every layer shares are in test_generic_fallbacks.py."""
     conv = _conv()
-    getattr(conv, f"register_{hook}_hook")(lambda *args: None)
-    edge_index, _ = _graph("csr" if "and" in hook else "tensor", 12)
+    conv.register_message_and_aggregate_forward_pre_hook(lambda *args: None)
+    edge_index, _ = _graph("csr", 12)
     check.fallback(conv, torch.randn(12, F_IN), edge_index, reason="hooks")
-
-
-def test_fallback_explain(check):
-    from torch_geometric.explain.algorithm.utils import set_masks
-
-    conv = _conv()
-    edge_index, _ = _graph("tensor", 12)
-    set_masks(conv, torch.randn(edge_index.size(1)), edge_index, apply_sigmoid=True)
-    check.fallback(conv, torch.randn(12, F_IN), edge_index, reason="explain")
-
-
-def test_fallback_decomposed_layers(check):
-    edge_index, _ = _graph("tensor", 12)
-    check.fallback(_conv(decomposed_layers=2), torch.randn(12, F_IN), edge_index, reason="decomposed_layers")
 
 
 def test_fallback_lazy_then_fused(check):

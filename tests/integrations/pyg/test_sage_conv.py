@@ -241,15 +241,6 @@ def test_tolokers(check, tolokers):
 
 
 # --------------------------------------------------------------------------- fallbacks
-def test_fallback_cpu_stock(check):
-    check.fallback(_conv("max"), _tied(12), _graph("tensor", 12, 12), reason="cpu", cpu="stock")
-
-
-def test_fallback_float64(check):
-    check.fallback(_conv("max").double(), torch.randn(12, F_IN, dtype=torch.float64), _graph("tensor", 12, 12),
-                   reason="dtype")
-
-
 @pytest.mark.parametrize("aggr", ["lstm", "std", "softmax", ["mean", "max"], "powermean_module"])
 def test_fallback_other_aggregations(check, aggr):
     from torch_geometric.nn.aggr import PowerMeanAggregation
@@ -258,13 +249,6 @@ def test_fallback_other_aggregations(check, aggr):
         aggr = PowerMeanAggregation(learn=True)
     edge_index = _sorted_edge_index(12, 12, seed=1)  # lstm takes targets sorted
     check.fallback(_conv(aggr), _tied(12), edge_index.as_subclass(torch.Tensor), reason="aggr")
-
-
-@pytest.mark.parametrize("hook", ["forward_pre", "propagate_forward_pre", "aggregate_forward"])
-def test_fallback_hooks(check, hook):
-    conv = _conv("max")
-    getattr(conv, f"register_{hook}_hook")(lambda *args: None)
-    check.fallback(conv, _tied(12), _graph("tensor", 12, 12), reason="hooks")
 
 
 class _MessageSubclass:

@@ -135,39 +135,6 @@ def test_edge_index_mutated_in_place(check):
 
 
 # --------------------------------------------------------------------------- fallbacks
-def test_fallback_cpu_stock(check):
-    edge_index, _ = make_graph("tensor", 12, 12, 30)
-    check.fallback(_conv(), torch.randn(12, F_IN), edge_index, reason="cpu", cpu="stock")
-
-
-def test_fallback_float64(check):
-    edge_index, _ = make_graph("tensor", 12, 12, 30)
-    check.fallback(_conv().double(), torch.randn(12, F_IN, dtype=torch.float64), edge_index, reason="dtype")
-
-
-@pytest.mark.parametrize("hook", ["forward", "forward_pre", "propagate_forward_pre", "propagate_forward",
-                                  "message_forward", "aggregate_forward_pre"])
-def test_fallback_hooks(check, hook):
-    conv = _conv()
-    getattr(conv, f"register_{hook}_hook")(lambda *args: None)
-    edge_index, _ = make_graph("tensor", 12, 12, 30)
-    check.fallback(conv, torch.randn(12, F_IN), edge_index, reason="hooks")
-
-
-def test_fallback_explain(check):
-    from torch_geometric.explain.algorithm.utils import set_masks
-
-    conv = _conv()
-    edge_index, _ = make_graph("tensor", 12, 12, 30)
-    set_masks(conv, torch.randn(edge_index.size(1)), edge_index, apply_sigmoid=True)
-    check.fallback(conv, torch.randn(12, F_IN), edge_index, reason="explain")
-
-
-def test_fallback_decomposed_layers(check):
-    edge_index, _ = make_graph("tensor", 12, 12, 30)
-    check.fallback(_conv(decomposed_layers=2), torch.randn(12, F_IN), edge_index, reason="decomposed_layers")
-
-
 def test_fallback_lazy_then_fused(check):
     conv = _conv(in_channels=-1)
     edge_index, _ = make_graph("tensor", 12, 12, 30)

@@ -1,0 +1,81 @@
+"""The fallbacks every PyG shim shares (integrations/shim.py), for each patched layer.
+
+Each case runs stock under enable(): identical to stock, one warning, every call counted.
+Layer-specific fallbacks (arguments, subclasses, lazy parameters) live in each layer's file.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import make_graph
+
+F_IN = 6
+N = 12
+
+
+def _gatv2(**kw):
+    from torch_geometric.nn import GATv2Conv
+
+    return GATv2Conv(F_IN, 4, **kw)
+
+
+def _transformer(**kw):
+    from torch_geometric.nn import TransformerConv
+
+    return TransformerConv(F_IN, 4, **kw)
+
+
+def _gcn(**kw):
+    from torch_geometric.nn import GCNConv
+
+    return GCNConv(F_IN, 4, **kw)
+
+
+def _sage(**kw):
+    from torch_geometric.nn import SAGEConv
+
+    return SAGEConv(F_IN, 4, aggr="max", **kw)
+
+
+LAYERS = {"GATv2Conv": _gatv2, "TransformerConv": _transformer, "GCNConv": _gcn, "SAGEConv": _sage}
+HOOKS = ["forward", "forward_pre", "propagate_forward_pre", "propagate_forward", "message_forward",
+         "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre", "edge_update_forward"]
+
+
+def _inputs(dtype=torch.float32):
+    edge_index, _ = make_graph("tensor", N, N, 30)
+    return torch.randn(N, F_IN, dtype=dtype), edge_index
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_cpu_stock(check, layer):
+    check.fallback(LAYERS[layer](), *_inputs(), reason="cpu", cpu="stock")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_float64(check, layer):
+    check.fallback(LAYERS[layer]().double(), *_inputs(torch.float64), reason="dtype")
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_hooks(check, layer, hook):
+    conv = LAYERS[layer]()
+    getattr(conv, f"register_{hook}_hook")(lambda *args: None)
+    check.fallback(conv, *_inputs(), reason="hooks")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_explain(check, layer):
+    from torch_geometric.explain.algorithm.utils import set_masks
+
+    conv = LAYERS[layer]()
+    x, edge_index = _inputs()
+    set_masks(conv, torch.randn(edge_index.size(1)), edge_index, apply_sigmoid=True)
+    check.fallback(conv, x, edge_index, reason="explain")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_decomposed_layers(check, layer):
+    check.fallback(LAYERS[layer](decomposed_layers=2), *_inputs(), reason="decomposed_layers")
