@@ -50,3 +50,24 @@ def dense_adjacency(edge_index: torch.Tensor, n_src: int, n_dst: int, weight=Non
     w = torch.ones(edge_index.size(1), dtype=dtype) if weight is None else weight.to(dtype)
     a.index_put_((edge_index[1].cpu(), edge_index[0].cpu()), w.cpu(), accumulate=True)
     return a
+
+
+#: Small graphs for the float64 oracle tests: name -> (n_src, n_dst, m, seed, empty_rows).
+#: Every non-empty one has self loops, duplicate edges and destinations without in-edges.
+SMALL_GRAPH_SPECS = {
+    "homogeneous": (20, 20, 70, 1, 3),
+    "bipartite_wide": (17, 9, 50, 2, 2),  # has sources without out-edges
+    "bipartite_tall": (6, 15, 40, 3, 4),
+    "no_edges": (5, 4, 0, 4, 0),
+}
+
+
+def small_graphs():
+    """name -> (edge_index, n_src, n_dst, Graph) for :data:`SMALL_GRAPH_SPECS`."""
+    from gnn_fastpath import Graph
+
+    out = {}
+    for name, (n_src, n_dst, m, seed, empty) in SMALL_GRAPH_SPECS.items():
+        ei, _ = random_edges(n_src, n_dst, m, seed=seed, empty_rows=empty, self_loops=m > 0, duplicates=m > 0)
+        out[name] = (ei, n_src, n_dst, Graph.from_edge_index(ei, (n_src, n_dst)))
+    return out

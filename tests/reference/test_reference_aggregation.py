@@ -14,7 +14,7 @@ import torch
 
 from gnn_fastpath import ops, reference
 from gnn_fastpath.graph import Graph
-from zoo import dense_adjacency, random_edges
+from zoo import SMALL_GRAPH_SPECS, dense_adjacency, small_graphs
 
 DT = torch.float64
 IMPLS = {"ops": ops, "reference": reference}
@@ -65,23 +65,12 @@ def reduce_dense(ei, n_src, n_dst, x, reduce, edge_weight=None):
 
 
 # ---------------------------------------------------------------------------- graphs
-GRAPH_SPECS = {
-    # name: (n_src, n_dst, m, seed, empty_rows)
-    "homogeneous": (24, 24, 90, 1, 4),
-    "bipartite_wide": (17, 9, 50, 2, 2),
-    "bipartite_tall": (7, 19, 45, 3, 5),
-    "no_edges": (6, 5, 0, 4, 0),
-}
+GRAPH_SPECS = SMALL_GRAPH_SPECS
 
 
 @pytest.fixture(scope="module")
 def graphs():
-    out = {}
-    for name, (n_src, n_dst, m, seed, empty) in GRAPH_SPECS.items():
-        ei, _ = random_edges(n_src, n_dst, m, seed=seed, empty_rows=empty,
-                             self_loops=m > 0, duplicates=m > 0)
-        out[name] = (ei, n_src, n_dst, Graph.from_edge_index(ei, (n_src, n_dst)))
-    return out
+    return small_graphs()
 
 
 def test_graphs_have_the_awkward_cases(graphs):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from gnn_fastpath import ops, reference
 from gnn_fastpath.graph import Graph
-from zoo import dense_adjacency, random_edges
+from zoo import SMALL_GRAPH_SPECS, dense_adjacency, small_graphs
 
 DT = torch.float64
 IMPLS = {"ops": ops, "reference": reference}
@@ -90,23 +90,12 @@ def dot_incidence(ei, n_src, n_dst, q, k, v, scale, edge_term):
 
 
 # ---------------------------------------------------------------------------- graphs
-GRAPH_SPECS = {
-    # name: (n_src, n_dst, m, seed, empty_rows)
-    "homogeneous": (20, 20, 70, 1, 3),
-    "bipartite_wide": (13, 8, 45, 2, 2),
-    "bipartite_tall": (6, 15, 40, 3, 4),
-    "no_edges": (5, 4, 0, 4, 0),
-}
+GRAPH_SPECS = SMALL_GRAPH_SPECS
 
 
 @pytest.fixture(scope="module")
 def graphs():
-    out = {}
-    for name, (n_src, n_dst, m, seed, empty) in GRAPH_SPECS.items():
-        ei, _ = random_edges(n_src, n_dst, m, seed=seed, empty_rows=empty,
-                             self_loops=m > 0, duplicates=m > 0)
-        out[name] = (ei, n_src, n_dst, Graph.from_edge_index(ei, (n_src, n_dst)))
-    return out
+    return small_graphs()
 
 
 def _has_duplicates(ei):
