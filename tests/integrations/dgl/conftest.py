@@ -212,6 +212,29 @@ def cuda_copy(module):
     return copy.deepcopy(module).cuda()
 
 
+def check_cpu_graph_cuda_features(dgl, module, g, feat, kwargs, key, op):
+    """A CPU DGL graph with CUDA features under enable(): matches stock run on CPU copies
+    (DGL's PyPI build has no CUDA, so stock cannot run the mix) and ran fused on CUDA; without
+    kernels for ``op`` the shim falls back and stock raises DGL's device error."""
+    ref_out, ref_grads = run(module, g, feat, kwargs)
+    gpu = cuda_copy(module)
+    feat_gpu = tuple(t.cuda() for t in feat) if isinstance(feat, tuple) else feat.cuda()
+    kwargs_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in (kwargs or {}).items()}
+    if gnn_fastpath.ops.has_cuda_kernels(op):
+        out, grads = run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
+        for a, b in zip(out, ref_out):
+            assert a.is_cuda
+            assert_close(a, b, "output")
+        for a, b in zip(grads, ref_grads):
+            assert_close(a, b, "gradient")
+        assert gnn_fastpath.stats()[key]["fused"]["cuda"] > 0
+    else:
+        with pytest.raises(dgl.DGLError):
+            run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
+        assert gnn_fastpath.stats()[key]["fallback"] == {"no_kernel": 1}
+    assert g.device.type == "cpu"
+
+
 # --------------------------------------------------------------------------- data
 def cora(dgl, shared_data):
     """Cora as a DGL graph with self loops plus features, from the raw Planetoid files."""
@@ -253,4 +276,5 @@ def h():
         multi_etype=multi_etype, randn=randn, features=features, run=run, compare=compare,
         assert_close=assert_close, graph_state=graph_state, same_graph_state=same_graph_state,
         fallback_case=fallback_case, fused=fused, fused_count=fused_count, cuda_copy=cuda_copy,
+        check_cpu_graph_cuda_features=check_cpu_graph_cuda_features,
         cora=cora, tolokers=tolokers, RTOL=RTOL)

@@ -238,20 +238,4 @@ def test_cpu_graph_cuda_features(dgl, h, kind):
     conv = build(9, 4, "both", activation=torch.relu)
     feat = h.features(g, 9, pair)
     kwargs = dict(edge_weight=h.randn(g.num_edges(), seed=6).abs())
-    ref_out, ref_grads = h.run(conv, g, feat, kwargs)
-    gpu = h.cuda_copy(conv)
-    feat_gpu = tuple(t.cuda() for t in feat) if pair else feat.cuda()
-    kwargs_gpu = {k: v.cuda() for k, v in kwargs.items()}
-    if gnn_fastpath.ops.has_cuda_kernels("spmm"):
-        out, grads = h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
-        for a, b in zip(out, ref_out):
-            assert a.is_cuda
-            h.assert_close(a, b, "output")
-        for a, b in zip(grads, ref_grads):
-            h.assert_close(a, b, "gradient")
-        assert gnn_fastpath.stats()[KEY]["fused"]["cuda"] > 0
-    else:
-        with pytest.raises(dgl.DGLError):
-            h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
-        assert gnn_fastpath.stats()[KEY]["fallback"] == {"no_kernel": 1}
-    assert g.device.type == "cpu"
+    h.check_cpu_graph_cuda_features(dgl, conv, g, feat, kwargs, KEY, "spmm")

@@ -317,21 +317,5 @@ def test_cpu_graph_cuda_features(dgl, h, aggr, kind, weighted):
     conv = build(9, 4, aggr, activation=torch.relu)
     feat = tied_features(g, 9, pair)
     kwargs = call_kwargs(g, dict(edge_weight=(-1,) if weighted else None))
-    ref_out, ref_grads = h.run(conv, g, feat, kwargs)
-    gpu = h.cuda_copy(conv)
-    feat_gpu = tuple(t.cuda() for t in feat) if pair else feat.cuda()
-    kwargs_gpu = {k: v.cuda() for k, v in kwargs.items()}
     op = "segment_reduce" if aggr == "pool" else "spmm"
-    if gnn_fastpath.ops.has_cuda_kernels(op):
-        out, grads = h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
-        for a, b in zip(out, ref_out):
-            assert a.is_cuda
-            h.assert_close(a, b, "output")
-        for a, b in zip(grads, ref_grads):
-            h.assert_close(a, b, "gradient")
-        assert gnn_fastpath.stats()[KEY]["fused"]["cuda"] > 0
-    else:
-        with pytest.raises(dgl.DGLError):
-            h.run(gpu, g, feat_gpu, kwargs_gpu, mode="stock")
-        assert gnn_fastpath.stats()[KEY]["fallback"] == {"no_kernel": 1}
-    assert g.device.type == "cpu"
+    h.check_cpu_graph_cuda_features(dgl, conv, g, feat, kwargs, KEY, op)
