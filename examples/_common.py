@@ -237,7 +237,7 @@ def place_dgl_graph(g, device: torch.device, fastpath: bool, ops=()):
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
     import gnn_fastpath
 
-    missing = [op for op in ops if not gnn_fastpath.ops.has_cuda_kernels(op)]
+    missing = [op for op in ops if not op in gnn_fastpath.ops.dispatch.OPS]
     if fastpath and gnn_fastpath.cuda.available() and not missing:
         print(f"[graph] DGL cannot move the graph to {device} ({reason[:80]}); it stays on the CPU "
               "and gnn_fastpath copies its structure to the GPU once")

@@ -149,8 +149,7 @@ def main() -> None:
     graph = Graph.of(edge_index, num_nodes=num_nodes)
     stats = graph.degree_stats()
     print(f"\nGraph: {label}: {graph.n_dst:,} nodes, {graph.num_edges:,} edges, built in "
-          f"{(time.perf_counter() - t0) * 1e3:.1f} ms; in-degree max {stats.max}, mean {stats.mean:.1f}, "
-          f"skewness {stats.skewness:.1f}\n")
+          f"{(time.perf_counter() - t0) * 1e3:.1f} ms; in-degree max {stats.max}, mean {stats.mean:.1f}\n")
     run_ops(graph, device)
     print()
     run_layers(edge_index, num_nodes, device, cpu_mode)

@@ -7,9 +7,12 @@ Imports with nothing but torch and numpy: CuPy, a GPU, DGL and PyG are all optio
 """
 from . import cuda, ops
 from .graph import Graph
+from .integrations import register_graph_adapters
 from .ops import dot_attention, gatv2_attention, segment_reduce, spmm
 from .stats import FastpathFallbackWarning, reset_stats, stats
 from .switch import disable, enable, enabled, is_enabled
+
+register_graph_adapters()  # Graph.of(DGL graph / PyG EdgeIndex); imports neither framework
 
 __version__ = "0.1.0"
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Union
 
+from . import config
+
 FRAMEWORKS = ("dgl", "pyg")
-CPU_MODES = ("stock", "reference")
+CPU_MODES = config.CPU_MODES
 _MISSING = object()
 _lock = threading.RLock()
 # cls -> the value of cls.__dict__["__call__"] before patching (or _MISSING)
@@ -49,20 +50,21 @@ def enable(*, frameworks: Optional[Union[str, Iterable[str]]] = None, cpu: Optio
             keeps the current mode (``"stock"`` unless an earlier call changed it), so
             enabling another framework later does not reset it.
 
-    Idempotent. The switch is process-wide (it patches classes), not per thread. With the environment variable ``GNN_FASTPATH=0`` it does nothing, so a
-    script can be A/B-tested without editing it.
+    Idempotent. The switch is process-wide (it patches classes), not per thread. With the
+    environment variable ``GNN_FASTPATH=0`` it does nothing, so a script can be A/B-tested
+    without editing it (see :mod:`gnn_fastpath.config`).
     """
     frameworks = _normalise_frameworks(frameworks)
     if cpu is None:
         cpu = _state["cpu"]
     if cpu not in CPU_MODES:
         raise ValueError(f"cpu must be one of {CPU_MODES}, got {cpu!r}")
-    if os.environ.get("GNN_FASTPATH", "1").strip() == "0":
+    if not config.setting("GNN_FASTPATH"):
         return
-    from .integrations.shim import _config, make_call
+    from .integrations.shim import make_call
 
     with _lock:
-        _config["cpu"] = cpu
+        config.set_cpu_mode(cpu)
         for framework in frameworks:
             for shim in _shims_for(framework):
                 cls = shim.cls
@@ -76,8 +78,6 @@ def enable(*, frameworks: Optional[Union[str, Iterable[str]]] = None, cpu: Optio
 
 def disable() -> None:
     """Restore every patched class to exactly its original state."""
-    from .integrations.shim import _config
-
     with _lock:
         for cls, original in _patched.items():
             if original is _MISSING:
@@ -85,7 +85,7 @@ def disable() -> None:
             else:
                 cls.__call__ = original
         _patched.clear()
-        _config["cpu"] = "stock"
+        config.set_cpu_mode("stock")
         _state.update(enabled=False, cpu="stock", frameworks=())
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .. import ops
+from ..ops import dispatch
 from ..stats import record_fallback, record_fused
 
 
@@ -41,8 +41,9 @@ class Shim:
         key: the name in :func:`gnn_fastpath.stats`, e.g. ``"pyg.TransformerConv"``.
         cls: the framework class to patch.
         forward: ``forward(module, backend, *args, **kwargs)``, same arguments and return
-            value as the stock forward; ``backend`` is ``"cuda"`` or ``"reference"``.
-        op: the op family it runs (``"gatv2_attention"``, ...), for the backend choice; or
+            value as the stock forward; ``backend`` is ``"cuda"`` or ``"reference"`` (the ops
+            it calls decide again, through the same dispatch, once the graph is known).
+        op: the op family it runs (``"gatv2_attention"``, ...), named in the stats; or
             ``op(module) -> str`` for a layer whose op depends on its configuration (e.g. a
             max aggregation on ``segment_reduce``, a mean on ``spmm``).
         features: ``features(*args, **kwargs) -> Tensor`` picking the input tensor whose
@@ -63,9 +64,6 @@ class Shim:
         """The op family ``module`` runs on."""
         return self.op(module) if callable(self.op) else self.op
 
-
-# Configuration written by gnn_fastpath.switch.
-_config = {"cpu": "stock"}
 
 _PYG_HOOK_DICTS = (
     "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
@@ -216,30 +214,30 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
 
 def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
                         ) -> Tuple[Optional[str], Optional[Tuple[str, str]]]:
+    """The backend the fused forward starts on, or (reason, detail) when it cannot run:
+    the dispatch's decision for the features (no graph yet), with autocast checked after the
+    dtype, as the fused path takes float32 only."""
     if not isinstance(x, Tensor):
         return None, ("input", f"unsupported input type {type(x).__name__}")
-    if x.dtype != torch.float32:
-        return None, ("dtype", f"{x.dtype} input (the fused path takes float32)")
+    decision = dispatch.decide(x.device, x.dtype)
+    if decision.reason == "dtype":
+        return None, (decision.reason, decision.detail)
     if _autocast_on(x):
         return None, ("autocast", f"autocast is active for {x.device.type} (the fused path takes float32)")
-    if ops.reference_forced():
-        return ops.REFERENCE, None
-    if not x.is_cuda:
-        if _config["cpu"] == "reference":
-            return ops.REFERENCE, None
+    if dispatch.accepted(decision):
+        return decision.backend, None
+    if decision.reason == "cpu":
         return None, ("cpu", "CPU tensors run stock code (enable(cpu='reference') to force the shims)")
-    op = shim.op_for(module)
-    backend = ops.backend_for(op, x)
-    if backend != ops.CUDA:
-        from .. import cuda
-
-        why = cuda.unavailable_reason() or f"no CUDA kernels for {op} yet"
-        return None, ("no_kernel", why)
-    return backend, None
+    return None, (decision.reason, f"{shim.op_for(module)}: {decision.detail}")
 
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
-    """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned)."""
+    """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned).
+
+    ``stats()`` records the backend the layer's ops actually ran on (:class:`dispatch.recording`);
+    an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
+    :class:`dispatch.FallbackRequired`, and the layer falls back like any other case.
+    """
     if _is_compiling():
         # torch.compile traces the stock forward; the stats' lock would break its graph.
         return torch.nn.Module.__call__(module, *args, **kwargs)
@@ -252,11 +250,12 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
             blocker = (exc.reason, exc.detail)
     if blocker is None:
         try:
-            out = shim.forward(module, backend, *args, **kwargs)
-        except Unsupported as exc:
+            with dispatch.recording() as ran:
+                out = shim.forward(module, backend, *args, **kwargs)
+        except (Unsupported, dispatch.FallbackRequired) as exc:
             blocker = (exc.reason, exc.detail)
         else:
-            record_fused(shim.key, backend)
+            record_fused(shim.key, ran.backend or backend)
             return out
     record_fallback(shim.key, *blocker)
     return torch.nn.Module.__call__(module, *args, **kwargs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gnn_fastpath
-from gnn_fastpath import switch
+from gnn_fastpath import config, switch
 from gnn_fastpath.integrations import shim as shim_mod
 
 
@@ -90,21 +90,21 @@ def test_env_zero_makes_enable_a_no_op(monkeypatch):
 def test_enabled_restores_the_previous_state(pyg):
     before = _call_attrs(_all_shim_classes())
     with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
-        assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "reference"
+        assert gnn_fastpath.is_enabled() and config.cpu_mode() == "reference"
     assert not gnn_fastpath.is_enabled()
     assert _call_attrs(_all_shim_classes()) == before
 
     gnn_fastpath.enable(frameworks="pyg", cpu="stock")
     patched = set(switch.patched_classes())
     with gnn_fastpath.enabled(cpu="reference"):
-        assert shim_mod._config["cpu"] == "reference"
-    assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "stock"
+        assert config.cpu_mode() == "reference"
+    assert gnn_fastpath.is_enabled() and config.cpu_mode() == "stock"
     assert set(switch.patched_classes()) == patched
 
     with pytest.raises(RuntimeError):
         with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
             raise RuntimeError("inside")
-    assert gnn_fastpath.is_enabled() and shim_mod._config["cpu"] == "stock"
+    assert gnn_fastpath.is_enabled() and config.cpu_mode() == "stock"
 
 
 def test_frameworks_narrowing(pyg):
@@ -198,16 +198,15 @@ def test_torchscript_while_enabled(pyg):
 
 def test_cpu_mode_kept_by_later_enable(pyg):
     """enable(frameworks=...) without cpu= keeps the mode an earlier call chose."""
-    from gnn_fastpath.integrations.shim import _config
 
     gnn_fastpath.enable(frameworks="pyg", cpu="reference")
     gnn_fastpath.enable(frameworks="pyg")
-    assert _config["cpu"] == "reference"
+    assert config.cpu_mode() == "reference"
     with gnn_fastpath.enabled(frameworks="pyg"):
-        assert _config["cpu"] == "reference"
-    assert _config["cpu"] == "reference"
+        assert config.cpu_mode() == "reference"
+    assert config.cpu_mode() == "reference"
     gnn_fastpath.disable()
-    assert _config["cpu"] == "stock"
+    assert config.cpu_mode() == "stock"
 
 
 def test_overridden_message_passing_methods_run_stock(pyg):

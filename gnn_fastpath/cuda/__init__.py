@@ -2,8 +2,13 @@
 
 ``available()`` says whether they can run here; ``unavailable_reason()`` says why not.
 Nothing here imports CuPy until a kernel is needed, so the package imports without it.
-"""
-from .csr import csr_indptr
-from .loader import available, get_kernel, launch, ptr, read_source, unavailable_reason
 
-__all__ = ["available", "unavailable_reason", "get_kernel", "launch", "ptr", "read_source", "csr_indptr"]
+One launcher module per kernel family (``gatv2_attention``, ``dot_attention``,
+``segment_reduce``, ``spmm``; ``csr_build`` for the graph layer), each with one ``.cu``;
+``launch`` (kernel cache, named arguments, grid helpers) and ``worklist`` (row chunks) are
+shared by all of them.
+"""
+from .csr_build import csr_indptr
+from .loader import available, read_source, unavailable_reason
+
+__all__ = ["available", "unavailable_reason", "read_source", "csr_indptr"]

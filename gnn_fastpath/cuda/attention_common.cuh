@@ -1,40 +1,16 @@
-// Shared device helpers for the fused attention kernels (GATv2, dot-product).
+// Device helpers the two attention families share (GATv2, dot-product): the online softmax
+// state and the Philox dropout multiplier. Built on common.cuh.
 //
 // NVRTC compiles these sources with no host headers: only builtin types and CUDA
 // intrinsics here. The loader inlines `#include "x.cuh"` lines before compiling.
 #pragma once
 
-#define GF_FULL_MASK 0xffffffffu
-// NVRTC has no <cmath>: spell infinity through its bit pattern.
-#define GF_NEG_INF __int_as_float(0xff800000)
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------------------
-// Warp reductions.
-
-__device__ __forceinline__ float gf_warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(GF_FULL_MASK, v, offset);
-    return v;
-}
-
-// Sum over aligned groups of `width` lanes (width a power of two <= 32); every lane of a
-// group gets the group's sum.
-template <int WIDTH>
-__device__ __forceinline__ float gf_group_sum(float v) {
-#pragma unroll
-    for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(GF_FULL_MASK, v, offset);
-    return v;
-}
-
-__device__ __forceinline__ float gf_warp_max(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(GF_FULL_MASK, v, offset));
-    return v;
-}
-
-// ---------------------------------------------------------------------------------------
-// Online softmax state: running max m, running sum l of exp(e - m). Merging two partial
-// states (m1, l1, acc1) and (m2, l2, acc2) rescales each by exp(m_k - m).
+// Online softmax: running max m and running sum l of exp(e - m) over the logits seen so
+// far. An accumulator of weighted values lives beside the state; every time m grows it
+// must be rescaled by the factor the helpers return.
 
 struct GfSoftmaxState {
     float m;
@@ -48,15 +24,45 @@ __device__ __forceinline__ GfSoftmaxState gf_softmax_init() {
     return s;
 }
 
-// Add one logit; returns the factor the accumulator must be multiplied by before adding
-// p * value, and writes p (the new term's weight relative to the new max).
-__device__ __forceinline__ float gf_softmax_push(GfSoftmaxState& s, float logit, float& p) {
-    float m_new = fmaxf(s.m, logit);
-    float scale = __expf(s.m - m_new);  // exp(-inf) = 0 on the first edge
-    p = __expf(logit - m_new);
-    s.l = s.l * scale + p;
+// Fold N logits (dead ones -inf) into the state. Returns the factor the accumulator must be
+// multiplied by before adding p[u] * value_u, and writes p[u] = exp(logit[u] - m_new)
+// (0 for dead logits). With nothing finite seen yet it changes nothing (factor 1, p = 0).
+template <int N>
+__device__ __forceinline__ float gf_softmax_fold(GfSoftmaxState& s, const float (&logit)[N], float (&p)[N]) {
+    float m_new = s.m;
+#pragma unroll
+    for (int u = 0; u < N; ++u) m_new = fmaxf(m_new, logit[u]);
+    if (m_new == GF_NEG_INF) {
+#pragma unroll
+        for (int u = 0; u < N; ++u) p[u] = 0.f;
+        return 1.f;
+    }
+    const float scale = __expf(s.m - m_new);  // exp(-inf) = 0 on the first logits
+    float l = s.l * scale;
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        p[u] = __expf(logit[u] - m_new);
+        l += p[u];
+    }
+    s.l = l;
     s.m = m_new;
     return scale;
+}
+
+// Merge state `o` into `s`: the accumulators combine as acc_s * f_self + acc_o * f_other.
+// Two empty states stay empty (factors 1 and 0).
+__device__ __forceinline__ void gf_softmax_merge(GfSoftmaxState& s, const GfSoftmaxState& o, float& f_self,
+                                                 float& f_other) {
+    const float m_new = fmaxf(s.m, o.m);
+    if (m_new == GF_NEG_INF) {
+        f_self = 1.f;
+        f_other = 0.f;
+        return;
+    }
+    f_self = __expf(s.m - m_new);
+    f_other = __expf(o.m - m_new);
+    s.l = s.l * f_self + o.l * f_other;
+    s.m = m_new;
 }
 
 // logsumexp of a finished state; -inf for an empty row (callers write 0 output then).

@@ -2,7 +2,7 @@
 //
 //   e_ij = scale * <q_i, k_j + t_ij>,  alpha_ij = softmax_j(e_ij),  O_i = sum_j alpha_ij s_ij (v_j + t_ij)
 //
-// per head, over the in-edges j -> i of each destination i (destination-major CSR). t is the
+// per head, over the in-edges j -> i of each destination i (destination-major CSR). edge_term (t) is the
 // optional edge term in the caller's edge order (read through perm), s_ij the inverted
 // dropout multiplier regenerated from (seed, offset, caller edge id, head) by Philox.
 //
@@ -11,8 +11,8 @@
 // consecutive 16-byte pieces (coalesced). A warp covers 32 / LPH groups of the SAME row, so
 // every lane of a warp runs the same edge loop: all shuffles use the full mask and are
 // tail-safe (lanes past the head count or the head width hold zeros and still take part).
-// A warp's row comes from a chunk list (int4 records: row, first edge, end edge, partial
-// slot) built once per graph: long rows are cut into chunks that write partial states
+// A warp's row comes from the row-chunk work list (int4 items: row, first edge, end edge,
+// partial slot; gnn_fastpath/cuda/worklist.py): long rows are cut into chunks that write partial states
 // (forward: m, l, acc; backward: gradient sums) into slots merged by a second small kernel,
 // so a super node does not serialise on one warp.
 //
@@ -29,7 +29,10 @@
 
 #include "attention_common.cuh"
 
-typedef long long gf_i64;
+// The block size comes from the launcher (-D define), so Python and CUDA agree on it.
+#ifndef DOT_THREADS
+#error "DOT_THREADS must be defined by the launcher"
+#endif
 
 // Tuning knobs (compile-time; defaults measured on an H200).
 // Floats per lane gathered per batch and row tensor: sets edges per batch (UB).
@@ -50,82 +53,6 @@ typedef long long gf_i64;
 #ifndef DOT_MIN_BLOCKS_SRC
 #define DOT_MIN_BLOCKS_SRC 3
 #endif
-#ifndef DOT_STREAM  // cache-streaming hints on rows read or written once (keep gathers in L2)
-#define DOT_STREAM 1
-#endif
-
-// ---------------------------------------------------------------------------------------
-// Small helpers.
-
-template <int VEC>
-__device__ __forceinline__ void dot_ld(float* r, const float* __restrict__ p) {
-    if constexpr (VEC == 4) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(p));
-        r[0] = x.x;
-        r[1] = x.y;
-        r[2] = x.z;
-        r[3] = x.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) r[i] = __ldg(p + i);
-    }
-}
-
-template <int VEC>
-__device__ __forceinline__ void dot_st(float* p, const float* r) {
-    if constexpr (VEC == 4) {
-        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) p[i] = r[i];
-    }
-}
-
-// Read-once / write-once rows: evict-first in L1 and L2 so gathered rows stay cached.
-template <int VEC>
-__device__ __forceinline__ void dot_ld_cs(float* r, const float* p) {
-#if DOT_STREAM
-    if constexpr (VEC == 4) {
-        const float4 x = __ldcs(reinterpret_cast<const float4*>(p));
-        r[0] = x.x;
-        r[1] = x.y;
-        r[2] = x.z;
-        r[3] = x.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) r[i] = __ldcs(p + i);
-    }
-#else
-    dot_ld<VEC>(r, p);
-#endif
-}
-
-template <int VEC>
-__device__ __forceinline__ void dot_st_cs(float* p, const float* r) {
-#if DOT_STREAM
-    if constexpr (VEC == 4) {
-        __stcs(reinterpret_cast<float4*>(p), make_float4(r[0], r[1], r[2], r[3]));
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) __stcs(p + i, r[i]);
-    }
-#else
-    dot_st<VEC>(p, r);
-#endif
-}
-
-template <int VEC>
-__device__ __forceinline__ void dot_atomic_add(float* p, const float* r) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (VEC == 4) {  // float4 atomicAdd: sm_90+, global memory
-        atomicAdd(reinterpret_cast<float4*>(p), make_float4(r[0], r[1], r[2], r[3]));
-    } else
-#endif
-    {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) atomicAdd(p + i, r[i]);
-    }
-}
 
 // Where one lane's floats live inside a node row of H * D floats. A group of LPH lanes owns
 // NH heads of the row; lane `sub` of the group holds, per head, NV vectors of VEC floats
@@ -174,9 +101,9 @@ struct DotLanes {
                 float* x = r + n * F + j * VEC;
                 if (ok[n][j]) {
                     if constexpr (MODE == 1)
-                        dot_ld_cs<VEC>(x, row + col[n][j]);
+                        gf_load_stream<VEC>(x, row + col[n][j]);
                     else
-                        dot_ld<VEC>(x, row + col[n][j]);
+                        gf_load<VEC>(x, row + col[n][j]);
                 } else {
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) x[i] = 0.f;
@@ -192,9 +119,9 @@ struct DotLanes {
             for (int j = 0; j < NV; ++j) {
                 if (!ok[n][j]) continue;
                 if constexpr (STREAM)
-                    dot_st_cs<VEC>(row + col[n][j], r + n * F + j * VEC);
+                    gf_store_stream<VEC>(row + col[n][j], r + n * F + j * VEC);
                 else
-                    dot_st<VEC>(row + col[n][j], r + n * F + j * VEC);
+                    gf_store<VEC>(row + col[n][j], r + n * F + j * VEC);
             }
     }
 
@@ -203,7 +130,7 @@ struct DotLanes {
         for (int n = 0; n < NH; ++n)
 #pragma unroll
             for (int j = 0; j < NV; ++j)
-                if (ok[n][j]) dot_atomic_add<VEC>(row + col[n][j], r + n * F + j * VEC);
+                if (ok[n][j]) gf_atomic_add<VEC>(row + col[n][j], r + n * F + j * VEC);
     }
 
     // out[n] = <a, b> over head n's floats of the group (every lane of the group gets it).
@@ -225,12 +152,12 @@ struct DotLanes {
 struct DotChunk {
     int row;
     int slot;
-    gf_i64 e0;
-    gf_i64 e1;
+    long long e0;
+    long long e1;
 };
 
-__device__ __forceinline__ DotChunk dot_chunk(const int4* __restrict__ chunks, gf_i64 c) {
-    const int4 x = __ldg(chunks + c);
+__device__ __forceinline__ DotChunk dot_chunk(const int4* __restrict__ items, long long c) {
+    const int4 x = __ldg(items + c);
     DotChunk r;
     r.row = x.x;
     r.e0 = x.y;
@@ -239,8 +166,8 @@ __device__ __forceinline__ DotChunk dot_chunk(const int4* __restrict__ chunks, g
     return r;
 }
 
-__device__ __forceinline__ gf_i64 dot_warp_id() {
-    return ((gf_i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+__device__ __forceinline__ long long dot_warp_id() {
+    return ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 }
 
 // Gathers one batch of edge rows: x[u] = base[row u] (+ t[cid u] when t is given) and y[u]
@@ -248,17 +175,17 @@ __device__ __forceinline__ gf_i64 dot_warp_id() {
 template <class L, int UB>
 __device__ __forceinline__ void dot_gather(const L& ln, float (*x)[L::R], float (*y)[L::R],
                                            const float* __restrict__ base, const float* __restrict__ base2,
-                                           const float* __restrict__ t, const int* rows, const int* cid,
-                                           const bool* live, gf_i64 HD) {
+                                           const float* __restrict__ edge_term, const int* rows, const int* cid,
+                                           const bool* live, long long HD) {
 #pragma unroll
     for (int u = 0; u < UB; ++u) {
         if (live[u]) {
-            const gf_i64 off = (gf_i64)rows[u] * HD;
+            const long long off = (long long)rows[u] * HD;
             ln.load(x[u], base + off);
             ln.load(y[u], base2 + off);
-            if (t != nullptr) {
+            if (edge_term != nullptr) {
                 float tr[L::R];
-                ln.template load<1>(tr, t + (gf_i64)cid[u] * HD);  // each edge term is read once
+                ln.template load<1>(tr, edge_term + (long long)cid[u] * HD);  // each edge term is read once
 #pragma unroll
                 for (int f = 0; f < L::R; ++f) {
                     x[u][f] += tr[f];
@@ -281,11 +208,11 @@ __device__ __forceinline__ void dot_gather(const L& ln, float (*x)[L::R], float 
 // logits[caller edge, head] (normalised later by dot_alpha_finalize).
 
 template <int VEC, int LPH, int NV, int NH, bool EXACT>
-__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_FWD)
+__global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_FWD)
 dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
-        const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+        const int4* __restrict__ items, long long n_work, int head_blocks,
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-        const float* __restrict__ t, float* __restrict__ out, float* __restrict__ lse,
+        const float* __restrict__ edge_term, float* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_acc, float* __restrict__ part_ml, float* __restrict__ logits, int H, int D_rt,
         float scale, float p, unsigned long long seed, unsigned long long offset) {
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
@@ -293,32 +220,30 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
     constexpr int R = L::R;
     constexpr int UB = L::UB;
     const int D = EXACT ? VEC * LPH * NV : D_rt;
-    const gf_i64 w = dot_warp_id();
+    const long long w = dot_warp_id();
     if (w >= n_work) return;  // whole warps only: blockDim is a multiple of 32
     const int lane = threadIdx.x & 31;
-    const gf_i64 c = w / head_blocks;
+    const long long c = w / head_blocks;
     const int hb = (int)(w - c * head_blocks);
-    const DotChunk ch = dot_chunk(chunks, c);
+    const DotChunk ch = dot_chunk(items, c);
     const L ln(lane, hb, H, D);
-    const gf_i64 HD = (gf_i64)H * D;
-    const bool need_cid = (t != nullptr) || (p > 0.f) || (logits != nullptr);
+    const long long HD = (long long)H * D;
+    const bool need_cid = (edge_term != nullptr) || (p > 0.f) || (logits != nullptr);
 
-    float qr[R], acc[R], m[NH], l[NH];
-    ln.template load<1>(qr, q + (gf_i64)ch.row * HD);
+    float qr[R], acc[R];
+    GfSoftmaxState st[NH];
+    ln.template load<1>(qr, q + (long long)ch.row * HD);
 #pragma unroll
     for (int f = 0; f < R; ++f) acc[f] = 0.f;
 #pragma unroll
-    for (int n = 0; n < NH; ++n) {
-        m[n] = GF_NEG_INF;
-        l[n] = 0.f;
-    }
+    for (int n = 0; n < NH; ++n) st[n] = gf_softmax_init();
 
-    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
-        const gf_i64 rem = ch.e1 - w0;
+    for (long long w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const long long rem = ch.e1 - w0;
         const int nwin = rem < LPH ? (int)rem : LPH;
         // Lane-parallel window reads: edge w0 + sub, for each of this lane's heads.
         const bool my_live = ln.sub < nwin;
-        const gf_i64 my_e = w0 + ln.sub;
+        const long long my_e = w0 + ln.sub;
         const int my_src = my_live ? indices[my_e] : 0;
         const int my_cid = (my_live && need_cid) ? perm[my_e] : 0;
         float my_s[NH];
@@ -340,39 +265,34 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
                 live[u] = b + u < nwin;
             }
             float kr[UB][R], vr[UB][R];
-            dot_gather<L, UB>(ln, kr, vr, k, v, t, src, cid, live, HD);
+            dot_gather<L, UB>(ln, kr, vr, k, v, edge_term, src, cid, live, HD);
             float lg[UB][NH];
 #pragma unroll
             for (int u = 0; u < UB; ++u) L::dots(qr, kr[u], lg[u]);
 #pragma unroll
             for (int n = 0; n < NH; ++n) {
-                float mb = m[n];
+                float c[UB], pu[UB];
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
                     lg[u][n] = live[u] ? lg[u][n] * scale : GF_NEG_INF;
-                    mb = fmaxf(mb, lg[u][n]);
+                    c[u] = lg[u][n];
                 }
-                // mb is finite: the batch's first edge is live.
-                const float corr = __expf(m[n] - mb);  // 0 on the first batch (m = -inf)
-                l[n] *= corr;
+                const float corr = gf_softmax_fold<UB>(st[n], c, pu);  // 0 on the first batch
 #pragma unroll
                 for (int f = 0; f < F; ++f) acc[n * F + f] *= corr;
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
-                    const float pu = __expf(lg[u][n] - mb);  // 0 for dead slots
-                    l[n] += pu;
-                    const float wgt = pu * sd[u][n];
+                    const float wgt = pu[u] * sd[u][n];  // 0 for dead slots
 #pragma unroll
                     for (int f = 0; f < F; ++f) acc[n * F + f] = fmaf(wgt, vr[u][n * F + f], acc[n * F + f]);
                 }
-                m[n] = mb;
             }
             if (logits != nullptr && ln.sub == 0) {
 #pragma unroll
                 for (int u = 0; u < UB; ++u)
 #pragma unroll
                     for (int n = 0; n < NH; ++n)
-                        if (live[u] && ln.head_ok[n]) logits[(gf_i64)cid[u] * H + ln.h[n]] = lg[u][n];
+                        if (live[u] && ln.head_ok[n]) logits[(long long)cid[u] * H + ln.h[n]] = lg[u][n];
             }
         }
     }
@@ -380,21 +300,21 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
     if (ch.slot < 0) {
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
-            const float inv = l[n] > 0.f ? 1.f / l[n] : 0.f;
+            const float inv = st[n].l > 0.f ? 1.f / st[n].l : 0.f;
 #pragma unroll
             for (int f = 0; f < F; ++f) acc[n * F + f] *= inv;
             if (ln.sub == 0 && ln.head_ok[n])
-                lse[(gf_i64)ch.row * H + ln.h[n]] = l[n] > 0.f ? m[n] + logf(l[n]) : GF_NEG_INF;
+                lse[(long long)ch.row * H + ln.h[n]] = gf_softmax_lse(st[n]);
         }
-        ln.template store<true>(out + (gf_i64)ch.row * HD, acc);
+        ln.template store<true>(out + (long long)ch.row * HD, acc);
     } else {
-        ln.store(part_acc + (gf_i64)ch.slot * HD, acc);
+        ln.store(part_acc + (long long)ch.slot * HD, acc);
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
             if (ln.sub == 0 && ln.head_ok[n]) {
-                const gf_i64 s = ((gf_i64)ch.slot * H + ln.h[n]) * 2;
-                part_ml[s] = m[n];
-                part_ml[s + 1] = l[n];
+                const long long s = ((long long)ch.slot * H + ln.h[n]) * 2;
+                part_ml[s] = st[n].m;
+                part_ml[s + 1] = st[n].l;
             }
         }
     }
@@ -402,8 +322,8 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
 
 // ---------------------------------------------------------------------------------------
 // Backward, destination-major: one warp per (chunk, head block). Recomputes alpha from lse,
-// uses Delta_i = <O_i, dO_i> (+ G_i = sum_j A_ij dA_ij when the returned attention has a
-// gradient) and accumulates dq in registers. Per edge it also writes dt (caller order, no
+// uses delta_i = <O_i, dO_i> (+ delta_alpha_i = sum_j A_ij dA_ij when the returned attention
+// has a gradient) and accumulates dq in registers. Per edge it also writes d_edge_term (caller order, no
 // atomics: every edge is visited once) and, in atomic mode (dk != nullptr), adds the source
 // gradients with vector atomics. In transposed mode it writes Delta (+ G) for dot_bwd_src.
 //
@@ -413,42 +333,42 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
 // where dA' = dA (return_attention True) or s dA ("dropped").
 
 template <int VEC, int LPH, int NV, int NH, bool EXACT>
-__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_DST)
+__global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_DST)
 dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
-            const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+            const int4* __restrict__ items, long long n_work, int head_blocks,
             const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-            const float* __restrict__ t, const float* __restrict__ o, const float* __restrict__ dout,
-            const float* __restrict__ lse, const float* __restrict__ dalpha, const float* __restrict__ gsum,
-            int dalpha_dropped, float* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
-            float* __restrict__ dt, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
+            const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ grad_out,
+            const float* __restrict__ lse, const float* __restrict__ grad_alpha, const float* __restrict__ delta_alpha,
+            int grad_alpha_dropped, float* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
+            float* __restrict__ d_edge_term, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
             unsigned long long seed, unsigned long long offset) {
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
     constexpr int UB = L::UB;
     const int D = EXACT ? VEC * LPH * NV : D_rt;
-    const gf_i64 w = dot_warp_id();
+    const long long w = dot_warp_id();
     if (w >= n_work) return;
     const int lane = threadIdx.x & 31;
-    const gf_i64 c = w / head_blocks;
+    const long long c = w / head_blocks;
     const int hb = (int)(w - c * head_blocks);
-    const DotChunk ch = dot_chunk(chunks, c);
+    const DotChunk ch = dot_chunk(items, c);
     const L ln(lane, hb, H, D);
-    const gf_i64 HD = (gf_i64)H * D;
-    const gf_i64 rowb = (gf_i64)ch.row * HD;
+    const long long HD = (long long)H * D;
+    const long long rowb = (long long)ch.row * HD;
 
     float qr[R], gr[R], dqa[R], delta[NH], lrow[NH];
     ln.template load<1>(qr, q + rowb);
-    ln.template load<1>(gr, dout + rowb);
+    ln.template load<1>(gr, grad_out + rowb);
     {
         float orow[R];
-        ln.template load<1>(orow, o + rowb);
+        ln.template load<1>(orow, out + rowb);
         L::dots(orow, gr, delta);
     }
 #pragma unroll
     for (int n = 0; n < NH; ++n) {
-        const gf_i64 rh = (gf_i64)ch.row * H + ln.h[n];
-        if (gsum != nullptr && ln.head_ok[n]) delta[n] += gsum[rh];
+        const long long rh = (long long)ch.row * H + ln.h[n];
+        if (delta_alpha != nullptr && ln.head_ok[n]) delta[n] += delta_alpha[rh];
         lrow[n] = ln.head_ok[n] ? lse[rh] : 0.f;
         // every chunk of a split row computes the same Delta: duplicate writes are benign
         if (delta_out != nullptr && ln.sub == 0 && ln.head_ok[n]) delta_out[rh] = delta[n];
@@ -456,12 +376,12 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
 #pragma unroll
     for (int f = 0; f < R; ++f) dqa[f] = 0.f;
 
-    const bool need_cid = (t != nullptr) || (p > 0.f) || (dalpha != nullptr);
-    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
-        const gf_i64 rem = ch.e1 - w0;
+    const bool need_cid = (edge_term != nullptr) || (p > 0.f) || (grad_alpha != nullptr);
+    for (long long w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const long long rem = ch.e1 - w0;
         const int nwin = rem < LPH ? (int)rem : LPH;
         const bool my_live = ln.sub < nwin;
-        const gf_i64 my_e = w0 + ln.sub;
+        const long long my_e = w0 + ln.sub;
         const int my_src = my_live ? indices[my_e] : 0;
         const int my_cid = (my_live && need_cid) ? perm[my_e] : 0;
         float my_s[NH], my_da[NH];
@@ -470,9 +390,9 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
             my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
                                            : 1.f;
             my_da[n] = 0.f;
-            if (dalpha != nullptr && my_live && ln.head_ok[n]) {
-                my_da[n] = dalpha[(gf_i64)my_cid * H + ln.h[n]];
-                if (dalpha_dropped) my_da[n] *= my_s[n];
+            if (grad_alpha != nullptr && my_live && ln.head_ok[n]) {
+                my_da[n] = grad_alpha[(long long)my_cid * H + ln.h[n]];
+                if (grad_alpha_dropped) my_da[n] *= my_s[n];
             }
         }
         for (int b = 0; b < nwin; b += UB) {
@@ -492,7 +412,7 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
                 live[u] = b + u < nwin;
             }
             float kr[UB][R], vr[UB][R];
-            dot_gather<L, UB>(ln, kr, vr, k, v, t, src, cid, live, HD);
+            dot_gather<L, UB>(ln, kr, vr, k, v, edge_term, src, cid, live, HD);
             float lg[UB][NH], dd[UB][NH];
 #pragma unroll
             for (int u = 0; u < UB; ++u) {
@@ -518,20 +438,20 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
                     for (int n = 0; n < NH; ++n)
 #pragma unroll
                         for (int f = 0; f < F; ++f) tmp[n * F + f] = cq[n] * qr[n * F + f];
-                    ln.atomic_add(dk + (gf_i64)src[u] * HD, tmp);
+                    ln.atomic_add(dk + (long long)src[u] * HD, tmp);
 #pragma unroll
                     for (int n = 0; n < NH; ++n)
 #pragma unroll
                         for (int f = 0; f < F; ++f) tmp[n * F + f] = as[n] * gr[n * F + f];
-                    ln.atomic_add(dv + (gf_i64)src[u] * HD, tmp);
+                    ln.atomic_add(dv + (long long)src[u] * HD, tmp);
                 }
-                if (dt != nullptr) {
+                if (d_edge_term != nullptr) {
                     float tmp[R];
 #pragma unroll
                     for (int n = 0; n < NH; ++n)
 #pragma unroll
                         for (int f = 0; f < F; ++f) tmp[n * F + f] = fmaf(as[n], gr[n * F + f], cq[n] * qr[n * F + f]);
-                    ln.template store<true>(dt + (gf_i64)cid[u] * HD, tmp);
+                    ln.template store<true>(d_edge_term + (long long)cid[u] * HD, tmp);
                 }
             }
         }
@@ -540,7 +460,7 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
     if (ch.slot < 0) {
         ln.template store<true>(dq + rowb, dqa);
     } else {
-        ln.store(part_dq + (gf_i64)ch.slot * HD, dqa);
+        ln.store(part_dq + (long long)ch.slot * HD, dqa);
     }
 }
 
@@ -551,12 +471,12 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
 // per (destination, head), written by dot_bwd_dst.
 
 template <int VEC, int LPH, int NV, int NH, bool EXACT>
-__global__ void __launch_bounds__(256, DOT_MIN_BLOCKS_SRC)
-dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
-            const int4* __restrict__ chunks, gf_i64 n_work, int head_blocks,
+__global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_SRC)
+dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
+            const int4* __restrict__ items, long long n_work, int head_blocks,
             const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-            const float* __restrict__ t, const float* __restrict__ dout, const float* __restrict__ lse,
-            const float* __restrict__ delta, const float* __restrict__ dalpha, int dalpha_dropped,
+            const float* __restrict__ edge_term, const float* __restrict__ grad_out, const float* __restrict__ lse,
+            const float* __restrict__ delta, const float* __restrict__ grad_alpha, int grad_alpha_dropped,
             float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part_dk,
             float* __restrict__ part_dv, int H, int D_rt, float scale, float p, unsigned long long seed,
             unsigned long long offset) {
@@ -565,15 +485,15 @@ dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
     constexpr int R = L::R;
     constexpr int UB = L::UB;
     const int D = EXACT ? VEC * LPH * NV : D_rt;
-    const gf_i64 w = dot_warp_id();
+    const long long w = dot_warp_id();
     if (w >= n_work) return;
     const int lane = threadIdx.x & 31;
-    const gf_i64 c = w / head_blocks;
+    const long long c = w / head_blocks;
     const int hb = (int)(w - c * head_blocks);
-    const DotChunk ch = dot_chunk(chunks, c);
+    const DotChunk ch = dot_chunk(items, c);
     const L ln(lane, hb, H, D);
-    const gf_i64 HD = (gf_i64)H * D;
-    const gf_i64 rowb = (gf_i64)ch.row * HD;
+    const long long HD = (long long)H * D;
+    const long long rowb = (long long)ch.row * HD;
 
     float kj[R], vj[R], dka[R], dva[R];
     ln.template load<1>(kj, k + rowb);
@@ -584,13 +504,13 @@ dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
         dva[f] = 0.f;
     }
 
-    for (gf_i64 w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
-        const gf_i64 rem = ch.e1 - w0;
+    for (long long w0 = ch.e0; w0 < ch.e1; w0 += LPH) {
+        const long long rem = ch.e1 - w0;
         const int nwin = rem < LPH ? (int)rem : LPH;
         const bool my_live = ln.sub < nwin;
-        const gf_i64 my_e = w0 + ln.sub;
-        const int my_dst = my_live ? s_dst[my_e] : 0;
-        const int my_cid = my_live ? s_cid[my_e] : 0;
+        const long long my_e = w0 + ln.sub;
+        const int my_dst = my_live ? s_indices[my_e] : 0;
+        const int my_cid = my_live ? s_perm[my_e] : 0;
         float my_s[NH], my_l[NH], my_delta[NH], my_da[NH];
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
@@ -600,12 +520,12 @@ dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
             my_delta[n] = 0.f;
             my_da[n] = 0.f;
             if (my_live && ln.head_ok[n]) {
-                const gf_i64 ih = (gf_i64)my_dst * H + ln.h[n];
+                const long long ih = (long long)my_dst * H + ln.h[n];
                 my_l[n] = lse[ih];
                 my_delta[n] = delta[ih];
-                if (dalpha != nullptr) {
-                    my_da[n] = dalpha[(gf_i64)my_cid * H + ln.h[n]];
-                    if (dalpha_dropped) my_da[n] *= my_s[n];
+                if (grad_alpha != nullptr) {
+                    my_da[n] = grad_alpha[(long long)my_cid * H + ln.h[n]];
+                    if (grad_alpha_dropped) my_da[n] *= my_s[n];
                 }
             }
         }
@@ -628,14 +548,14 @@ dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
                 live[u] = b + u < nwin;
             }
             float qi[UB][R], gi[UB][R];
-            dot_gather<L, UB>(ln, qi, gi, q, dout, nullptr, dst, cid, live, HD);
+            dot_gather<L, UB>(ln, qi, gi, q, grad_out, nullptr, dst, cid, live, HD);
             float lg[UB][NH], dd[UB][NH];
-            if (t != nullptr) {  // <q_i, k_j + t> and <dO_i, v_j + t>
+            if (edge_term != nullptr) {  // <q_i, k_j + t> and <dO_i, v_j + t>
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
                     float kt[R];
                     if (live[u]) {
-                        ln.template load<1>(kt, t + (gf_i64)cid[u] * HD);
+                        ln.template load<1>(kt, edge_term + (long long)cid[u] * HD);
                     } else {
 #pragma unroll
                         for (int f = 0; f < R; ++f) kt[f] = 0.f;
@@ -679,96 +599,98 @@ dot_bwd_src(const int* __restrict__ s_dst, const int* __restrict__ s_cid,
         ln.template store<true>(dk + rowb, dka);
         ln.template store<true>(dv + rowb, dva);
     } else {
-        ln.store(part_dk + (gf_i64)ch.slot * HD, dka);
-        ln.store(part_dv + (gf_i64)ch.slot * HD, dva);
+        ln.store(part_dk + (long long)ch.slot * HD, dka);
+        ln.store(part_dv + (long long)ch.slot * HD, dva);
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// Merges of split rows. Row r of the heavy list owns partial slots [slot_ptr[r], slot_ptr[r+1]).
+// Merges of split rows: split[r] = (row, first slot, number of slots, 0) (worklist.py).
 
-// Forward: combine (m, l, acc) partials into out and lse. One thread per (heavy row, head, d).
-extern "C" __global__ void dot_fwd_merge(const int* __restrict__ heavy_row, const int* __restrict__ slot_ptr,
-                                         gf_i64 n_heavy, const float* __restrict__ part_acc,
-                                         const float* __restrict__ part_ml, float* __restrict__ out,
-                                         float* __restrict__ lse, int H, int D) {
-    const gf_i64 idx = (gf_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n_heavy * H * D) return;
+// Forward: combine the (m, l, acc) partials of split rows into out and lse. One thread per
+// (split row, head, d).
+extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
+                                         const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                         float* __restrict__ out, float* __restrict__ lse, int H, int D) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_split * H * D) return;
     const int d = (int)(idx % D);
-    const gf_i64 rh = idx / D;
+    const long long rh = idx / D;
     const int h = (int)(rh % H);
-    const gf_i64 r = rh / H;
-    const int s0 = slot_ptr[r], s1 = slot_ptr[r + 1];
-    float mx = GF_NEG_INF;
-    for (int s = s0; s < s1; ++s) mx = fmaxf(mx, part_ml[((gf_i64)s * H + h) * 2]);
-    float l = 0.f, a = 0.f;
-    for (int s = s0; s < s1; ++s) {
-        const gf_i64 sh = (gf_i64)s * H + h;
-        const float wgt = expf(part_ml[sh * 2] - mx);
-        l = fmaf(wgt, part_ml[sh * 2 + 1], l);
-        a = fmaf(wgt, part_acc[sh * D + d], a);
+    const int4 sp = split[rh / H];
+    GfSoftmaxState st = gf_softmax_init();
+    float a = 0.f;
+    for (int s = sp.y; s < sp.y + sp.z; ++s) {
+        const long long sh = (long long)s * H + h;
+        GfSoftmaxState part;
+        part.m = part_ml[sh * 2];
+        part.l = part_ml[sh * 2 + 1];
+        float f_self, f_part;
+        gf_softmax_merge(st, part, f_self, f_part);
+        a = a * f_self + part_acc[sh * D + d] * f_part;
     }
-    const gf_i64 row = heavy_row[r];
-    out[(row * H + h) * D + d] = l > 0.f ? a / l : 0.f;
-    if (d == 0) lse[row * H + h] = l > 0.f ? mx + logf(l) : GF_NEG_INF;
+    const long long row = sp.x;
+    out[(row * H + h) * D + d] = st.l > 0.f ? a / st.l : 0.f;
+    if (d == 0) lse[row * H + h] = gf_softmax_lse(st);
 }
 
-// Backward: sum partial gradient rows into dst rows. One thread per (heavy row, element).
-extern "C" __global__ void dot_sum_partials(const int* __restrict__ heavy_row, const int* __restrict__ slot_ptr,
-                                            gf_i64 n_heavy, const float* __restrict__ part,
-                                            float* __restrict__ dst, gf_i64 row_len) {
-    const gf_i64 idx = (gf_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n_heavy * row_len) return;
-    const gf_i64 r = idx / row_len;
-    const gf_i64 x = idx - r * row_len;
-    const int s0 = slot_ptr[r], s1 = slot_ptr[r + 1];
+// Backward: sum the partial gradient rows of split rows into dst. One thread per (split
+// row, element of a row).
+extern "C" __global__ void dot_sum_partials(const int4* __restrict__ split, long long n_split,
+                                            const float* __restrict__ part, float* __restrict__ dst,
+                                            long long row_len) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_split * row_len) return;
+    const long long r = idx / row_len;
+    const long long x = idx - r * row_len;
+    const int4 sp = split[r];
     float a = 0.f;
-    for (int s = s0; s < s1; ++s) a += part[(gf_i64)s * row_len + x];
-    dst[(gf_i64)heavy_row[r] * row_len + x] = a;
+    for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
+    dst[(long long)sp.x * row_len + x] = a;
 }
 
 // ---------------------------------------------------------------------------------------
 // Attention weights: turn the raw logits written by dot_fwd (caller order [M, H]) into
 // alpha = exp(e - lse) (times the dropout multiplier for "dropped"). One warp per chunk of
-// the destination chunk list, lanes over (edge, head) pairs.
-extern "C" __global__ void dot_alpha_finalize(const int* __restrict__ perm, const int4* __restrict__ chunks,
-                                              gf_i64 n_chunks, const float* __restrict__ lse,
+// the destination work list, lanes over (edge, head) pairs.
+extern "C" __global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* __restrict__ items,
+                                              long long n_items, const float* __restrict__ lse,
                                               float* __restrict__ alpha, int H, int dropped, float p,
                                               unsigned long long seed, unsigned long long offset) {
-    const gf_i64 w = dot_warp_id();
-    if (w >= n_chunks) return;
+    const long long w = dot_warp_id();
+    if (w >= n_items) return;
     const int lane = threadIdx.x & 31;
-    const DotChunk ch = dot_chunk(chunks, w);
-    const gf_i64 n = (ch.e1 - ch.e0) * H;
-    for (gf_i64 i = lane; i < n; i += 32) {
-        const gf_i64 e = ch.e0 + i / H;
+    const DotChunk ch = dot_chunk(items, w);
+    const long long n = (ch.e1 - ch.e0) * H;
+    for (long long i = lane; i < n; i += 32) {
+        const long long e = ch.e0 + i / H;
         const int h = (int)(i % H);
-        const gf_i64 at = (gf_i64)perm[e] * H + h;
-        float a = expf(alpha[at] - lse[(gf_i64)ch.row * H + h]);
+        const long long at = (long long)perm[e] * H + h;
+        float a = expf(alpha[at] - lse[(long long)ch.row * H + h]);
         if (dropped) a *= gf_dropout_scale(p, seed, offset, (unsigned)perm[e], (unsigned)h);
         alpha[at] = a;
     }
 }
 
-// G_i = sum_j A_ij dA_ij per (destination, head), A the returned attention (alpha or
-// alpha~), dA its gradient, both caller order [M, H]. gsum must be zeroed: split rows add
+// delta_alpha_i = sum_j A_ij dA_ij per (destination, head), A the returned attention (alpha
+// or alpha~), dA its gradient, both caller order [M, H]. delta_alpha must be zeroed: split rows add
 // one partial per chunk. One warp per chunk, lanes over edges, a loop over heads.
-extern "C" __global__ void dot_alpha_grad_rowsum(const int* __restrict__ perm, const int4* __restrict__ chunks,
-                                                 gf_i64 n_chunks, const float* __restrict__ attn,
-                                                 const float* __restrict__ dattn, float* __restrict__ gsum,
+extern "C" __global__ void dot_delta_alpha(const int* __restrict__ perm, const int4* __restrict__ items,
+                                                 long long n_items, const float* __restrict__ alpha,
+                                                 const float* __restrict__ grad_alpha, float* __restrict__ delta_alpha,
                                                  int H) {
-    const gf_i64 w = dot_warp_id();
-    if (w >= n_chunks) return;
+    const long long w = dot_warp_id();
+    if (w >= n_items) return;
     const int lane = threadIdx.x & 31;
-    const DotChunk ch = dot_chunk(chunks, w);
+    const DotChunk ch = dot_chunk(items, w);
     if (ch.e1 <= ch.e0) return;  // warp-uniform
     for (int h = 0; h < H; ++h) {
         float s = 0.f;
-        for (gf_i64 e = ch.e0 + lane; e < ch.e1; e += 32) {
-            const gf_i64 at = (gf_i64)perm[e] * H + h;
-            s = fmaf(attn[at], dattn[at], s);
+        for (long long e = ch.e0 + lane; e < ch.e1; e += 32) {
+            const long long at = (long long)perm[e] * H + h;
+            s = fmaf(alpha[at], grad_alpha[at], s);
         }
-        s = gf_warp_sum(s);
-        if (lane == 0) atomicAdd(gsum + (gf_i64)ch.row * H + h, s);
+        s = gf_group_sum<32>(s);
+        if (lane == 0) atomicAdd(delta_alpha + (long long)ch.row * H + h, s);
     }
 }

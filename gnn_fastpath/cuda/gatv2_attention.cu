@@ -4,12 +4,12 @@
 //   e_ij = sum_d att[h, d] * LeakyReLU(z_ij)[h, d]               [H]
 //   alpha_ij = softmax_j(e_ij),  out_i = sum_j alpha_ij ds_ij x_src[j]
 // (ds = inverted-dropout multiplier, 1 without dropout). The design note lives in
-// gnn_fastpath/ops/cuda_gatv2.py; the launchers in gnn_fastpath/cuda/gatv2.py.
+// gnn_fastpath/ops/gatv2_attention.py; the launcher in gnn_fastpath/cuda/gatv2_attention.py.
 //
 // Work items. Every kernel here walks a list of int4 work items (row, edge begin, edge end,
 // slot): one item per row, except rows longer than the chunk length, which are split into
 // several chunk items with slot >= 0 (their partial results go to a workspace or through
-// atomics and are merged afterwards). Items are built once per graph on the GPU.
+// atomics and are merged afterwards). Items come from gnn_fastpath/cuda/worklist.py.
 //
 // Lane mapping (template <VW, LH, K, DC, U>). One warp per (item, head tile). A head's D
 // columns are covered by LH lanes (a power of two); lane l of a head holds K vectors of VW
@@ -25,7 +25,13 @@
 // around the shuffles.
 #include "attention_common.cuh"
 
-#define GATV2_THREADS 256
+// Block sizes come from the launcher (-D defines), so Python and CUDA agree on them.
+#ifndef GATV2_THREADS
+#error "GATV2_THREADS must be defined by the launcher"
+#endif
+#ifndef GATV2_MERGE_THREADS
+#error "GATV2_MERGE_THREADS must be defined by the launcher"
+#endif
 
 template <int VW, int LH, int K, int DC>
 struct Gatv2Row {
@@ -40,15 +46,7 @@ struct Gatv2Row {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             if (on && ok(l, k, D)) {
-                if constexpr (VW == 4) {
-                    const float4 v = __ldg(reinterpret_cast<const float4*>(base + col(l, k)));
-                    r[4 * k + 0] = v.x;
-                    r[4 * k + 1] = v.y;
-                    r[4 * k + 2] = v.z;
-                    r[4 * k + 3] = v.w;
-                } else {
-                    r[k] = __ldg(base + col(l, k));
-                }
+                gf_load<VW>(r + VW * k, base + col(l, k));
             } else {
 #pragma unroll
                 for (int t = 0; t < VW; ++t) r[VW * k + t] = 0.f;
@@ -59,33 +57,14 @@ struct Gatv2Row {
     __device__ static __forceinline__ void store(float* __restrict__ base, const float (&r)[KV], int l, int D) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-            if (ok(l, k, D)) {
-                if constexpr (VW == 4) {
-                    *reinterpret_cast<float4*>(base + col(l, k)) =
-                        make_float4(r[4 * k + 0], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
-                } else {
-                    base[col(l, k)] = r[k];
-                }
-            }
+            if (ok(l, k, D)) gf_store<VW>(base + col(l, k), r + VW * k);
         }
     }
 
     __device__ static __forceinline__ void atomic_add(float* base, const float (&r)[KV], int l, int D) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-            if (ok(l, k, D)) {
-                if constexpr (VW == 4) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                    atomicAdd(reinterpret_cast<float4*>(base + col(l, k)),
-                              make_float4(r[4 * k + 0], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]));
-#else
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) atomicAdd(base + col(l, k) + t, r[4 * k + t]);
-#endif
-                } else {
-                    atomicAdd(base + col(l, k), r[k]);
-                }
-            }
+            if (ok(l, k, D)) gf_atomic_add<VW>(base + col(l, k), r + VW * k);
         }
     }
 };
@@ -124,7 +103,7 @@ __device__ __forceinline__ int gatv2_slot_src(const Gatv2Lane& ln, int t, int LH
 // Forward: one streaming pass per item, online softmax, weighted sum of x_src rows.
 // Unsplit rows write out and lse directly; chunks of split rows write their unnormalised
 // state (acc, m, l) to workspace slot `slot`, merged by gatv2_fwd_merge. When `logits` is
-// given, raw logits go to logits[caller edge, head] (normalised later by gatv2_alpha_norm).
+// given, raw logits go to logits[caller edge, head] (normalised later by gatv2_alpha_from_logits).
 template <int VW, int LH, int K, int DC, int U, bool ET>
 __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
@@ -133,7 +112,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
           const float* __restrict__ edge_term, int H, int D_rt, float slope,
           float p, unsigned long long seed, unsigned long long offset,
           float* __restrict__ out, float* __restrict__ lse,
-          float* __restrict__ ws_acc, float* __restrict__ ws_m, float* __restrict__ ws_l,
+          float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
           float* __restrict__ logits) {
     using R = Gatv2Row<VW, LH, K, DC>;
     constexpr int KV = R::KV;
@@ -188,24 +167,16 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const float e = gf_group_sum<LH>(part);
                     c[u] = v[u] ? e : GF_NEG_INF;
                 }
-                float mx = st.m;
+                float pu[U];
+                const float sc = gf_softmax_fold<U>(st, c, pu);  // lane-divergent, no shuffles inside
 #pragma unroll
-                for (int u = 0; u < U; ++u) mx = fmaxf(mx, c[u]);
-                if (mx != GF_NEG_INF) {  // lane-divergent, no shuffles inside
-                    const float sc = __expf(st.m - mx);  // 0 while the state is empty
-                    st.l *= sc;
+                for (int k = 0; k < KV; ++k) acc[k] *= sc;
 #pragma unroll
-                    for (int k = 0; k < KV; ++k) acc[k] *= sc;
+                for (int u = 0; u < U; ++u) {
+                    float wgt = pu[u];  // 0 for invalid edges
+                    if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
 #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const float pu = __expf(c[u] - mx);  // 0 for invalid edges
-                        st.l += pu;
-                        float wgt = pu;
-                        if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
-#pragma unroll
-                        for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
-                    }
-                    st.m = mx;
+                    for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
                 }
                 if (logits != nullptr) {
 #pragma unroll
@@ -218,18 +189,17 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
         // Merge the edge slots into slot 0.
         for (int t = 1; t < ES; ++t) {
             const int src = gatv2_slot_src(ln, t, LH);
-            const float m2 = __shfl_sync(GF_FULL_MASK, st.m, src);
-            const float l2 = __shfl_sync(GF_FULL_MASK, st.l, src);
+            GfSoftmaxState other;
+            other.m = __shfl_sync(GF_FULL_MASK, st.m, src);
+            other.l = __shfl_sync(GF_FULL_MASK, st.l, src);
             float a2[KV];
 #pragma unroll
             for (int k = 0; k < KV; ++k) a2[k] = __shfl_sync(GF_FULL_MASK, acc[k], src);
-            const float mx = fmaxf(st.m, m2);
-            if (s == 0 && mx != GF_NEG_INF) {
-                const float f1 = __expf(st.m - mx), f2 = __expf(m2 - mx);
-                st.l = st.l * f1 + l2 * f2;
+            if (s == 0) {
+                float f1, f2;
+                gf_softmax_merge(st, other, f1, f2);
 #pragma unroll
                 for (int k = 0; k < KV; ++k) acc[k] = acc[k] * f1 + a2[k] * f2;
-                st.m = mx;
             }
         }
 
@@ -241,10 +211,10 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 R::store(out + (long long)row * HD + hoff, acc, l, D);
                 if (l == 0) lse[(long long)row * H + ln.head] = gf_softmax_lse(st);
             } else {
-                R::store(ws_acc + (long long)slot * HD + hoff, acc, l, D);
+                R::store(part_acc + (long long)slot * HD + hoff, acc, l, D);
                 if (l == 0) {
-                    ws_m[(long long)slot * H + ln.head] = st.m;
-                    ws_l[(long long)slot * H + ln.head] = st.l;
+                    part_m[(long long)slot * H + ln.head] = st.m;
+                    part_l[(long long)slot * H + ln.head] = st.l;
                 }
             }
         }
@@ -256,22 +226,22 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
 // w, w + nwarps, ... of its 32 columns with an online (m, l, acc) merge, loading 4 chunks
 // ahead of folding them, then warp 0 folds the warps' states from shared memory. Needs
 // blockDim.x == GATV2_MERGE_THREADS.
-#define GATV2_MERGE_THREADS 256
 #define GATV2_MERGE_WARPS (GATV2_MERGE_THREADS / 32)
 #define GATV2_MERGE_AHEAD 4
 
-__device__ __forceinline__ void gatv2_fold(float& m, float& l, float& acc, float m2, float l2, float acc2) {
-    const float mx = fmaxf(m, m2);
-    if (mx == GF_NEG_INF) return;
-    const float f1 = __expf(m - mx), f2 = __expf(m2 - mx);
-    l = l * f1 + l2 * f2;
+// Fold one chunk's (m, l, acc) of a single column into the running state of that column.
+__device__ __forceinline__ void gatv2_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {
+    GfSoftmaxState other;
+    other.m = m2;
+    other.l = l2;
+    float f1, f2;
+    gf_softmax_merge(st, other, f1, f2);
     acc = acc * f1 + acc2 * f2;
-    m = mx;
 }
 
 extern "C" __global__ void __launch_bounds__(GATV2_MERGE_THREADS)
-gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __restrict__ ws_acc,
-                const float* __restrict__ ws_m, const float* __restrict__ ws_l, int H, int D,
+gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __restrict__ part_acc,
+                const float* __restrict__ part_m, const float* __restrict__ part_l, int H, int D,
                 float* __restrict__ out, float* __restrict__ lse) {
     __shared__ float sm_m[GATV2_MERGE_WARPS][32], sm_l[GATV2_MERGE_WARPS][32], sm_a[GATV2_MERGE_WARPS][32];
     const int HD = H * D;
@@ -284,7 +254,8 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
             const int c = t * 32 + lane;
             const bool on = c < HD;
             const int h = on ? c / D : 0;
-            float m = GF_NEG_INF, l = 0.f, acc = 0.f;
+            GfSoftmaxState st = gf_softmax_init();
+            float acc = 0.f;
             for (int k0 = warp; k0 < n; k0 += GATV2_MERGE_WARPS * GATV2_MERGE_AHEAD) {
                 float m2[GATV2_MERGE_AHEAD], l2[GATV2_MERGE_AHEAD], a2[GATV2_MERGE_AHEAD];
 #pragma unroll
@@ -292,21 +263,21 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
                     const int k = k0 + u * GATV2_MERGE_WARPS;
                     const long long s = (long long)first + k;
                     const bool ok = on && k < n;
-                    m2[u] = ok ? ws_m[s * H + h] : GF_NEG_INF;
-                    l2[u] = ok ? ws_l[s * H + h] : 0.f;
-                    a2[u] = ok ? ws_acc[s * HD + c] : 0.f;
+                    m2[u] = ok ? part_m[s * H + h] : GF_NEG_INF;
+                    l2[u] = ok ? part_l[s * H + h] : 0.f;
+                    a2[u] = ok ? part_acc[s * HD + c] : 0.f;
                 }
 #pragma unroll
-                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) gatv2_fold(m, l, acc, m2[u], l2[u], a2[u]);
+                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) gatv2_fold(st, acc, m2[u], l2[u], a2[u]);
             }
-            sm_m[warp][lane] = m;
-            sm_l[warp][lane] = l;
+            sm_m[warp][lane] = st.m;
+            sm_l[warp][lane] = st.l;
             sm_a[warp][lane] = acc;
             __syncthreads();
             if (warp == 0 && on) {
-                for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(m, l, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
-                out[(long long)row * HD + c] = l > 0.f ? acc / l : 0.f;
-                if (c == h * D) lse[(long long)row * H + h] = l > 0.f ? m + __logf(l) : GF_NEG_INF;
+                for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
+                out[(long long)row * HD + c] = st.l > 0.f ? acc / st.l : 0.f;
+                if (c == h * D) lse[(long long)row * H + h] = gf_softmax_lse(st);
             }
             __syncthreads();
         }
@@ -315,10 +286,11 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
 
 // alpha[caller edge, h] <- exp(logit - lse[row, h]) (times the dropout multiplier when
 // `dropped`), in place over the raw logits gatv2_fwd wrote. One warp per work item.
-extern "C" __global__ void gatv2_alpha_norm(const int4* __restrict__ items, long long n_items,
-                                            const int* __restrict__ perm, const float* __restrict__ lse, int H,
-                                            float p, unsigned long long seed, unsigned long long offset,
-                                            int dropped, float* __restrict__ alpha) {
+extern "C" __global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long long n_items,
+                                                   const int* __restrict__ perm, const float* __restrict__ lse,
+                                                   int H, float p, unsigned long long seed,
+                                                   unsigned long long offset, int dropped,
+                                                   float* __restrict__ alpha) {
     const int lane = threadIdx.x & 31;
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
@@ -335,12 +307,13 @@ extern "C" __global__ void gatv2_alpha_norm(const int4* __restrict__ items, long
     }
 }
 
-// ga[row, h] = sum over the row's edges of alpha_out[e, h] * galpha[e, h] (caller order):
+// delta_alpha[row, h] = sum over the row's edges of alpha_out[e, h] * grad_alpha[e, h] (caller order):
 // the softmax-gradient term contributed by a gradient on the returned attention. Rows
-// split into chunks accumulate with atomics (ga must be zeroed). One warp per work item.
-extern "C" __global__ void gatv2_alpha_grad_dot(const int4* __restrict__ items, long long n_items,
-                                                const int* __restrict__ perm, const float* __restrict__ alpha,
-                                                const float* __restrict__ galpha, int H, float* __restrict__ ga) {
+// split into chunks accumulate with atomics (delta_alpha must be zeroed). One warp per work item.
+extern "C" __global__ void gatv2_delta_alpha(const int4* __restrict__ items, long long n_items,
+                                             const int* __restrict__ perm, const float* __restrict__ alpha,
+                                             const float* __restrict__ grad_alpha, int H,
+                                             float* __restrict__ delta_alpha) {
     const int lane = threadIdx.x & 31;
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
@@ -349,25 +322,25 @@ extern "C" __global__ void gatv2_alpha_grad_dot(const int4* __restrict__ items, 
             float sum = 0.f;
             for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
                 const long long o = (long long)perm[e] * H + h;
-                sum = fmaf(alpha[o], galpha[o], sum);
+                sum = fmaf(alpha[o], grad_alpha[o], sum);
             }
-            sum = gf_warp_sum(sum);
+            sum = gf_group_sum<32>(sum);
             if (lane == 0 && it.z > it.y) {
-                if (it.w < 0) ga[(long long)it.x * H + h] = sum;
-                else atomicAdd(ga + (long long)it.x * H + h, sum);
+                if (it.w < 0) delta_alpha[(long long)it.x * H + h] = sum;
+                else atomicAdd(delta_alpha + (long long)it.x * H + h, sum);
             }
         }
     }
 }
 
 // =======================================================================================
-// Backward, destination-major. Per item: G = <dO_i, O_i> (+ ga_i), then per edge
-//   alpha = exp(e - L_i), dalpha = ds <dO_i, x_j> (+ galpha * (ds if dropped)),
-//   de = alpha (dalpha - G), dz = de * att * LeakyReLU'(z),
+// Backward, destination-major. Per item: delta = <dO_i, O_i> (+ delta_alpha_i), then per edge
+//   alpha = exp(e - L_i), dalpha = ds <dO_i, x_j> (+ grad_alpha * (ds if dropped)),
+//   de = alpha (dalpha - delta), dz = de * att * LeakyReLU'(z),
 //   dx_dst_i += dz (registers; atomics only for split rows), d_edge_term[perm] = dz,
 //   datt += de * LeakyReLU(z) (registers -> shared -> one global atomic per block/column),
 //   dx_src_j += alpha ds dO_i + dz (atomics, only when dx_src is given: the "atomic"
-//   variant; the "transposed" variant leaves dx_src to gatv2_bwd_src and writes G).
+//   variant; the "transposed" variant leaves dx_src to gatv2_bwd_src and writes delta).
 // Persistent grid (resident blocks only, warps striding over the items) so the datt atomics
 // stay few.
 template <int VW, int LH, int K, int DC, int U, bool ET>
@@ -375,17 +348,17 @@ __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
               const int* __restrict__ indptr, const int* __restrict__ indices, const int* __restrict__ perm,
               const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
-              const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ dout,
-              const float* __restrict__ lse, const float* __restrict__ ga, const float* __restrict__ galpha,
-              int ga_dropped, int H, int D_rt, float slope, float p, unsigned long long seed,
-              unsigned long long offset, float* dx_src, float* dx_dst, float* __restrict__ d_et,
-              float* datt, int datt_smem, float* __restrict__ g_out) {
+              const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ grad_out,
+              const float* __restrict__ lse, const float* __restrict__ delta_alpha, const float* __restrict__ grad_alpha,
+              int grad_alpha_dropped, int H, int D_rt, float slope, float p, unsigned long long seed,
+              unsigned long long offset, float* dx_src, float* dx_dst, float* __restrict__ d_edge_term,
+              float* datt, int datt_smem, float* __restrict__ delta_out) {
     using R = Gatv2Row<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     extern __shared__ float sm_datt[];
     const int D = DC > 0 ? DC : D_rt;
     const int HD = H * D;  // < 2**31 (checked by the launcher)
-    const bool need_perm = edge_term != nullptr || p > 0.f || galpha != nullptr;
+    const bool need_perm = edge_term != nullptr || p > 0.f || grad_alpha != nullptr;
     const bool use_smem = datt != nullptr && datt_smem != 0;
 
     if (use_smem) {  // kernel-uniform condition
@@ -405,19 +378,19 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
         const long long rh = (long long)row * H + (ln.on ? ln.head : 0);
 
         float xd[KV], a[KV], dO[KV], gd[KV], gt[KV];
-        float G;
+        float delta;
         {
             float o[KV];
             R::load(o, out + (long long)row * HD + hoff, l, D, ln.on);
-            R::load(dO, dout + (long long)row * HD + hoff, l, D, ln.on);
+            R::load(dO, grad_out + (long long)row * HD + hoff, l, D, ln.on);
             float part = 0.f;
 #pragma unroll
             for (int k = 0; k < KV; ++k) part = fmaf(dO[k], o[k], part);
-            G = gf_group_sum<LH>(part);
+            delta = gf_group_sum<LH>(part);
         }
-        if (ga != nullptr && ln.on) G += ga[rh];
+        if (delta_alpha != nullptr && ln.on) delta += delta_alpha[rh];
         const float Lr = (ln.on && end > start) ? lse[rh] : 0.f;
-        if (g_out != nullptr && ln.on && s == 0 && l == 0 && (slot < 0 || start == indptr[row])) g_out[rh] = G;
+        if (delta_out != nullptr && ln.on && s == 0 && l == 0 && (slot < 0 || start == indptr[row])) delta_out[rh] = delta;
         R::load(xd, x_dst + (long long)row * HD + hoff, l, D, ln.on);
         R::load(a, att + hoff, l, D, ln.on);
 #pragma unroll
@@ -443,7 +416,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(xs[u], x_src + (long long)jj[u] * HD + hoff, l, D, v[u]);
                     if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
-                    gav[u] = (galpha != nullptr && v[u]) ? __ldg(galpha + (long long)pe[u] * H + ln.head) : 0.f;
+                    gav[u] = (grad_alpha != nullptr && v[u]) ? __ldg(grad_alpha + (long long)pe[u] * H + ln.head) : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -463,8 +436,8 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     if (v[u]) {  // lane-divergent, no shuffles inside
                         const float alpha = __expf(e - Lr);
                         const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
-                        const float dal = ds * dxo + gav[u] * (ga_dropped ? ds : 1.f);
-                        const float de = alpha * (dal - G);
+                        const float dal = ds * dxo + gav[u] * (grad_alpha_dropped ? ds : 1.f);
+                        const float de = alpha * (dal - delta);
                         const float ad = alpha * ds;
                         float dz[KV];
 #pragma unroll
@@ -474,7 +447,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                             gd[k] += dz[k];
                             gt[k] = fmaf(de, gatv2_lrelu(z, slope), gt[k]);
                         }
-                        if (d_et != nullptr) R::store(d_et + (long long)pe[u] * HD + hoff, dz, l, D);
+                        if (d_edge_term != nullptr) R::store(d_edge_term + (long long)pe[u] * HD + hoff, dz, l, D);
                         if (dx_src != nullptr) {
 #pragma unroll
                             for (int k = 0; k < KV; ++k) dz[k] = fmaf(ad, dO[k], dz[k]);
@@ -531,21 +504,21 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 // =======================================================================================
 // Backward, source-major ("transposed" variant): dx_src_j = sum over out-edges (j -> i) of
 // alpha~_ij dO_i + dz_ij, with no atomics except for split source rows. Reads the
-// transposed CSR (s_indices = destination ids, s_perm = caller edge ids) and G (with ga
+// transposed CSR (s_indices = destination ids, s_perm = caller edge ids) and delta (with delta_alpha
 // folded in) from gatv2_bwd_dst.
 template <int VW, int LH, int K, int DC, int U, bool ET>
 __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
               const int* __restrict__ s_indices, const int* __restrict__ s_perm,
               const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
-              const float* __restrict__ edge_term, const float* __restrict__ dout, const float* __restrict__ lse,
-              const float* __restrict__ gbuf, const float* __restrict__ galpha, int ga_dropped, int H, int D_rt,
+              const float* __restrict__ edge_term, const float* __restrict__ grad_out, const float* __restrict__ lse,
+              const float* __restrict__ delta, const float* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
               float slope, float p, unsigned long long seed, unsigned long long offset, float* dx_src) {
     using R = Gatv2Row<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
     const int HD = H * D;  // < 2**31 (checked by the launcher)
-    const bool need_perm = edge_term != nullptr || p > 0.f || galpha != nullptr;
+    const bool need_perm = edge_term != nullptr || p > 0.f || grad_alpha != nullptr;
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
@@ -570,7 +543,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
             const int my_pe = (need_perm && ln.lane < nb) ? __ldg(s_perm + b + ln.lane) : 0;
             const int rounds = (nb + ES - 1) / ES;
             for (int r0 = 0; r0 < rounds; r0 += U) {
-                float zt[U][KV], dO[U][KV], et[ET ? U : 1][KV], Lv[U], Gv[U], gav[U];
+                float zt[U][KV], dO[U][KV], et[ET ? U : 1][KV], Lv[U], delta_v[U], gav[U];
                 int pe[U];
                 bool v[U];
 #pragma unroll
@@ -580,12 +553,12 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const int i = __shfl_sync(GF_FULL_MASK, my_i, q & 31);
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(zt[u], x_dst + (long long)i * HD + hoff, l, D, v[u]);
-                    R::load(dO[u], dout + (long long)i * HD + hoff, l, D, v[u]);
+                    R::load(dO[u], grad_out + (long long)i * HD + hoff, l, D, v[u]);
                     if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
                     const long long ih = (long long)i * H + hc;
                     Lv[u] = v[u] ? __ldg(lse + ih) : 0.f;
-                    Gv[u] = v[u] ? __ldg(gbuf + ih) : 0.f;
-                    gav[u] = (galpha != nullptr && v[u]) ? __ldg(galpha + (long long)pe[u] * H + hc) : 0.f;
+                    delta_v[u] = v[u] ? __ldg(delta + ih) : 0.f;
+                    gav[u] = (grad_alpha != nullptr && v[u]) ? __ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -603,8 +576,8 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     if (v[u]) {
                         const float alpha = __expf(e - Lv[u]);
                         const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
-                        const float dal = ds * dxo + gav[u] * (ga_dropped ? ds : 1.f);
-                        const float de = alpha * (dal - Gv[u]);
+                        const float dal = ds * dxo + gav[u] * (grad_alpha_dropped ? ds : 1.f);
+                        const float de = alpha * (dal - delta_v[u]);
                         const float ad = alpha * ds;
 #pragma unroll
                         for (int k = 0; k < KV; ++k) {

@@ -9,28 +9,47 @@
 // contraction, so forward and backward agree bit for bit) with -0 turned into +0 (so the
 // float compare of the light path and the integer key of the heavy path see the same ties).
 //
-// Tie rules (MODE, a template parameter): 0 = count the tied edges (gradient split; aux =
-// tie count), 1 = first tied edge in caller edge order (aux = its caller edge id), 2 = last,
-// 3 = value only (no aux; forward without autograd).
+// Tie rules (MODE, a template parameter): SR_MODE_COUNT = count the tied edges (gradient
+// split; aux = tie count), SR_MODE_FIRST = first tied edge in caller edge order (aux = its
+// caller edge id), SR_MODE_LAST = last, SR_MODE_VALUE = value only (no aux; forward without
+// autograd).
 //
-// Forward, degree-aware (the caller picks the buckets; ops/cuda_segment_reduce.py makes
-// every destination with >= 128 in-edges heavy, so no group walks more than that):
-// - light rows (gf_sr_fwd_light): a group of T lanes per (row, feature block), each lane
+// Forward, degree-aware (the row-chunk work list of gnn_fastpath/cuda/worklist.py: the
+// launcher cuts every destination with >= 128 in-edges into chunks, so no group walks more
+// than that):
+// - light rows (sr_fwd_rows): a group of T lanes per (row, feature block), each lane
 //   VEC features (16-byte loads), running extreme + count/arg in registers, one pass over
 //   the row's edges, four rows' loads in flight per lane;
-// - heavy rows (gf_sr_fwd_heavy): work items (slot, start, end) of a few dozen edges of one
+// - heavy rows (sr_fwd_chunks): work items (slot, start, end) of a few dozen edges of one
 //   heavy row; each item reduces its chunk in registers and merges with one 64-bit atomic
 //   per feature into packed[slot, f]:
-//     modes 1-3: atomicMax on (order key << 32 | tie-break bits), tie-break bits = ~edge id
+//     first/last/value: atomicMax on (order key << 32 | tie-break bits), tie-break bits = ~edge id
 //                (first: smallest id wins) or edge id (last) or 0;
-//     mode 0:    a CAS loop on (order key << 32 | count): larger key replaces, equal key
+//     count:      a CAS loop on (order key << 32 | count): larger key replaces, equal key
 //                adds (skipped without an atomic when the stored key is already larger);
-//   then gf_sr_fwd_unpack writes out/aux of the heavy rows.
-// Backward: modes 1/2 scatter along the saved arg (gf_sr_bwd_arg); mode 0 walks the CSR
-// edges in ranges (gf_sr_bwd_split), recomputes each message and, where it equals the
-// saved extreme, adds g / (count + [quirk && out == 0]) (quirk: torch scatter_reduce's
+//   then sr_fwd_unpack writes out/aux of the heavy rows.
+// Backward: first/last scatter along the saved arg (sr_bwd_arg); count walks the CSR
+// edges in ranges (sr_bwd_ties), recomputes each message and, where it equals the
+// saved extreme, adds g / (count + [count_zero_as_tie && out == 0]) (count_zero_as_tie: torch scatter_reduce's
 // include_self=False rule, which counts the untouched zero of the output as one more tie).
-#include "aggregation_common.cuh"
+#include "common.cuh"
+
+// Tie-rule codes come from the launcher (-D defines), so Python and CUDA agree on them.
+#if !defined(SR_MODE_COUNT) || !defined(SR_MODE_FIRST) || !defined(SR_MODE_LAST) || !defined(SR_MODE_VALUE)
+#error "the SR_MODE_* codes must be defined by the launcher"
+#endif
+
+// Order-preserving 32-bit key of a float: a < b (as floats, -0 == +0 after canonicalisation
+// by the caller) iff key(a) < key(b). Key 0 is below every real value.
+__device__ __forceinline__ unsigned int sr_order_key(float v) {
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float sr_order_key_decode(unsigned int k) {
+    const unsigned int u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    return __uint_as_float(u);
+}
 
 __device__ __forceinline__ float sr_message(float sw, float xv) {
     return __fadd_rn(__fmul_rn(sw, xv), 0.0f);
@@ -39,11 +58,11 @@ __device__ __forceinline__ float sr_message(float sw, float xv) {
 // MODE 0: count ties, 1: first (smallest caller id), 2: last, 3: value only (no aux).
 template <int MODE>
 __device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
-    if (MODE == 0) {
+    if (MODE == SR_MODE_COUNT) {
         if (v > m) { m = v; a = 1; } else if (v == m) { a += 1; }
-    } else if (MODE == 1) {
+    } else if (MODE == SR_MODE_FIRST) {
         if (v > m || (v == m && p < a)) { m = v; a = p; }
-    } else if (MODE == 2) {
+    } else if (MODE == SR_MODE_LAST) {
         if (v > m || (v == m && p > a)) { m = v; a = p; }
     } else {
         m = fmaxf(m, v);
@@ -52,7 +71,7 @@ __device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
 
 template <int MODE>
 __device__ __forceinline__ int sr_init_aux() {
-    return MODE == 0 ? 0 : (MODE == 1 ? GA_INT_MAX : -1);
+    return MODE == SR_MODE_COUNT ? 0 : (MODE == SR_MODE_FIRST ? GF_INT_MAX : -1);
 }
 
 // Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
@@ -71,7 +90,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
         float sw = sign;
         if (k < end) {
             s = __ldg(indices + k);
-            if (MODE != 3 || w != nullptr) p = __ldg(perm + k);
+            if (MODE != SR_MODE_VALUE || w != nullptr) p = __ldg(perm + k);
             if (w != nullptr) sw = sign * __ldg(w + p);
         }
         const int nb = min(T, end - e0);
@@ -82,14 +101,14 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 ss[u] = __shfl_sync(mask, s, t + u, T);
-                pp[u] = MODE == 3 ? 0 : __shfl_sync(mask, p, t + u, T);
+                pp[u] = MODE == SR_MODE_VALUE ? 0 : __shfl_sync(mask, p, t + u, T);
                 ww[u] = w != nullptr ? __shfl_sync(mask, sw, t + u, T) : sign;
             }
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int c = 0; c < CH; ++c)
-                    if (f0 + c * T * VEC < F) ga_load<VEC>(x + (long long)ss[u] * F + f0 + c * T * VEC, v[u][c]);
+                    if (f0 + c * T * VEC < F) gf_load<VEC>(v[u][c], x + (long long)ss[u] * F + f0 + c * T * VEC);
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -101,13 +120,13 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
-            const int p0 = MODE == 3 ? 0 : __shfl_sync(mask, p, t, T);
+            const int p0 = MODE == SR_MODE_VALUE ? 0 : __shfl_sync(mask, p, t, T);
             const float w0 = w != nullptr ? __shfl_sync(mask, sw, t, T) : sign;
 #pragma unroll
             for (int c = 0; c < CH; ++c) {
                 if (f0 + c * T * VEC < F) {
                     float v0[VEC];
-                    ga_load<VEC>(x + (long long)s0 * F + f0 + c * T * VEC, v0);
+                    gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) sr_update<MODE>(m[c][j], a[c][j], sr_message(w0, v0[j]), p0);
                 }
@@ -120,14 +139,14 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 // out [n_dst, F]; aux [n_dst, F] (tie count or caller edge id; 0 / -1 for empty rows),
 // unused with MODE 3.
 template <int VEC, int T, int CH, int MODE>
-__global__ void gf_sr_fwd_light(const int* __restrict__ indptr, const int* __restrict__ indices,
-                                const int* __restrict__ perm, const float* __restrict__ x,
-                                const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                                int F, float sign, float* __restrict__ out, int* __restrict__ aux) {
+__global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
+                            const int* __restrict__ perm, const float* __restrict__ x,
+                            const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
+                            int F, float sign, float* __restrict__ out, int* __restrict__ aux) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
-    const unsigned int mask = ga_group_mask<T>();
+    const unsigned int mask = gf_group_mask<T>();
     const int row = rows != nullptr ? __ldg(rows + gid) : gid;
     const int start = __ldg(indptr + row), end = __ldg(indptr + row + 1);
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
@@ -137,7 +156,7 @@ __global__ void gf_sr_fwd_light(const int* __restrict__ indptr, const int* __res
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GA_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
     sr_reduce_range<VEC, T, CH, MODE>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
@@ -153,12 +172,12 @@ __global__ void gf_sr_fwd_light(const int* __restrict__ indptr, const int* __res
             for (int j = 0; j < VEC; ++j) {
                 r[j] = empty ? 0.f : sign * m[c][j];
                 int v = a[c][j];
-                if (MODE != 0 && (empty || v == GA_INT_MAX)) v = -1;
-                if (MODE == 0 && empty) v = 0;
+                if (MODE != SR_MODE_COUNT && (empty || v == GF_INT_MAX)) v = -1;
+                if (MODE == SR_MODE_COUNT && empty) v = 0;
                 q[j] = v;
             }
-            ga_store<VEC>(out + o, r);
-            if (MODE != 3) ga_store_int<VEC>(aux + o, q);
+            gf_store<VEC>(out + o, r);
+            if (MODE != SR_MODE_VALUE) gf_store<VEC>(aux + o, q);
         }
     }
 }
@@ -176,18 +195,20 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
     }
 }
 
-// Heavy rows: items [n_items, 3] = (heavy slot, edge start, edge end); packed [n_heavy, F]
-// zero-initialised. MODE 3 merges like MODE 2.
+// Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
+// (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
+// MODE 3 merges like MODE 2.
 template <int VEC, int T, int CH, int MODE>
-__global__ void gf_sr_fwd_heavy(const int* __restrict__ indices, const int* __restrict__ perm,
-                                const float* __restrict__ x, const float* __restrict__ w,
-                                const int* __restrict__ items, int n_items, int F, float sign,
-                                unsigned long long* __restrict__ packed) {
+__global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
+                              const float* __restrict__ x, const float* __restrict__ w,
+                              const int4* __restrict__ items, int n_items, int F, float sign,
+                              unsigned long long* __restrict__ packed) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_items) return;
-    const unsigned int mask = ga_group_mask<T>();
-    const int slot = __ldg(items + 3 * gid), start = __ldg(items + 3 * gid + 1), end = __ldg(items + 3 * gid + 2);
+    const unsigned int mask = gf_group_mask<T>();
+    const int4 it = __ldg(items + gid);
+    const int start = it.y, end = it.z, slot = it.w;
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
@@ -195,7 +216,7 @@ __global__ void gf_sr_fwd_heavy(const int* __restrict__ indices, const int* __re
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GA_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
     sr_reduce_range<VEC, T, CH, MODE>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
@@ -206,12 +227,12 @@ __global__ void gf_sr_fwd_heavy(const int* __restrict__ indices, const int* __re
             unsigned long long* prow = packed + (long long)slot * F + f;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                const unsigned int key = ga_order_key(m[c][j]);
-                if (MODE == 0) {
+                const unsigned int key = sr_order_key(m[c][j]);
+                if (MODE == SR_MODE_COUNT) {
                     sr_merge_count(prow + j, key, (unsigned int)a[c][j]);
                 } else {
                     const unsigned int low =
-                        MODE == 1 ? ~(unsigned int)a[c][j] : (MODE == 2 ? (unsigned int)a[c][j] : 0u);
+                        MODE == SR_MODE_FIRST ? ~(unsigned int)a[c][j] : (MODE == SR_MODE_LAST ? (unsigned int)a[c][j] : 0u);
                     atomicMax(prow + j, ((unsigned long long)key << 32) | (unsigned long long)low);
                 }
             }
@@ -219,20 +240,21 @@ __global__ void gf_sr_fwd_heavy(const int* __restrict__ indices, const int* __re
     }
 }
 
-extern "C" __global__ void gf_sr_fwd_unpack(const unsigned long long* __restrict__ packed,
-                                            const int* __restrict__ heavy_rows, int n_heavy, int F, float sign,
-                                            int mode, float* __restrict__ out, int* __restrict__ aux) {
+// Writes out/aux of the split rows (split[h] = (row, first chunk, chunks, 0)) from packed.
+extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
+                                         const int4* __restrict__ split, int n_split, int F, float sign,
+                                         int mode, float* __restrict__ out, int* __restrict__ aux) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (idx >= (long long)n_heavy * F) return;
+    if (idx >= (long long)n_split * F) return;
     const int h = (int)(idx / F), f = (int)(idx % F);
-    const int row = __ldg(heavy_rows + h);
+    const int row = __ldg(split + h).x;
     const unsigned long long p = packed[idx];
     const unsigned int key = (unsigned int)(p >> 32), low = (unsigned int)p;
     const long long o = (long long)row * F + f;
-    out[o] = sign * ga_order_key_decode(key);
+    out[o] = sign * sr_order_key_decode(key);
     if (aux != nullptr) {
-        int v = mode == 1 ? (int)(~low) : (int)low;
-        if (mode != 0 && (v < 0 || v == GA_INT_MAX)) v = -1;
+        int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
+        if (mode != SR_MODE_COUNT && (v < 0 || v == GF_INT_MAX)) v = -1;
         aux[o] = v;
     }
 }
@@ -240,38 +262,39 @@ extern "C" __global__ void gf_sr_fwd_unpack(const unsigned long long* __restrict
 // Backward of the single-edge rules: total = n_dst * F elements; arg [n_dst, F] caller edge
 // ids (-1: empty row); src_of [M] source id per caller edge. dx [n_src, F] and dw [M] are
 // zero-initialised accumulators (either may be null).
-extern "C" __global__ void gf_sr_bwd_arg(const int* __restrict__ arg, const float* __restrict__ dy,
-                                         const int* __restrict__ src_of, const float* __restrict__ w,
-                                         const float* __restrict__ x, long long total, int F,
-                                         float* __restrict__ dx, float* __restrict__ dw) {
+extern "C" __global__ void sr_bwd_arg(const int* __restrict__ arg, const float* __restrict__ grad_out,
+                                      const int* __restrict__ src_of, const float* __restrict__ w,
+                                      const float* __restrict__ x, long long total, int F,
+                                      float* __restrict__ dx, float* __restrict__ dw) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
     const int e = __ldg(arg + idx);
     if (e < 0) return;
     const int f = (int)(idx % F);
-    const float g = __ldg(dy + idx);
+    const float g = __ldg(grad_out + idx);
     const long long xo = (long long)__ldg(src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
     if (dw != nullptr) atomicAdd(dw + e, g * __ldg(x + xo));
 }
 
-// Backward of the split rules over row segments: segs [n_segs, 3] = (row, edge start,
-// edge end), every CSR edge in exactly one segment (light rows whole, heavy rows in chunks).
-// A group keeps its row's extreme and gradient share in registers, walks the segment's
+// Backward of the counting tie rules over the work items: items [n_items] = (row, edge
+// start, edge end, tag), every CSR edge in exactly one item (short rows whole, long rows in
+// chunks). A group keeps its row's extreme and gradient share in registers, walks the item's
 // edges (metadata T at a time, U = 4/CH rows' loads in flight) and, for each message equal
 // to the extreme, adds share * w to dx[src] and share * x to dw (reduced over the group).
 template <int VEC, int T, int CH>
-__global__ void gf_sr_bwd_split(const int* __restrict__ segs, int n_segs, const int* __restrict__ indices,
-                                const int* __restrict__ perm, const float* __restrict__ x,
-                                const float* __restrict__ w, int F, float sign, int quirk,
-                                const float* __restrict__ out, const int* __restrict__ cnt,
-                                const float* __restrict__ dy, float* __restrict__ dx, float* __restrict__ dw) {
+__global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
+                            const int* __restrict__ perm, const float* __restrict__ x,
+                            const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
+                            const float* __restrict__ out, const int* __restrict__ cnt,
+                            const float* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
-    if (gid >= n_segs) return;
-    const unsigned int mask = ga_group_mask<T>();
-    const int row = __ldg(segs + 3 * gid), start = __ldg(segs + 3 * gid + 1), end = __ldg(segs + 3 * gid + 2);
+    if (gid >= n_items) return;
+    const unsigned int mask = gf_group_mask<T>();
+    const int4 it = __ldg(items + gid);
+    const int row = it.x, start = it.y, end = it.z;
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float mo[CH][VEC], share[CH][VEC];
@@ -282,13 +305,13 @@ __global__ void gf_sr_bwd_split(const int* __restrict__ segs, int n_segs, const 
             const long long ro = (long long)row * F + f;
             float o[VEC], g[VEC];
             int n[VEC];
-            ga_load<VEC>(out + ro, o);
-            ga_load<VEC>(dy + ro, g);
-            ga_load_int<VEC>(cnt + ro, n);
+            gf_load<VEC>(o, out + ro);
+            gf_load<VEC>(g, grad_out + ro);
+            gf_load<VEC>(n, cnt + ro);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 mo[c][j] = sign * o[j];
-                const int total = n[j] + ((quirk && o[j] == 0.f) ? 1 : 0);
+                const int total = n[j] + ((count_zero_as_tie && o[j] == 0.f) ? 1 : 0);
                 share[c][j] = total > 0 ? g[j] / (float)total : 0.f;
             }
         } else {
@@ -321,7 +344,7 @@ __global__ void gf_sr_bwd_split(const int* __restrict__ segs, int n_segs, const 
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int c = 0; c < CH; ++c)
-                    if (f0 + c * T * VEC < F) ga_load<VEC>(x + (long long)ss[u] * F + f0 + c * T * VEC, v[u][c]);
+                    if (f0 + c * T * VEC < F) gf_load<VEC>(v[u][c], x + (long long)ss[u] * F + f0 + c * T * VEC);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t + u >= nb) break;  // uniform across the group
@@ -341,7 +364,7 @@ __global__ void gf_sr_bwd_split(const int* __restrict__ segs, int n_segs, const 
                     }
                 }
                 if (dw != nullptr) {
-                    dwp = ga_group_sum<T>(dwp, mask);
+                    dwp = gf_group_sum<T>(dwp, mask);
                     if (lane == 0 && dwp != 0.f) atomicAdd(dw + pp[u], dwp);
                 }
             }

@@ -1,145 +1,111 @@
-"""Launchers of the min/max aggregation kernels (segment_reduce.cu) and their feature mapping.
+"""Launcher of the min/max aggregation kernels (``segment_reduce.cu``).
 
-Every function takes int32 CSR arrays and contiguous fp32 tensors on one CUDA device and
-launches on torch's current stream; nothing here synchronises with the host.
+One call per pass: :func:`forward` and :func:`backward` take the Graph. Degree-aware: rows
+with at least :data:`SPLIT_FROM` in-edges are cut into chunks of :data:`CHUNK` edges merged
+with 64-bit atomics (the row-chunk work list, built once per graph and shared with the own
+SpMM kernel); the other rows get a lane group each. Nothing here synchronises with the host
+except building the work list on a graph's first use.
+
+Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
+chunks of 4 floats per lane).
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .loader import get_kernel, launch, ptr
+from .. import config
+from . import launch, worklist
 
 SOURCE = "segment_reduce.cu"
 THREADS = 128
-#: Tie-rule codes of the kernels.
+#: Tie-rule codes of the kernels (``-D`` defines, so the .cu and this module agree).
 MODE_COUNT, MODE_FIRST, MODE_LAST, MODE_VALUE = 0, 1, 2, 3
-#: CSR edges per group in the edge-range kernel (SDDMM).
-EDGES_PER_GROUP = 16
-#: Feature chunks per lane of the min/max kernels (``GNN_FASTPATH_SR_CHUNKS`` overrides).
-DEFAULT_CHUNKS = 2
+DEFINES = {"SR_MODE_COUNT": MODE_COUNT, "SR_MODE_FIRST": MODE_FIRST, "SR_MODE_LAST": MODE_LAST,
+           "SR_MODE_VALUE": MODE_VALUE}
+#: Tie rule of the public op -> what the forward saves and the backward does.
+MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": MODE_LAST}
+#: Rows with at least this many in-edges are cut into chunks: a group walks its row's edges
+#: one after another, so the row length, not its rank, is what must be bounded.
+SPLIT_FROM = 128
+#: Edges per chunk of a long row.
+CHUNK = 64
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
+    """The degree-aware work list of ``graph``'s destination rows (or source rows); the own
+    SpMM kernel walks the same list."""
+    return worklist.for_graph(graph, CHUNK, SPLIT_FROM, source_major=source_major, interleave=True,
+                              tag="split_row")
 
 
-def _env_chunks() -> int:
-    value = os.environ.get("GNN_FASTPATH_SR_CHUNKS", "").strip()
-    if not value:
-        return DEFAULT_CHUNKS
-    chunks = int(value)
-    if chunks not in (1, 2, 4):
-        raise ValueError(f"GNN_FASTPATH_SR_CHUNKS must be 1, 2 or 4; got {value!r}")
-    return chunks
+def _kernel(name: str, device: torch.device, fcfg=None, *extra) -> launch.Kernel:
+    """``name<VEC, T, CH, *extra>`` for a feature config, or the extern "C" kernel ``name``."""
+    if fcfg is None:
+        return launch.kernel(SOURCE, name, device, (), DEFINES)
+    full = launch.template(name, *fcfg[:3], *extra)
+    return launch.kernel(SOURCE, full, device, (full,), DEFINES)
 
 
-def feature_config(F: int, *tensors: Tensor, max_chunks: int = 1) -> Tuple[int, int, int, int]:
-    """(VEC, T, CH, feature blocks) for rows of width F.
+def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, need_aux: bool,
+            out: Tensor) -> Optional[Tensor]:
+    """``out`` [n_dst, F] = sign * max_k (sign * w_k) * x[src_k] per row; returns aux.
 
-    VEC = 4 (16-byte loads) when F % 4 == 0 and every tensor's base address is 16-byte
-    aligned; T lanes per row (a power of two, up to a warp); CH chunks of VEC features per
-    lane (at most ``max_chunks``, only with a full warp); one feature block
-    (``blockIdx.y``) covers T * VEC * CH features. Wide rows therefore get several groups
-    (F = 512, CH = 1: four warps with one 16-byte load per lane and edge), which keeps
-    registers low and many rows in flight; each pass over the edges then reads part of
-    every source row, so only that part of x competes for L2 at a time.
-    """
-    vec = 4 if F % 4 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors) else 1
-    width = F // vec
-    lanes = min(32, _next_pow2(max(width, 1)))
-    chunks = 1
-    while chunks < max_chunks and lanes * chunks < width:
-        chunks *= 2
-    per_block = lanes * vec * chunks
-    return vec, lanes, chunks, (F + per_block - 1) // per_block
-
-
-def templated(name: str, config, device: torch.device, source: str = SOURCE, extra: Tuple[int, ...] = ()):
-    """Kernel ``name<VEC, T, CH, *extra>``."""
-    vec, lanes, chunks = config[:3]
-    expr = f"{name}<{','.join(str(v) for v in (vec, lanes, chunks) + tuple(extra))}>"
-    return get_kernel(source, expr, device, name_expressions=(expr,))
-
-
-def _grid(n_groups: int, lanes: int, fblocks: int):
-    per_block = THREADS // lanes
-    return ((n_groups + per_block - 1) // per_block, fblocks)
-
-
-def forward(indptr: Tensor, indices: Tensor, perm: Tensor, x: Tensor, w: Optional[Tensor], n_dst: int,
-            light_rows: Optional[Tensor], heavy_rows: Optional[Tensor], heavy_items: Optional[Tensor],
-            sign: float, mode: int, need_aux: bool, out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """out [n_dst, F] = sign * max_k (sign * w_k) * x[src_k] per row, and aux (count or arg).
-
-    Without ``need_aux`` only the value is computed (MODE_VALUE) and aux is None.
-
-    ``light_rows`` None means every row is light (row id = group id). ``heavy_items`` [n, 3]
-    int32 (slot into ``heavy_rows``, edge start, edge end).
+    aux int32 [n_dst, F] is what the backward needs for the tie rule (tie counts, or the
+    winning caller edge id); None without ``need_aux`` (value only).
     """
     F = x.size(1)
     device = x.device
-    if out is None:
-        out = torch.empty(n_dst, F, dtype=torch.float32, device=device)
+    n_dst = graph.n_dst
     aux = torch.empty(n_dst, F, dtype=torch.int32, device=device) if need_aux else None
     if n_dst == 0 or F == 0:
-        return out, aux
-    config = feature_config(F, x, out, max_chunks=_env_chunks())
-    vec, lanes, chunks, fblocks = config
-    if not need_aux:
-        mode = MODE_VALUE
-    n_light = n_dst if light_rows is None else light_rows.numel()
-    if n_light:
-        kernel = templated("gf_sr_fwd_light", config, device, extra=(mode,))
-        launch(kernel, _grid(n_light, lanes, fblocks), (THREADS,),
-               (ptr(indptr), ptr(indices), ptr(perm), ptr(x), ptr(w), ptr(light_rows), np.int32(n_light),
-                np.int32(F), np.float32(sign), ptr(out), ptr(aux)), device)
-    if heavy_rows is not None and heavy_rows.numel():
-        n_heavy, n_items = heavy_rows.numel(), heavy_items.size(0)
-        packed = torch.zeros(n_heavy, F, dtype=torch.int64, device=device)
-        kernel = templated("gf_sr_fwd_heavy", config, device, extra=(mode,))
-        launch(kernel, _grid(n_items, lanes, fblocks), (THREADS,),
-               (ptr(indices), ptr(perm), ptr(x), ptr(w), ptr(heavy_items), np.int32(n_items), np.int32(F),
-                np.float32(sign), ptr(packed)), device)
-        total = n_heavy * F
-        unpack = get_kernel(SOURCE, "gf_sr_fwd_unpack", device)
-        launch(unpack, ((total + 255) // 256,), (256,),
-               (ptr(packed), ptr(heavy_rows), np.int32(n_heavy), np.int32(F), np.float32(sign), np.int32(mode),
-                ptr(out), ptr(aux)), device)
-    return out, aux
+        return aux
+    kc = graph.kernel_csr()
+    work = row_chunks(graph)
+    fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
+    vec, lanes, chunks, fblocks = fcfg
+    mode = MODES[tie_break] if need_aux else MODE_VALUE
+    rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
+    n_rows = n_dst - work.n_split
+    if n_rows:
+        _kernel("sr_fwd_rows", device, fcfg, mode).launch(
+            launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux)
+    if work.n_split:
+        packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
+        _kernel("sr_fwd_chunks", device, fcfg, mode).launch(
+            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
+            perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed)
+        _kernel("sr_fwd_unpack", device).launch(
+            launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
+            sign=sign, mode=mode, out=out, aux=aux)
+    return aux
 
 
-def backward_arg(arg: Tensor, dy: Tensor, src_of: Tensor, w: Optional[Tensor], x: Tensor,
-                 dx: Optional[Tensor], dw: Optional[Tensor]) -> None:
-    """Single-edge rules: dx[src[arg]] += dy * w[arg]; dw[arg] += dy * x[src[arg]] (zeroed outputs)."""
-    total = arg.numel()
-    if total == 0:
-        return
-    kernel = get_kernel(SOURCE, "gf_sr_bwd_arg", dy.device)
-    launch(kernel, ((total + 255) // 256,), (256,),
-           (ptr(arg), ptr(dy), ptr(src_of), ptr(w), ptr(x), np.int64(total), np.int32(arg.size(1)),
-            ptr(dx), ptr(dw)), dy.device)
-
-
-def backward_split(segments: Tensor, indices: Tensor, perm: Tensor, x: Tensor, w: Optional[Tensor],
-                   sign: float, quirk: bool, out: Tensor, cnt: Tensor, dy: Tensor,
-                   dx: Optional[Tensor], dw: Optional[Tensor]) -> None:
-    """Split rules: each tied edge gets dy / (count + [quirk and out == 0]) (zeroed outputs).
-
-    ``segments`` int32 [n, 3] = (row, edge start, edge end) covering every CSR edge once.
-    """
-    n_segs = segments.size(0)
+def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, aux: Tensor,
+             grad_out: Tensor, need_dx: bool, need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used."""
     F = x.size(1)
-    if n_segs == 0 or F == 0:
-        return
-    config = feature_config(F, x, out, dy, cnt, max_chunks=_env_chunks())
-    vec, lanes, chunks, fblocks = config
-    kernel = templated("gf_sr_bwd_split", config, dy.device)
-    launch(kernel, _grid(n_segs, lanes, fblocks), (THREADS,),
-           (ptr(segments), np.int32(n_segs), ptr(indices), ptr(perm), ptr(x), ptr(w), np.int32(F),
-            np.float32(sign), np.int32(1 if quirk else 0), ptr(out), ptr(cnt), ptr(dy), ptr(dx), ptr(dw)),
-           dy.device)
+    device = x.device
+    dx = torch.zeros_like(x) if need_dx else None
+    dw = torch.zeros(graph.num_edges, dtype=x.dtype, device=device) if need_dw else None
+    if aux.numel() == 0:
+        return dx, dw
+    kc = graph.kernel_csr()
+    if MODES[tie_break] != MODE_COUNT:  # one winning edge per element: scatter along it
+        src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
+        total = aux.numel()
+        _kernel("sr_bwd_arg", device).launch(
+            launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
+            dx=dx, dw=dw)
+        return dx, dw
+    work = row_chunks(graph)
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
+    vec, lanes, chunks, fblocks = fcfg
+    _kernel("sr_bwd_ties", device, fcfg).launch(
+        launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,
+        indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
+        count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)
+    return dx, dw

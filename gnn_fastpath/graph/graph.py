@@ -4,21 +4,21 @@ Messages flow source -> destination. Row ``i`` of the CSR lists the in-edges of 
 ``i``: ``indices[indptr[i]:indptr[i+1]]`` are their source ids and ``perm`` maps each CSR
 position back to the caller's edge id (so per-edge tensors in caller order can be read in
 CSR order as ``edge_tensor[perm]``).
+
+:meth:`Graph.of` turns a graph input into its cached Graph: plain torch inputs here, every
+other kind of object through an adapter registered with :func:`register_adapter` (the
+integrations register theirs when ``gnn_fastpath`` is imported).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-#: Default degree quantile above which a destination counts as heavy.
-DEFAULT_HEAVY_QUANTILE = 0.99
-#: A destination is never heavy below this in-degree, whatever the quantile says: small
-#: rows are cheap for any mapping and splitting them only adds merge work.
-DEFAULT_MIN_HEAVY_DEGREE = 256
+from . import cache
+from .convert import edge_index_to_coo, sparse_to_coo, tensor_version
 
 INT32_MAX = 2**31 - 1
 
@@ -38,20 +38,6 @@ class DegreeStats:
 
     max: int
     mean: float
-    skewness: float
-
-
-@dataclass(frozen=True)
-class DegreeBuckets:
-    """Destinations split by in-degree for degree-aware launches.
-
-    ``light`` and ``heavy`` are int64 destination ids (ascending); ``threshold`` is the
-    smallest in-degree that counts as heavy.
-    """
-
-    light: Tensor
-    heavy: Tensor
-    threshold: int
 
 
 @dataclass(frozen=True)
@@ -69,24 +55,73 @@ class SourceCSR:
 
 @dataclass(frozen=True)
 class KernelCSR:
-    """int32 copies of the CSR arrays for CUDA kernels (built once per graph and device)."""
+    """int32 copies of the CSR arrays for CUDA kernels (built once per graph and device).
+
+    ``indptr`` [n_dst+1], ``indices`` [M] (source ids), ``perm`` [M] (caller edge ids).
+    """
 
     indptr: Tensor
     indices: Tensor
     perm: Tensor
 
 
-def _as_node_count(value, name: str) -> int:
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a single integer, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
+@dataclass(frozen=True)
+class KernelSourceCSR:
+    """int32 source-major CSR for kernels that walk out-edges (built once per graph and device).
+
+    Row ``j`` lists the out-edges of source ``j`` (destinations ascending):
+
+    - ``indptr`` [n_src+1]: row offsets;
+    - ``indices`` [M]: the destination id of each out-edge;
+    - ``perm`` [M]: the caller's edge id of each out-edge;
+    - ``csr_pos`` [M]: the position of each out-edge in the destination-major CSR.
+    """
+
+    indptr: Tensor
+    indices: Tensor
+    perm: Tensor
+    csr_pos: Tensor
+
+
+#: ``describe(obj, num_nodes) -> (device_key, version, build)``: see :func:`register_adapter`.
+Describe = Callable[[object, object], Tuple[str, Hashable, Callable[[], "Graph"]]]
+# (predicate, describe, what it accepts), newest last; Graph.of asks the newest first.
+_adapters: List[Tuple[Callable[[object], bool], Describe, str]] = []
+
+
+def register_adapter(predicate: Callable[[object], bool], describe: Describe, accepts: str = "") -> None:
+    """Let :meth:`Graph.of` take objects for which ``predicate(obj)`` is true.
+
+    ``describe(obj, num_nodes)`` returns ``(device_key, version, build)``: the cache's
+    device key (``str(device)``), a hashable version that changes whenever ``obj``'s edges
+    or node counts may have (see :func:`gnn_fastpath.graph.cache.cached`) and a
+    zero-argument ``build()`` returning the Graph. ``obj`` must support weak references.
+    Adapters registered later are asked first, before the plain tensor inputs, so one can
+    take over a tensor subclass. ``accepts`` names the inputs in :meth:`Graph.of`'s error for
+    unsupported objects (e.g. ``"a Foo graph (mypackage.foo)"``). Registering the same pair
+    again does nothing.
+    """
+    if any(p is predicate and d is describe for p, d, _ in _adapters):
+        return
+    _adapters.append((predicate, describe, accepts))
+
+
+def _describe_tensor(obj: Tensor, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
+    if obj.layout in (torch.sparse_csr, torch.sparse_coo):
+        return str(obj.device), tensor_version(obj), lambda: Graph.from_sparse(obj)
+    return str(obj.device), tensor_version(obj), lambda: Graph.from_edge_index(obj, num_nodes)
+
+
+def _describe(obj, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
+    """(device key, version, builder) of a graph input; ValueError naming ``obj`` otherwise."""
+    for predicate, describe, _ in reversed(_adapters):
+        if predicate(obj):
+            return describe(obj, num_nodes)
+    if isinstance(obj, Tensor):
+        return _describe_tensor(obj, num_nodes)
+    kinds = ["an edge_index tensor [2, M]", "a torch.sparse COO/CSR adjacency", "a Graph"]
+    kinds += [accepts for _, _, accepts in _adapters if accepts]
+    raise ValueError(f"obj must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {type(obj).__name__}")
 
 
 def _check_ids(ids: Tensor, bound: int, name: str) -> None:
@@ -136,8 +171,8 @@ def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int) -> Tupl
 class Graph:
     """A graph as the kernels see it: destination-major CSR and cached derived data.
 
-    Build one with :meth:`from_edge_index`, :meth:`from_sparse`, :meth:`from_dgl`, or
-    :meth:`of` (which also caches it for the framework object it came from).
+    Build one with :meth:`from_edge_index`, :meth:`from_sparse`, :meth:`from_coo`, or
+    :meth:`of` (which also caches it for the object it came from).
 
     Attributes:
         indptr (Tensor): int64 [n_dst + 1], row offsets (rows are destinations).
@@ -157,7 +192,6 @@ class Graph:
         self.n_src = int(n_src)
         self.n_dst = int(n_dst)
         self._stats: Optional[DegreeStats] = None
-        self._buckets: Dict[Tuple[float, int], DegreeBuckets] = {}
         self._source_csr: Optional[SourceCSR] = None
         self._dst_index: Optional[Tensor] = None
         self._kernel_csr: Optional[KernelCSR] = None
@@ -168,7 +202,10 @@ class Graph:
     @classmethod
     def from_coo(cls, src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, validate: bool = True,
                  name: str = "edge_index") -> "Graph":
-        """Build from source and destination id vectors in the caller's edge order."""
+        """Build from source and destination ids, integer [M] each, in the caller's edge order.
+
+        ``name`` names the input in validation errors (``"<name> (source row) ..."``).
+        """
         if validate:
             _check_ids(src, n_src, f"{name} (source row)")
             _check_ids(dst, n_dst, f"{name} (destination row)")
@@ -180,48 +217,41 @@ class Graph:
 
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, num_nodes=None) -> "Graph":
-        """Build from a PyG ``edge_index`` [2, M] (row 0 sources, row 1 targets).
+        """Build from an ``edge_index`` [2, M] (row 0 sources, row 1 targets).
 
         Args:
-            edge_index: integer tensor [2, M] or a PyG ``EdgeIndex``.
-            num_nodes: ``None`` (``max id + 1``, or the ``EdgeIndex``'s sparse size), an int
+            edge_index: integer tensor [2, M] (a tensor subclass is read as a plain tensor).
+            num_nodes: ``None`` (``max id + 1`` over both rows, for both sides), an int
                 (homogeneous), or ``(n_src, n_dst)`` (bipartite).
         """
-        from .convert import edge_index_to_coo
-
         src, dst, n_src, n_dst = edge_index_to_coo(edge_index, num_nodes)
         return cls.from_coo(src, dst, n_src, n_dst, name="edge_index")
 
     @classmethod
     def from_sparse(cls, adj_t: Tensor) -> "Graph":
         """Build from a ``torch.sparse`` CSR or COO adjacency ``adj_t`` [n_dst, n_src]."""
-        from .convert import sparse_to_coo
-
         src, dst, n_src, n_dst = sparse_to_coo(adj_t)
         return cls.from_coo(src, dst, n_src, n_dst, name="adj_t")
 
     @classmethod
-    def from_dgl(cls, g) -> "Graph":
-        """Build from a DGL graph or block (one edge type; int32 or int64 ids)."""
-        from .convert import dgl_to_coo
-
-        src, dst, n_src, n_dst = dgl_to_coo(g)
-        # Validated like any input: a malformed block (edges to destinations beyond
-        # num_dst_nodes) must raise here, not write out of bounds in a kernel.
-        return cls.from_coo(src, dst, n_src, n_dst, name="g")
-
-    @classmethod
     def of(cls, obj, num_nodes=None) -> "Graph":
-        """The cached Graph of a framework graph object, building it on first use.
+        """The cached Graph of a graph input, building it on first use.
 
-        ``obj`` is an ``edge_index`` tensor, a PyG ``EdgeIndex``, a ``torch.sparse``
-        adjacency or a DGL graph. The cache notices in-place changes (tensor versions, DGL
-        graphs that gained or lost edges), holds its sources weakly and is bounded per
-        device; see :mod:`gnn_fastpath.graph.cache`.
+        ``obj`` is a Graph (returned as is), an ``edge_index`` [2, M] integer tensor (built
+        with ``num_nodes`` as in :meth:`from_edge_index`), a ``torch.sparse`` COO/CSR
+        adjacency [n_dst, n_src] (``num_nodes`` unused), or an object a registered adapter
+        takes (:func:`register_adapter`; importing ``gnn_fastpath`` registers those of the
+        integrations). The cache notices in-place changes (tensor version counters, or what
+        the adapter's version tracks), holds its sources weakly and is bounded per device;
+        see :mod:`gnn_fastpath.graph.cache`.
         """
-        from .cache import graph_of
-
-        return graph_of(obj, num_nodes)
+        if isinstance(obj, Graph):
+            return obj
+        if isinstance(num_nodes, Tensor):
+            num_nodes = int(num_nodes)
+        device_key, version, build = _describe(obj, num_nodes)
+        extra = tuple(num_nodes) if isinstance(num_nodes, (tuple, list)) else num_nodes
+        return cache.cached(obj, version, build, device_key, extra)
 
     # ------------------------------------------------------------------ basic facts
     @property
@@ -256,6 +286,19 @@ class Graph:
                     torch.arange(self.n_dst, device=self.device), self.in_degree(), output_size=self.num_edges)
         return self._dst_index
 
+    def caller_coo(self) -> Tuple[Tensor, Tensor]:
+        """(src, dst), int64 [M] each: the source and destination id of every edge in the
+        caller's edge order (memoised)."""
+
+        def build():
+            src = torch.empty_like(self.indices)
+            src[self.perm] = self.indices
+            dst = torch.empty_like(self.indices)
+            dst[self.perm] = self.dst_index()
+            return src, dst
+
+        return self.memo("caller_coo", build)
+
     def memo(self, key, build):
         """Cache ``build()`` under ``key`` for this graph's lifetime (derived, per-graph data)."""
         try:
@@ -267,48 +310,14 @@ class Graph:
 
     # ------------------------------------------------------------------ derived data
     def degree_stats(self) -> DegreeStats:
-        """Max, mean and (Fisher) skewness of the destination in-degrees."""
+        """Max and mean of the destination in-degrees (computed once)."""
         if self._stats is None:
-            deg = self.in_degree().to(torch.float64)
-            if deg.numel() == 0:
-                self._stats = DegreeStats(0, 0.0, 0.0)
-            else:
-                mean = deg.mean()
-                centred = deg - mean
-                var = (centred ** 2).mean()
-                third = (centred ** 3).mean()
-                var_f = float(var)
-                skew = float(third) / var_f ** 1.5 if var_f > 0 else 0.0
-                self._stats = DegreeStats(int(deg.max()), float(mean), skew)
-        return self._stats
-
-    def buckets(self, quantile: float = DEFAULT_HEAVY_QUANTILE,
-                min_heavy_degree: int = DEFAULT_MIN_HEAVY_DEGREE) -> DegreeBuckets:
-        """Split destinations into light and heavy by in-degree.
-
-        A destination is heavy when its in-degree is at least
-        ``max(quantile-th degree quantile, min_heavy_degree)``. Cached per arguments.
-        """
-        if not 0.0 <= quantile <= 1.0:
-            raise ValueError(f"quantile must be in [0, 1], got {quantile}")
-        key = (float(quantile), int(min_heavy_degree))
-        if key not in self._buckets:
-            self._buckets[key] = self._split_by_degree(quantile, min_heavy_degree)
-        return self._buckets[key]
-
-    def _split_by_degree(self, quantile: float, min_heavy_degree: int) -> DegreeBuckets:
-        with _normal_tensors():
             deg = self.in_degree()
             if deg.numel() == 0:
-                q = 0
+                self._stats = DegreeStats(0, 0.0)
             else:
-                # torch.quantile is limited to 2**24 elements: use a sorted pick instead.
-                k = min(deg.numel() - 1, int(math.ceil(quantile * (deg.numel() - 1))))
-                q = int(torch.sort(deg).values[k])
-            threshold = max(q, int(min_heavy_degree), 1)
-            is_heavy = deg >= threshold
-            ids = torch.arange(self.n_dst, device=self.device)
-            return DegreeBuckets(ids[~is_heavy], ids[is_heavy], threshold)
+                self._stats = DegreeStats(int(deg.max()), float(deg.to(torch.float64).mean()))
+        return self._stats
 
     def source_csr(self) -> SourceCSR:
         """The source-major CSR (transpose), built on first use and cached."""
@@ -322,6 +331,12 @@ class Graph:
         """Whether int32 kernels can index this graph (fewer than 2**31 edges and nodes)."""
         return self.num_edges <= INT32_MAX and max(self.n_src, self.n_dst) <= INT32_MAX
 
+    def _check_int32(self) -> None:
+        if not self.fits_int32():
+            raise ValueError(
+                f"graph has {self.num_edges} edges and {max(self.n_src, self.n_dst)} nodes; "
+                "the CUDA kernels index with int32 and support fewer than 2**31")
+
     def kernel_csr(self) -> KernelCSR:
         """int32 ``indptr``/``indices``/``perm`` for kernels (cached).
 
@@ -329,19 +344,30 @@ class Graph:
         cannot index; callers fall back to the reference ops then.
         """
         if self._kernel_csr is None:
-            if not self.fits_int32():
-                raise ValueError(
-                    f"graph has {self.num_edges} edges and {max(self.n_src, self.n_dst)} nodes; "
-                    "the CUDA kernels index with int32 and support fewer than 2**31")
+            self._check_int32()
             with _normal_tensors():
                 self._kernel_csr = KernelCSR(self.indptr.to(torch.int32), self.indices.to(torch.int32),
                                              self.perm.to(torch.int32))
         return self._kernel_csr
 
+    def kernel_source_csr(self) -> KernelSourceCSR:
+        """int32 source-major CSR for kernels (see :class:`KernelSourceCSR`; memoised).
+
+        Raises the same ValueError as :meth:`kernel_csr` when int32 cannot index the graph.
+        """
+        self._check_int32()
+
+        def build():
+            s = self.source_csr()
+            return KernelSourceCSR(s.indptr.to(torch.int32), s.indices.to(torch.int32),
+                                   self.perm[s.csr_pos].to(torch.int32), s.csr_pos.to(torch.int32))
+
+        return self.memo("kernel_source_csr", build)
+
     def to(self, device) -> "Graph":
         """This graph on ``device``; the copy is made once and cached with the graph.
 
-        This serves a DGL graph kept on the CPU while features live on the GPU.
+        This serves a graph input kept on the CPU while the features live on a GPU.
         """
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:

@@ -48,3 +48,25 @@ def check_probability(name: str, p) -> float:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {p}")
     return p
+
+
+def check_return_attention(value) -> None:
+    if not (value is False or value is True or value == "dropped"):
+        raise ValueError(f"return_attention must be False, True or 'dropped', got {value!r}")
+
+
+def check_features(graph: Graph, x, edge_weight) -> None:
+    """``x`` [N_src, F...] node features and an optional [M] ``edge_weight`` like it."""
+    if not hasattr(x, "dim") or x.dim() < 2:
+        raise ValueError(f"x must be a tensor of shape [N_src, F...], got {getattr(x, 'shape', type(x).__name__)}")
+    check_tensor("x", x, (graph.n_src,) + (None,) * (x.dim() - 1))
+    if edge_weight is not None:
+        check_tensor("edge_weight", edge_weight, (graph.num_edges,), like=x)
+
+
+def row_width(t: Tensor) -> int:
+    """Features per node row: the product of the trailing dimensions."""
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return n

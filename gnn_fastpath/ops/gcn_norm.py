@@ -6,8 +6,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..cuda import spmm as kernels
 from ._checks import check_graph, check_tensor, graph_on
-from ._dispatch import reference_forced
+from .dispatch import CUDA, choose
 
 
 def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool = False,
@@ -57,8 +58,9 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
         [M] normalised weights in the caller's edge order, on ``edge_weight``'s device (or
         the graph's).
 
-    A CUDA kernel computes it for CUDA fp32 inputs that need no gradient; otherwise plain
-    PyTorch (the reference, and the differentiable path).
+    On the CUDA backend (:mod:`.dispatch`), two kernels compute it when no gradient is
+    needed, and differentiable PyTorch ops on the GPU when ``edge_weight`` requires one;
+    the reference backend is the same PyTorch code.
     """
     graph = check_graph(graph)
     if graph.n_src != graph.n_dst:
@@ -70,31 +72,16 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
     elif dtype is None:
         dtype = torch.float32
     fill = 2.0 if improved else 1.0
-    if _use_kernel(graph, edge_weight, dtype):
-        from ..cuda import edge_norm
-
-        kc = graph.kernel_csr()
+    needs_grad = edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled()
+    if choose("gcn_norm_values", graph.device, dtype, graph) == CUDA and not needs_grad:
         w = None if edge_weight is None else edge_weight.contiguous()
-        return edge_norm.gcn_norm(kc.indptr, kc.indices, kc.perm, w, fill)
+        return kernels.gcn_norm(graph, w, fill)
     return _gcn_norm_torch(graph, edge_weight, fill, dtype)
-
-
-def _use_kernel(graph, edge_weight, dtype) -> bool:
-    if reference_forced() or graph.device.type != "cuda" or dtype != torch.float32 or not graph.fits_int32():
-        return False
-    if edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
-        return False
-    from .. import cuda
-
-    return cuda.available()
 
 
 def _gcn_norm_torch(graph, edge_weight, fill: float, dtype) -> Tensor:
     n = graph.n_dst
-    src = torch.empty_like(graph.indices)
-    dst = torch.empty_like(graph.indices)
-    src[graph.perm] = graph.indices  # caller order, as PyG sees the edges
-    dst[graph.perm] = graph.dst_index()
+    src, dst = graph.caller_coo()  # caller order, as PyG sees the edges
     if edge_weight is None:
         w = torch.where(src == dst, torch.tensor(fill, dtype=dtype, device=src.device),
                         torch.tensor(1.0, dtype=dtype, device=src.device))

@@ -11,8 +11,9 @@ copy). A graph on a GPU with features elsewhere is left to stock DGL, which repo
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Callable, Hashable, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from ...graph import Graph
@@ -57,6 +58,42 @@ def check_device(g, x: Tensor) -> None:
     """Graph on the CPU (any feature device) or on the features' device; else Unsupported."""
     if g.device.type != "cpu" and g.device != x.device:
         raise Unsupported("device", f"graph on {g.device} but features on {x.device}")
+
+
+def _check_one_edge_type(g) -> None:
+    """ValueError naming ``g`` unless it is a DGL graph with a single edge type."""
+    for attr in ("edges", "num_src_nodes", "num_dst_nodes", "canonical_etypes"):
+        if not hasattr(g, attr):
+            raise ValueError(f"g must be a DGL graph, got {type(g).__name__}")
+    if len(g.canonical_etypes) != 1:
+        raise ValueError(f"g must have a single edge type, got {len(g.canonical_etypes)}: {g.canonical_etypes}")
+
+
+def graph_from_dgl(g) -> Graph:
+    """A new Graph of a DGL graph or block (one edge type; int32 or int64 ids), uncached.
+
+    Edges in DGL edge-id order, so ``perm`` indexes ``g.edata`` tensors.
+    """
+    _check_one_edge_type(g)
+    src, dst = g.edges(order="eid")
+    # Validated like any input: a malformed block (edges to destinations beyond
+    # num_dst_nodes) must raise here, not write out of bounds in a kernel.
+    return Graph.from_coo(src.to(torch.int64), dst.to(torch.int64), int(g.num_src_nodes()),
+                          int(g.num_dst_nodes()), name="g")
+
+
+def describe(g, num_nodes=None) -> Tuple[str, Hashable, Callable[[], Graph]]:
+    """The Graph cache's adapter for DGL graphs (see :func:`gnn_fastpath.graph.register_adapter`).
+
+    ``num_nodes`` is unused: a DGL graph knows its node counts. The version holds the
+    graph's structure object itself, not only its ``id``: DGL replaces that object on
+    add_edges/remove_edges/add_nodes and frees the old one, whose address the next object
+    may reuse; counting alone would miss a remove followed by an add of as many edges.
+    """
+    _check_one_edge_type(g)
+    structure = getattr(g, "_graph", None)
+    version = (g.num_src_nodes(), g.num_dst_nodes(), g.num_edges(), str(g.idtype), id(structure), structure)
+    return str(g.device), version, lambda: graph_from_dgl(g)
 
 
 def graph_of(g) -> Graph:

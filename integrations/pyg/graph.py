@@ -19,12 +19,13 @@ module or the PyG objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...graph import Graph
+from ...graph.convert import edge_index_to_coo, tensor_version
 from ..shim import Unsupported, check_like
 
 try:  # PyG >= 2.5
@@ -128,22 +129,29 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
         raise Unsupported("edge_index", str(exc)) from None
 
 
+def describe(edge_index, num_nodes=None) -> Tuple[str, Hashable, Callable[[], Graph]]:
+    """The Graph cache's adapter for an ``EdgeIndex`` (see :func:`gnn_fastpath.graph.register_adapter`).
+
+    The version holds the EdgeIndex's own version and that of the tensor it wraps (an
+    in-place write through ``edge_index`` bumps only the first, one through ``as_tensor()``
+    only the second) and its sparse size (``sparse_resize_`` changes it in place). With
+    ``num_nodes=None`` the sparse size gives the node counts; a side it leaves unknown is
+    ``max id + 1`` of that side alone (as PyG's ``get_sparse_size``). An explicit
+    ``num_nodes`` wins.
+    """
+    sizes = tuple(edge_index.sparse_size())
+    version = tensor_version(edge_index) + tensor_version(edge_index.as_tensor()) + (sizes,)
+
+    def build() -> Graph:
+        src, dst, n_src, n_dst = edge_index_to_coo(edge_index.as_tensor(), num_nodes, known=sizes)
+        return Graph.from_coo(src, dst, n_src, n_dst, name="edge_index")
+
+    return str(edge_index.device), version, build
+
+
 def sparse_values(adj: Tensor) -> Tensor:
     """The values of a COO/CSR adjacency in storage order (the Graph's caller edge order)."""
     return adj._values() if adj.layout == torch.sparse_coo else adj.values()
-
-
-def caller_coo(graph: Graph) -> Tuple[Tensor, Tensor]:
-    """(src, dst) [M] in the caller's edge order (memoised on the Graph)."""
-
-    def build():
-        src = torch.empty_like(graph.indices)
-        src[graph.perm] = graph.indices
-        dst = torch.empty_like(graph.indices)
-        dst[graph.perm] = graph.dst_index()
-        return src, dst
-
-    return graph.memo(("pyg", "caller_coo"), build)
 
 
 @dataclass(frozen=True)
@@ -169,11 +177,11 @@ class Looped:
 
     @property
     def kept_dst(self) -> Tensor:
-        return caller_coo(self.graph)[1][: self.keep.numel()]
+        return self.graph.caller_coo()[1][: self.keep.numel()]
 
 
 def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
-    src, dst = caller_coo(base)
+    src, dst = base.caller_coo()
     ids = torch.arange(base.num_edges, device=base.device)
     if remove_existing:
         is_loop = src == dst

@@ -179,12 +179,14 @@ def test_zero_nodes():
         assert g.dst_index().numel() == 0
         assert g.in_degree().numel() == 0 and g.out_degree().numel() == 0
         assert g.degree_stats().max == 0 and g.degree_stats().mean == 0.0
-        b = g.buckets()
-        assert b.light.numel() == 0 and b.heavy.numel() == 0
         s = g.source_csr()
         assert s.indptr.tolist() == [0] and s.indices.numel() == 0 and s.csr_pos.numel() == 0
         k = g.kernel_csr()
         assert k.indptr.dtype == torch.int32 and k.indptr.tolist() == [0]
+        ks = g.kernel_source_csr()
+        assert ks.indptr.tolist() == [0] and ks.perm.numel() == 0 and ks.csr_pos.dtype == torch.int32
+        src, dst = g.caller_coo()
+        assert src.numel() == 0 and dst.numel() == 0
 
 
 def test_zero_edges_with_nodes():
@@ -194,28 +196,28 @@ def test_zero_edges_with_nodes():
     assert g.indptr.tolist() == [0] * 7
     assert g.in_degree().tolist() == [0] * 6
     assert g.out_degree().tolist() == [0] * 4
-    assert g.degree_stats() == type(g.degree_stats())(0, 0.0, 0.0)
+    assert g.degree_stats() == type(g.degree_stats())(0, 0.0)
     assert g.source_csr().indptr.tolist() == [0] * 5
-    b = g.buckets(0.5, 1)
-    assert b.light.tolist() == list(range(6)) and b.heavy.numel() == 0
+    assert g.kernel_source_csr().indptr.tolist() == [0] * 5
 
 
 # ---------------------------------------------------------------------------- PyG EdgeIndex and torch.sparse
+# An EdgeIndex reaches the Graph through the PyG adapter that `import gnn_fastpath` registers.
 def test_pyg_edge_index_sparse_size(pyg):
     from torch_geometric import EdgeIndex
 
     ei = torch.tensor([[0, 4, 4, 2], [1, 0, 1, 1]])
-    g = Graph.from_edge_index(EdgeIndex(ei, sparse_size=(5, 3)))
+    g = Graph.of(EdgeIndex(ei, sparse_size=(5, 3)))
     assert (g.n_src, g.n_dst) == (5, 3)
     _assert_consistent(g, ei, 5, 3)
     ref = Graph.from_edge_index(ei, (5, 3))
     assert torch.equal(g.indptr, ref.indptr) and torch.equal(g.indices, ref.indices)
     assert torch.equal(g.perm, ref.perm)
     # explicit num_nodes wins over the EdgeIndex's sparse size
-    g2 = Graph.from_edge_index(EdgeIndex(ei, sparse_size=(5, 3)), (6, 4))
+    g2 = Graph.of(EdgeIndex(ei, sparse_size=(5, 3)), (6, 4))
     assert (g2.n_src, g2.n_dst) == (6, 4)
     # without a sparse size: max id + 1 on both sides
-    g3 = Graph.from_edge_index(EdgeIndex(ei))
+    g3 = Graph.of(EdgeIndex(ei))
     assert (g3.n_src, g3.n_dst) == (5, 5)
 
 
@@ -223,10 +225,21 @@ def test_pyg_edge_index_partial_sparse_size(pyg):
     from torch_geometric import EdgeIndex
 
     ei = torch.tensor([[0, 1], [2, 0]])
-    g = Graph.from_edge_index(EdgeIndex(ei, sparse_size=(7, None)))
-    assert g.n_src == 7
-    assert g.n_dst >= 3  # inferred from the ids
+    g = Graph.of(EdgeIndex(ei, sparse_size=(7, None)))
+    assert (g.n_src, g.n_dst) == (7, 3)  # the unknown side from its own row: max id + 1
     _assert_consistent(g, ei, g.n_src, g.n_dst)
+    g = Graph.of(EdgeIndex(ei, sparse_size=(None, 4)))
+    assert (g.n_src, g.n_dst) == (2, 4)
+
+
+def test_tensor_subclass_edge_index():
+    class Tagged(torch.Tensor):
+        pass
+
+    ei = torch.tensor([[0, 0, 1, 3], [1, 2, 2, 0]])
+    g = Graph.from_edge_index(ei.as_subclass(Tagged))
+    _assert_consistent(g, ei, 4, 4)
+    assert Graph.of(ei.as_subclass(Tagged), 5).n_dst == 5
 
 
 def _sparse_quiet(fn):
@@ -291,15 +304,7 @@ def test_torch_sparse_coo_coalesced_bipartite():
     assert torch.equal(idx[1][g.perm], g.indices) and torch.equal(idx[0][g.perm], g.dst_index())
 
 
-# ---------------------------------------------------------------------------- degree stats and buckets
-def _numpy_skewness(deg):
-    d = np.asarray(deg, dtype=np.float64)
-    c = d - d.mean()
-    m2 = np.mean(c ** 2)
-    m3 = np.mean(c ** 3)
-    return 0.0 if m2 == 0 else m3 / m2 ** 1.5
-
-
+# ---------------------------------------------------------------------------- degree stats
 @pytest.mark.parametrize("name", ["homogeneous", "bipartite_wide", "empty_rows", "super_node"])
 def test_degree_stats_matches_numpy(zoo_graphs, name):
     ei, (n_src, n_dst), g = zoo_graphs[name]
@@ -307,60 +312,7 @@ def test_degree_stats_matches_numpy(zoo_graphs, name):
     s = g.degree_stats()
     assert s.max == int(deg.max()) and isinstance(s.max, int)
     assert s.mean == pytest.approx(deg.mean(), rel=1e-12)
-    assert s.skewness == pytest.approx(_numpy_skewness(deg), rel=1e-9, abs=1e-12)
     assert g.degree_stats() is s  # computed once
-
-
-def test_degree_stats_regular_graph_has_zero_skew():
-    ei = torch.stack([torch.arange(6), (torch.arange(6) + 1) % 6])
-    s = Graph.from_edge_index(ei).degree_stats()
-    assert (s.max, s.mean, s.skewness) == (1, 1.0, 0.0)
-
-
-def test_super_node_is_right_skewed(zoo_graphs):
-    assert zoo_graphs["super_node"][2].degree_stats().skewness > 3
-
-
-def _check_partition(g, b):
-    deg = g.in_degree()
-    both = torch.cat([b.light, b.heavy])
-    assert torch.equal(torch.sort(both).values, torch.arange(g.n_dst))
-    for part in (b.light, b.heavy):
-        assert part.dtype == torch.int64
-        assert bool((part[1:] > part[:-1]).all())
-    assert bool((deg[b.heavy] >= b.threshold).all())
-    assert bool((deg[b.light] < b.threshold).all())
-    assert b.threshold >= 1
-
-
-@pytest.mark.parametrize("quantile", [0.0, 0.5, 0.9, 0.99, 1.0])
-@pytest.mark.parametrize("min_heavy", [0, 1, 5, 256])
-def test_buckets_quantile_threshold(zoo_graphs, quantile, min_heavy):
-    ei, (n_src, n_dst), g = zoo_graphs["super_node"]
-    b = g.buckets(quantile, min_heavy)
-    deg = g.in_degree().numpy()
-    q = int(np.quantile(deg, quantile, method="higher"))
-    assert b.threshold == max(q, min_heavy, 1)
-    _check_partition(g, b)
-    assert g.buckets(quantile, min_heavy) is b  # cached per arguments
-
-
-def test_buckets_defaults_and_super_node(zoo_graphs):
-    g = zoo_graphs["super_node"][2]
-    b = g.buckets()
-    deg = g.in_degree()
-    assert b.threshold >= 256
-    assert 0 in b.heavy.tolist()  # destination 0 has > 400 in-edges
-    assert deg[0] >= 400
-    _check_partition(g, b)
-    small = zoo_graphs["homogeneous"][2].buckets()
-    assert small.heavy.numel() == 0  # nothing reaches min_heavy_degree=256
-
-
-@pytest.mark.parametrize("quantile", [-0.1, 1.5, float("nan")])
-def test_buckets_bad_quantile(zoo_graphs, quantile):
-    with pytest.raises(ValueError, match="quantile"):
-        zoo_graphs["homogeneous"][2].buckets(quantile)
 
 
 # ---------------------------------------------------------------------------- source CSR, kernel CSR, to()
@@ -393,6 +345,40 @@ def test_kernel_csr_int32(zoo_graphs, name):
         assert t.dtype == torch.int32
         assert torch.equal(t.long(), getattr(g, field))
     assert g.kernel_csr() is k
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_kernel_source_csr(zoo_graphs, name):
+    g = zoo_graphs[name][2]
+    s, k = g.source_csr(), g.kernel_source_csr()
+    for field in ("indptr", "indices", "perm", "csr_pos"):
+        assert getattr(k, field).dtype == torch.int32
+    assert torch.equal(k.indptr.long(), s.indptr)
+    assert torch.equal(k.indices.long(), s.indices)
+    assert torch.equal(k.csr_pos.long(), s.csr_pos)
+    assert torch.equal(k.perm.long(), g.perm[s.csr_pos])
+    # each out-edge's caller id names the caller edge with that source and destination
+    src, dst = g.caller_coo()
+    rows = torch.repeat_interleave(torch.arange(g.n_src), s.indptr.diff())
+    assert torch.equal(src[k.perm.long()], rows) and torch.equal(dst[k.perm.long()], k.indices.long())
+    assert g.kernel_source_csr() is k
+
+
+def test_int32_overflow_rejected_by_kernel_layouts():
+    g = Graph(torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([0]), 2**31, 1)
+    assert not g.fits_int32()
+    for build in (g.kernel_csr, g.kernel_source_csr):
+        with pytest.raises(ValueError, match=r"int32 and support fewer than 2\*\*31"):
+            build()
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_caller_coo(zoo_graphs, name):
+    ei, _, g = zoo_graphs[name]
+    src, dst = g.caller_coo()
+    assert src.dtype == dst.dtype == torch.int64
+    assert torch.equal(src, ei[0]) and torch.equal(dst, ei[1])
+    assert g.caller_coo() is g.caller_coo()
 
 
 def test_dst_index_cached(zoo_graphs):
@@ -502,7 +488,3 @@ def test_sparse_out_of_range_names_adj_t():
     with pytest.raises(ValueError, match=r"adj_t \(source row\).*node id 7"):
         Graph.from_sparse(bad)
 
-
-def test_dgl_rejected_by_from_dgl_for_plain_objects():
-    with pytest.raises(ValueError, match="g must be a DGL graph, got Tensor"):
-        Graph.from_dgl(torch.zeros(2, 2))

@@ -1,14 +1,21 @@
-"""Graph.of caching for tensors and sparse adjacencies: hits, staleness, weak refs, bound.
+"""Graph.of caching for tensors and sparse adjacencies: hits, staleness, weak refs, bound;
+the generic cache underneath it, and the adapter registry.
 
 DGL graphs are covered in test_graph_dgl.py.
 """
 import gc
+import json
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
 import torch
 
-from gnn_fastpath.graph import Graph, cache_size, cached_count, clear_cache, set_cache_size
+from gnn_fastpath.graph import Graph, cache_size, cached_count, clear_cache, register_adapter, set_cache_size
+from gnn_fastpath.graph import graph as graph_module
+from gnn_fastpath.graph.cache import cached
 from zoo import random_edges
 
 
@@ -184,8 +191,136 @@ def test_cached_count_per_device():
 
 @pytest.mark.parametrize("bad", [[[0, 1], [1, 0]], "edge_index", 3])
 def test_unsupported_object(bad):
-    with pytest.raises(ValueError, match="obj must be an edge_index tensor"):
+    with pytest.raises(ValueError, match="obj must be an edge_index tensor") as info:
         Graph.of(bad)
+    # the message names what the registered adapters take, and the type it got
+    message = str(info.value)
+    assert "a DGL graph or block (gnn_fastpath.integrations.dgl)" in message
+    assert "a PyG EdgeIndex (gnn_fastpath.integrations.pyg)" in message
+    assert message.endswith(f"got {type(bad).__name__}")
+
+
+# ---------------------------------------------------------------------------- the generic cache
+class _Source:
+    """A weakly referenceable stand-in for any graph object."""
+
+
+def test_cached_stores_any_value_and_checks_version_and_extra():
+    src, calls = _Source(), []
+
+    def build(tag):
+        return lambda: calls.append(tag) or [tag]
+
+    first = cached(src, 1, build("a"), "cpu")
+    assert cached(src, 1, build("b"), "cpu") is first  # hit: builder not called
+    assert calls == ["a"]
+    second = cached(src, 2, build("c"), "cpu")  # version changed: rebuilt, replaced
+    assert second == ["c"] and cached_count("cpu") == 1
+    third = cached(src, 2, build("d"), "cpu", extra=(3, 4))  # extra is part of the match
+    assert third == ["d"] and cached(src, 2, build("e"), "cpu", extra=(3, 4)) is third
+    assert calls == ["a", "c", "d"]
+
+
+def test_cached_is_per_device_and_weak():
+    a, b = _Source(), _Source()
+    cached(a, 0, object, "cpu")
+    cached(b, 0, object, "meta")
+    assert cached_count("cpu") == cached_count("meta") == 1
+    del a
+    gc.collect()
+    assert cached_count("cpu") == 0 and cached_count("meta") == 1
+
+
+def test_cached_builds_outside_the_lock():
+    """A builder may use the cache itself (a derived graph built from another cached one)."""
+    outer, inner = _Source(), _Source()
+    value = cached(outer, 0, lambda: ("outer", cached(inner, 0, lambda: "inner", "cpu")), "cpu")
+    assert value == ("outer", "inner") and cached_count("cpu") == 2
+
+
+# ---------------------------------------------------------------------------- adapters
+@pytest.fixture
+def adapters():
+    """Restores the adapter registry after a test that registers its own."""
+    saved = list(graph_module._adapters)
+    yield
+    graph_module._adapters[:] = saved
+
+
+class _EdgeList:
+    """A foreign graph object: a list of (src, dst) pairs and a node count."""
+
+    def __init__(self, pairs, n):
+        self.pairs, self.n, self.version = pairs, n, 0
+
+
+def _describe_edge_list(obj, num_nodes):
+    def build():
+        ei = torch.tensor(obj.pairs).t().reshape(2, -1)
+        return Graph.from_edge_index(ei, obj.n if num_nodes is None else num_nodes)
+
+    return "cpu", (obj.version, len(obj.pairs)), build
+
+
+def test_registered_adapter_takes_foreign_objects(adapters):
+    obj = _EdgeList([(0, 1), (2, 1)], 3)
+    with pytest.raises(ValueError, match="got _EdgeList"):
+        Graph.of(obj)
+    register_adapter(lambda o: isinstance(o, _EdgeList), _describe_edge_list, "an _EdgeList (tests)")
+    g = Graph.of(obj)
+    assert (g.n_src, g.n_dst, g.num_edges) == (3, 3, 2) and g.in_degree().tolist() == [0, 2, 0]
+    assert Graph.of(obj) is g
+    assert Graph.of(obj, 5).n_dst == 5  # num_nodes reaches the adapter and the key
+    obj.pairs.append((1, 0))
+    obj.version += 1
+    assert Graph.of(obj).num_edges == 3  # its version noticed the change
+    with pytest.raises(ValueError, match=r"an _EdgeList \(tests\), got list"):
+        Graph.of([1])
+
+
+def test_registering_twice_is_a_no_op(adapters):
+    def predicate(obj):
+        return False
+
+    register_adapter(predicate, _describe_edge_list)
+    register_adapter(predicate, _describe_edge_list)
+    assert sum(p is predicate for p, _, _ in graph_module._adapters) == 1
+
+
+def test_later_adapter_wins_over_the_tensor_path(adapters):
+    class Marked(torch.Tensor):
+        pass
+
+    def describe(obj, num_nodes):  # reads the marked tensor as reversed edges
+        plain = obj.as_subclass(torch.Tensor)
+        return str(obj.device), ("marked",) + (plain._version,), lambda: Graph.from_edge_index(plain.flip(0), num_nodes)
+
+    ei = torch.tensor([[0, 0], [1, 2]])
+    assert Graph.of(ei.as_subclass(Marked)).in_degree().tolist() == [0, 1, 1]
+    register_adapter(lambda o: isinstance(o, Marked), describe)
+    marked = ei.as_subclass(Marked)
+    assert Graph.of(marked).in_degree().tolist() == [2, 0, 0]
+    assert Graph.of(ei).in_degree().tolist() == [0, 1, 1]  # plain tensors keep the tensor path
+
+
+def test_adapters_registered_lazily_without_importing_frameworks(pyg):
+    """`import gnn_fastpath` registers the DGL and PyG adapters without importing DGL, PyG or
+    their integration graph modules; an EdgeIndex imports the PyG one on first use."""
+    code = textwrap.dedent("""
+        import json, sys
+        import gnn_fastpath
+        mods = ("dgl", "torch_geometric", "gnn_fastpath.integrations.pyg.graph",
+                "gnn_fastpath.integrations.dgl.graph")
+        before = [m for m in mods if m in sys.modules]
+        import torch
+        from torch_geometric import EdgeIndex
+        g = gnn_fastpath.Graph.of(EdgeIndex(torch.tensor([[0, 1], [1, 0]]), sparse_size=(4, 3)))
+        print(json.dumps({"before": before, "sizes": [g.n_src, g.n_dst],
+                          "pyg_graph": "gnn_fastpath.integrations.pyg.graph" in sys.modules}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"before": [], "sizes": [4, 3], "pyg_graph": True}
 
 
 # ---------------------------------------------------------------------------- sparse adjacencies
@@ -239,10 +374,10 @@ def test_graph_built_under_inference_mode_serves_training_later():
     with torch.inference_mode():
         frozen = edge_index.clone()  # an inference tensor: no version counter
         graph = Graph.of(frozen)
-        graph.dst_index(), graph.kernel_csr(), graph.source_csr(), graph.buckets()
+        graph.dst_index(), graph.kernel_csr(), graph.source_csr(), graph.kernel_source_csr(), graph.caller_coo()
     assert Graph.of(frozen) is graph
     for t in (graph.indptr, graph.indices, graph.perm, graph.dst_index(), graph.kernel_csr().indices,
-              graph.source_csr().indices, graph.buckets().light):
+              graph.source_csr().indices, graph.kernel_source_csr().perm, *graph.caller_coo()):
         assert not t.is_inference()
     x = torch.randn(20, 8, requires_grad=True)
     gnn_fastpath.spmm(graph, x, norm="both").sum().backward()
@@ -256,3 +391,16 @@ def test_edge_index_resized_in_place_rebuilds(pyg):
     assert Graph.of(edge_index).n_dst == 2
     edge_index.sparse_resize_(5, 5)
     assert Graph.of(edge_index).n_dst == 5
+
+
+def test_edge_index_written_in_place_rebuilds(pyg):
+    """Writes through the EdgeIndex bump its own version; writes through as_tensor() bump only
+    the wrapped tensor's: both must rebuild."""
+    from torch_geometric import EdgeIndex
+
+    edge_index = EdgeIndex(torch.tensor([[0, 1], [1, 0]]), sparse_size=(3, 3))
+    assert Graph.of(edge_index).in_degree().tolist() == [1, 1, 0]
+    edge_index[1, 0] = 2
+    assert Graph.of(edge_index).in_degree().tolist() == [1, 0, 1]
+    edge_index.as_tensor()[1, 1] = 2
+    assert Graph.of(edge_index).in_degree().tolist() == [0, 0, 2]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gnn_fastpath.graph import Graph, cache_size, cached_count, clear_cache, set_cache_size
+from gnn_fastpath.integrations.dgl.graph import graph_from_dgl
 from zoo import random_edges
 
 pytestmark = pytest.mark.dgl
@@ -36,7 +37,7 @@ def _same_csr(a: Graph, b: Graph) -> bool:
 def test_dgl_orientation_matches_pyg(dgl, edges):
     ei, (n, _) = edges
     g = dgl.graph((ei[0], ei[1]), num_nodes=n)
-    fg = Graph.from_dgl(g)
+    fg = graph_from_dgl(g)
     assert _same_csr(fg, Graph.from_edge_index(ei, n))
     # rows are DGL destinations: in-degrees agree with DGL's
     assert torch.equal(fg.in_degree(), g.in_degrees().long())
@@ -49,7 +50,7 @@ def test_dgl_orientation_matches_pyg(dgl, edges):
 
 def test_dgl_tiny_explicit(dgl):
     g = dgl.graph((torch.tensor([0, 0, 1, 3]), torch.tensor([1, 2, 2, 0])), num_nodes=5)
-    fg = Graph.from_dgl(g)
+    fg = graph_from_dgl(g)
     assert fg.indptr.tolist() == [0, 1, 2, 4, 4, 4]
     assert fg.indices.tolist() == [3, 0, 0, 1]
     assert fg.perm.tolist() == [3, 0, 1, 2]
@@ -59,7 +60,7 @@ def test_dgl_edge_features_line_up(dgl, edges):
     ei, (n, _) = edges
     g = dgl.graph((ei[0], ei[1]), num_nodes=n)
     g.edata["w"] = torch.arange(g.num_edges(), dtype=torch.float64)
-    fg = Graph.from_dgl(g)
+    fg = graph_from_dgl(g)
     w_csr = g.edata["w"][fg.perm]
     assert torch.equal(w_csr.long(), fg.perm)
     src, dst = g.find_edges(w_csr.long())
@@ -70,7 +71,7 @@ def test_dgl_int32_idtype(dgl, edges):
     ei, (n, _) = edges
     g = dgl.graph((ei[0].int(), ei[1].int()), num_nodes=n, idtype=torch.int32)
     assert g.idtype == torch.int32
-    fg = Graph.from_dgl(g)
+    fg = graph_from_dgl(g)
     assert fg.indptr.dtype == fg.indices.dtype == fg.perm.dtype == torch.int64
     assert _same_csr(fg, Graph.from_edge_index(ei, n))
     assert Graph.of(g) is Graph.of(g)
@@ -79,7 +80,7 @@ def test_dgl_int32_idtype(dgl, edges):
 def test_dgl_bipartite_heterograph(dgl):
     g = dgl.heterograph({("user", "rates", "item"): (torch.tensor([0, 4, 4, 2]), torch.tensor([1, 0, 1, 1]))},
                         num_nodes_dict={"user": 5, "item": 3})
-    fg = Graph.from_dgl(g)
+    fg = graph_from_dgl(g)
     assert (fg.n_src, fg.n_dst) == (5, 3) and fg.is_bipartite
     assert fg.indptr.tolist() == [0, 1, 4, 4]
     assert fg.indices.tolist() == [4, 0, 2, 4]
@@ -90,7 +91,7 @@ def test_dgl_block(dgl, edges):
     g = dgl.graph((ei[0], ei[1]), num_nodes=n)
     seeds = torch.tensor([0, 3, 5, 7])
     block = dgl.to_block(dgl.in_subgraph(g, seeds), dst_nodes=seeds)
-    fg = Graph.from_dgl(block)
+    fg = graph_from_dgl(block)
     assert (fg.n_src, fg.n_dst) == (block.num_src_nodes(), block.num_dst_nodes())
     assert fg.n_dst == 4
     assert torch.equal(fg.in_degree(), block.in_degrees().long())
@@ -119,8 +120,10 @@ def test_dgl_block_int32(dgl, edges):
 
 def test_dgl_multiple_edge_types_rejected(dgl):
     g = dgl.heterograph({("a", "x", "a"): ([0], [1]), ("a", "y", "a"): ([1], [0])})
-    with pytest.raises(ValueError, match="single edge type, got 2"):
-        Graph.from_dgl(g)
+    with pytest.raises(ValueError, match="g must have a single edge type, got 2"):
+        graph_from_dgl(g)
+    with pytest.raises(ValueError, match="g must have a single edge type, got 2"):
+        Graph.of(g)
 
 
 def test_dgl_cache_hit(dgl, edges):
@@ -140,7 +143,7 @@ def test_dgl_rebuild_after_add_edges(dgl):
     fg2 = Graph.of(g)
     assert fg2 is not fg
     assert fg2.num_edges == 4
-    assert _same_csr(fg2, Graph.from_dgl(g))
+    assert _same_csr(fg2, graph_from_dgl(g))
     assert fg2.in_degree().tolist() == [1, 2, 1, 0]
 
 
@@ -196,7 +199,7 @@ class _FakeDGLGraph:
         return self._src.numel()
 
 
-_FakeDGLGraph.__module__ = "dgl.fake_for_tests"  # what the package's duck typing looks at
+_FakeDGLGraph.__module__ = "dgl.fake_for_tests"  # what the DGL adapter's duck typing looks at
 
 
 def test_dgl_rebuild_when_structure_address_is_recycled():
@@ -242,4 +245,18 @@ def test_malformed_block_is_rejected(dgl):
     frontier = dgl.graph((torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])), num_nodes=4)
     block = dgl.to_block(frontier, dst_nodes=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"g \(destination row\) contains node id 3, out of range for 2"):
-        Graph.from_dgl(block)
+        graph_from_dgl(block)
+
+
+def test_graph_from_dgl_rejects_plain_objects():
+    with pytest.raises(ValueError, match="g must be a DGL graph, got Tensor"):
+        graph_from_dgl(torch.zeros(2, 2))
+
+
+def test_look_alikes_from_other_packages_are_not_dgl_graphs():
+    """The adapter matches the dgl package only, not packages whose names start with it."""
+    fake = _FakeDGLGraph([0], [1], 2)
+    Graph.of(fake)  # the dgl one is taken
+    other = type("Lookalike", (_FakeDGLGraph,), {"__module__": "dglke.models"})([0], [1], 2)
+    with pytest.raises(ValueError, match="obj must be .*got Lookalike"):
+        Graph.of(other)

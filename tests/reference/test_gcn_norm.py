@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from gnn_fastpath import Graph
-from gnn_fastpath.ops._dispatch import force_reference
+from gnn_fastpath.config import force_reference
 from gnn_fastpath.ops.gcn_norm import gcn_norm_values
 from zoo import random_edges
 

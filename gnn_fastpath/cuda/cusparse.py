@@ -1,4 +1,5 @@
-"""cuSPARSE generic SpMM (int32 CSR x row-major fp32 dense) through CuPy's bindings.
+"""cuSPARSE generic SpMM (int32 CSR x row-major fp32 dense) through CuPy's bindings, timed
+against the package's own CSR kernel.
 
 Zero-copy: descriptors point straight at torch tensors' memory. Stream: every call runs
 inside ``cupy.cuda.ExternalStream(torch's current stream)``. That matters because CuPy's
@@ -16,27 +17,27 @@ the chosen algorithm per (operation, width), and workspaces per (operation, widt
 
 Algorithm choice: on the first call for an (operation, width) the CSR algorithms
 (``CUSPARSE_SPMM_ALG_DEFAULT``, ``CSR_ALG1``, ``CSR_ALG2``, ``CSR_ALG3``, those cuSPARSE
-accepts for the call) and, for non-transposed products, this package's own row-major CSR
-kernel (``csr_spmm.cu``: a group of lanes per row, 16-byte loads, rows of >= 128 entries
-cut into atomically merged chunks) are each run ``TIMED_RUNS`` times between CUDA events
-and the fastest is kept. That first call synchronises the host with the GPU once (and the
-custom kernel's first use syncs once more to size its work list); later calls never do.
-``GNN_FASTPATH_SPMM_ALG=default|alg1|alg2|alg3|custom`` skips the timing (falling back to it
-if cuSPARSE refuses the forced algorithm for a call); ``GNN_FASTPATH_SPMM_CUSTOM=0`` leaves
-the custom kernel out of the timing (cuSPARSE only).
+accepts for the call) and, for non-transposed products, the matrix's own kernel (the
+``own_kernel`` callback: ``spmm_rows``/``spmm_chunks`` of ``spmm.cu``, launched by
+:mod:`gnn_fastpath.cuda.spmm`) are each run ``TIMED_RUNS`` times between CUDA events and the
+fastest is kept. That first call synchronises the host with the GPU once; later calls
+never do. ``GNN_FASTPATH_SPMM_ALG`` forces one (falling back to the timing if cuSPARSE
+refuses it for a call); ``GNN_FASTPATH_SPMM_CUSTOM=0`` leaves the own kernel out of the
+timing. An algorithm cuSPARSE refuses (``CUSPARSE_STATUS_NOT_SUPPORTED`` or
+``INVALID_VALUE``) is skipped; any other error is raised.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .loader import _external_stream
+from .. import config
+from .launch import cupy_stream
 
 #: cusparseSpMMAlg_t values (cusparse.h, CUDA 11.2+; the same in CUDA 12 and 13). CuPy 14's
 #: ``cupy_backends.cuda.libs.cusparse`` exposes only the deprecated aliases
@@ -44,14 +45,12 @@ from .loader import _external_stream
 #: ``CUSPARSE_SPMM_CSR_ALG2``/``ALG3``; its ``spMM`` takes the plain integer, so the values
 #: are spelled here (DEFAULT 0, CSR_ALG1 4, CSR_ALG2 6, CSR_ALG3 12).
 _ALGS = {"default": 0, "alg1": 4, "alg2": 6, "alg3": 12}
-#: Pseudo-algorithm: this package's own row-major CSR kernel (csr_spmm.cu), timed alongside
-#: cuSPARSE's for non-transposed products.
+#: Pseudo-algorithm: the matrix's own kernel (``own_kernel``), timed alongside cuSPARSE's
+#: for non-transposed products.
 CUSTOM = -1
-#: Rows of the custom kernel with at least this many entries are cut into work items of
-#: CUSTOM_CHUNK entries (atomically added), so no group walks a long row alone.
-CUSTOM_HEAVY = 128
-CUSTOM_CHUNK = 64
 TIMED_RUNS = 3
+#: cusparseStatus_t values that mean "this algorithm does not take this call".
+_REFUSALS = (3, 10)  # CUSPARSE_STATUS_INVALID_VALUE, CUSPARSE_STATUS_NOT_SUPPORTED
 # host scalars for cuSPARSE (pointer mode host), alive for the module's lifetime
 _ALPHA = np.ones(1, dtype=np.float32)
 _BETA = np.zeros(1, dtype=np.float32)
@@ -88,30 +87,29 @@ def _r32f() -> int:
 
 
 def algorithms(transpose: bool = False) -> Dict[str, int]:
-    """The SpMM algorithms tried, name -> cusparseSpMMAlg_t value (CUSTOM: csr_spmm.cu)."""
+    """The SpMM algorithms tried, name -> cusparseSpMMAlg_t value (CUSTOM: the own kernel)."""
     algs = dict(_ALGS)
-    if not transpose and os.environ.get("GNN_FASTPATH_SPMM_CUSTOM", "1").strip() != "0":
+    if not transpose and config.setting("GNN_FASTPATH_SPMM_CUSTOM"):
         algs["custom"] = CUSTOM
     return algs
 
 
-def _forced_algorithm() -> Optional[str]:
-    name = os.environ.get("GNN_FASTPATH_SPMM_ALG", "").strip().lower()
-    if not name:
-        return None
-    if name not in _ALGS and name != "custom":
-        raise ValueError(f"GNN_FASTPATH_SPMM_ALG must be one of {', '.join(_ALGS)}, custom; got {name!r}")
-    return name
+def _refused(exc) -> bool:
+    """Whether a CuSparseError is cuSPARSE refusing an algorithm for a call (not a real fault)."""
+    return getattr(exc, "status", None) in _REFUSALS
 
 
 class CsrMatrix:
     """An int32 CSR matrix [n_rows, n_cols] on one GPU whose values are supplied per call.
 
     ``indptr`` and ``indices`` must stay unchanged for the object's lifetime (it keeps
-    references to them).
+    references to them). ``own_kernel(values, b, c)`` computes ``c = A @ b`` without
+    cuSPARSE (required for multigraphs with more entries than matrix cells, which cuSPARSE
+    cannot describe).
     """
 
-    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int, n_cols: int):
+    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int, n_cols: int,
+                 own_kernel: Callable[[Tensor, Tensor, Tensor], None]):
         if indptr.dtype != torch.int32 or indices.dtype != torch.int32:
             raise ValueError("CsrMatrix needs int32 indptr and indices")
         self.indptr = indptr
@@ -124,15 +122,12 @@ class CsrMatrix:
         self._algs: Dict[Tuple[int, int], int] = {}
         self._workspaces: Dict[Tuple[int, int, int], Tensor] = {}
         self._sizes: Dict[Tuple[int, int, int], int] = {}
-        self._custom_work = None
+        self._own_kernel = own_kernel
 
     def __del__(self):
         desc, self._desc = getattr(self, "_desc", None), None
         if desc:
-            try:
-                _cusparse().destroySpMat(desc)
-            except Exception:  # interpreter shutdown, CuPy gone: nothing to free
-                pass
+            _cusparse().destroySpMat(desc)
 
     # ------------------------------------------------------------------ internals
     def _descriptor(self, values: Tensor) -> int:
@@ -152,53 +147,9 @@ class CsrMatrix:
             self._workspaces[key] = ws
         return ws
 
-    def _custom_lists(self):
-        """(light rows int32 or None, heavy rows int64 or None, items int32 [n, 3] or None), built once."""
-        if self._custom_work is None:
-            deg = (self.indptr[1:] - self.indptr[:-1]).long()
-            heavy = torch.nonzero(deg >= CUSTOM_HEAVY).flatten()
-            if heavy.numel() == 0:
-                self._custom_work = (None, None, None)
-            else:
-                light = torch.nonzero(deg < CUSTOM_HEAVY).flatten().to(torch.int32)
-                starts = self.indptr[heavy].long()
-                ends = self.indptr[heavy + 1].long()
-                chunks = (ends - starts + CUSTOM_CHUNK - 1) // CUSTOM_CHUNK
-                total = int(chunks.sum())  # one host sync, once per matrix
-                slot = torch.repeat_interleave(torch.arange(heavy.numel(), device=self.device), chunks,
-                                               output_size=total)
-                j = torch.arange(total, device=self.device) - (torch.cumsum(chunks, 0) - chunks)[slot]
-                start = starts[slot] + j * CUSTOM_CHUNK
-                end = torch.minimum(start + CUSTOM_CHUNK, ends[slot])
-                order = torch.sort(j * heavy.numel() + slot).indices  # spread one row's items out
-                items = torch.stack([heavy[slot], start, end], 1)[order].to(torch.int32).contiguous()
-                self._custom_work = (light, heavy, items)
-        return self._custom_work
-
-    def _custom(self, values: Tensor, b: Tensor, c: Tensor) -> None:
-        from .loader import launch, ptr
-        from .segment_reduce import THREADS, _grid, feature_config, templated
-
-        light, heavy, items = self._custom_lists()
-        F = b.size(1)
-        config = feature_config(F, b, c, max_chunks=2)
-        vec, lanes, chunks, fblocks = config
-        n_light = self.n_rows if light is None else light.numel()
-        if n_light:
-            kernel = templated("gf_csr_spmm_rows", config, self.device, source="csr_spmm.cu")
-            launch(kernel, _grid(n_light, lanes, fblocks), (THREADS,),
-                   (ptr(self.indptr), ptr(self.indices), ptr(values), ptr(light), np.int32(n_light), ptr(b),
-                    np.int32(F), ptr(c)), self.device)
-        if heavy is not None:
-            c.index_fill_(0, heavy, 0.0)
-            kernel = templated("gf_csr_spmm_items", config, self.device, source="csr_spmm.cu")
-            launch(kernel, _grid(items.size(0), lanes, fblocks), (THREADS,),
-                   (ptr(items), np.int32(items.size(0)), ptr(self.indices), ptr(values), ptr(b), np.int32(F),
-                    ptr(c)), self.device)
-
     def _run(self, handle, op: int, alg: int, desc, mat_b, mat_c, key, values, b, c) -> None:
         if alg == CUSTOM:
-            self._custom(values, b, c)
+            self._own_kernel(values, b, c)
             return
         cs = _cusparse()
         skey = (op, key[1], alg)
@@ -223,6 +174,7 @@ class CsrMatrix:
     def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, transpose: bool) -> int:
         """Time each algorithm that accepts this call; return the fastest."""
         global search_count
+        cs = _cusparse()
         best, best_ms, errors = None, float("inf"), []
         for name, alg in algorithms(transpose).items():
             try:
@@ -234,7 +186,9 @@ class CsrMatrix:
                 end.record()
                 end.synchronize()
                 ms = start.elapsed_time(end)
-            except Exception as exc:  # this algorithm does not support the call
+            except cs.CuSparseError as exc:
+                if not _refused(exc):
+                    raise
                 errors.append(f"{name}: {exc}")
                 continue
             if ms < best_ms:
@@ -279,7 +233,7 @@ class CsrMatrix:
                                  "use the explicit transposed matrix (GNN_FASTPATH_SPMM_BWD=transposed)")
             alg = self._algs[akey] = CUSTOM
         if alg == CUSTOM:  # no cuSPARSE state needed
-            self._custom(values, b, c)
+            self._own_kernel(values, b, c)
             return c
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         stream = torch.cuda.current_stream(index)
@@ -287,7 +241,7 @@ class CsrMatrix:
         # CuPy's current device is the CUDA runtime's, i.e. torch's: enter it only when the
         # matrix lives elsewhere (the context manager costs host time on every call)
         device_ctx = contextlib.nullcontext() if torch.cuda.current_device() == index else cupy.cuda.Device(index)
-        with device_ctx, _external_stream(stream.cuda_stream, index):
+        with device_ctx, cupy_stream(self.device):
             handle = cupy.cuda.device.get_cusparse_handle()
             cs.setPointerMode(handle, cs.CUSPARSE_POINTER_MODE_HOST)
             desc = self._descriptor(values)
@@ -295,14 +249,15 @@ class CsrMatrix:
             mat_c = cs.createDnMat(rows_c, F, F, c.data_ptr(), _r32f(), cs.CUSPARSE_ORDER_ROW)
             try:
                 if alg is None:
-                    forced = algorithms(transpose).get(_forced_algorithm() or "")
+                    forced = algorithms(transpose).get(config.setting("GNN_FASTPATH_SPMM_ALG") or "")
                     if forced is not None:
                         try:  # the forced algorithm, unless cuSPARSE refuses it for this call
                             self._run(handle, op, forced, desc, mat_b, mat_c, key, values, b, c)
                             self._algs[akey] = forced
                             return c
-                        except Exception:
-                            pass
+                        except cs.CuSparseError as exc:
+                            if not _refused(exc):
+                                raise
                     signature = self._signature(op, F)
                     shared = _shared_choices.get(signature)
                     if shared is not None:
@@ -310,8 +265,9 @@ class CsrMatrix:
                             self._run(handle, op, shared, desc, mat_b, mat_c, key, values, b, c)
                             self._algs[akey] = shared
                             return c
-                        except Exception:
-                            pass
+                        except cs.CuSparseError as exc:
+                            if not _refused(exc):
+                                raise
                     alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, transpose)
                     self._algs[akey] = _shared_choices[signature] = alg
                 self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
@@ -323,10 +279,3 @@ class CsrMatrix:
     def chosen_algorithms(self) -> Dict[Tuple[int, int], int]:
         """(operation, width) -> algorithm enum value chosen so far."""
         return dict(self._algs)
-
-    def cached_bytes(self) -> int:
-        """Device bytes this object holds (its index arrays, workspaces, custom-kernel lists)."""
-        total = (self.indptr.numel() + self.indices.numel()) * 4 + sum(w.numel() for w in self._workspaces.values())
-        if self._custom_work is not None:
-            total += sum(t.numel() * t.element_size() for t in self._custom_work if t is not None)
-        return total

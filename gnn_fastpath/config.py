@@ -1,0 +1,150 @@
+"""Every ``GNN_FASTPATH_*`` setting in one place, and the run-time switches of the backends.
+
+Environment variables. One rule: a variable is read each time the setting it controls is
+used (an op call, a probe, ``enable()``), through :func:`setting`, so a change takes effect
+at the next call and tests can set variables with ``monkeypatch.setenv``. Values are
+validated on read; a bad value raises a ValueError naming the variable. :data:`SETTINGS` is
+the table of them all (the README's "Switches" table lists the same rows; a test keeps the two
+in step).
+
+Run-time switches (no environment): ``enable(cpu=...)`` sets :func:`cpu_mode` for the whole
+process; :func:`force_reference` forces the reference ops in the current thread. The one
+dispatch (:mod:`gnn_fastpath.ops.dispatch`) reads both.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator, Tuple
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, default (as the text a user would write), the
+    values it takes (a tuple of choices, or a description for free-form values), what it
+    does, and the parser turning the text into the value the code uses."""
+
+    name: str
+    default: str
+    values: str
+    effect: str
+    parse: Callable[[str, str], object]
+
+
+def _choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {text!r}")
+        return value
+
+    return parse
+
+
+def _int_in(lo: int, hi: int, allowed: Tuple[int, ...] = ()) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"{name} must be an integer; got {text!r}") from None
+        if allowed and value not in allowed or not lo <= value <= hi:
+            want = ", ".join(map(str, allowed)) if allowed else f"{lo}..{hi}"
+            raise ValueError(f"{name} must be {want}; got {text!r}")
+        return value
+
+    return parse
+
+
+def _flag(name: str, text: str) -> bool:
+    """'0', 'false', 'off', 'no' (any case) are off; '1', 'true', 'on', 'yes' are on."""
+    value = text.strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes"):
+        return True
+    raise ValueError(f"{name} must be 0/1 (or true/false, on/off, yes/no); got {text!r}")
+
+
+def _optional_choice(*choices: str) -> Callable[[str, str], object]:
+    parse_choice = _choice(*choices)
+
+    def parse(name: str, text: str):
+        return None if not text.strip() else parse_choice(name, text)
+
+    return parse
+
+
+#: Every environment variable the package reads, in README order.
+SETTINGS = (
+    Setting("GNN_FASTPATH", "1", "0 or 1", "0 makes `enable()` a no-op (A/B runs without editing code)", _flag),
+    Setting("GNN_FASTPATH_DISABLE_CUDA", "0", "0 or 1",
+            "1 reports the CUDA kernels unavailable: every op runs its reference, shims on CUDA fall back",
+            _flag),
+    Setting("GNN_FASTPATH_GATV2_CHUNK", "256", "1..65536",
+            "GATv2 attention: rows longer than this many edges are cut into chunks of this length",
+            _int_in(1, 65536)),
+    Setting("GNN_FASTPATH_GATV2_BWD", "atomic", "atomic, transposed",
+            "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass",
+            _choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed (empty: by graph)",
+            "dot attention backward: dk/dv by atomics or a source-major pass; empty picks by mean out-degree",
+            _optional_choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
+            "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag",
+            _choice("transposed", "flag")),
+    Setting("GNN_FASTPATH_SPMM_ALG", "", "default, alg1, alg2, alg3, custom (empty: timed)",
+            "SpMM algorithm: force one instead of timing cuSPARSE's CSR algorithms and the own kernel",
+            _optional_choice("default", "alg1", "alg2", "alg3", "custom")),
+    Setting("GNN_FASTPATH_SPMM_CUSTOM", "1", "0 or 1",
+            "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
+    Setting("GNN_FASTPATH_SR_CHUNKS", "2", "1, 2, 4",
+            "min/max reduction: feature chunks of 4 floats per lane", _int_in(1, 4, (1, 2, 4))),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def setting(name: str):
+    """The parsed value of environment variable ``name`` (its default when unset or empty)."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise KeyError(f"{name} is not a gnn_fastpath setting (known: {', '.join(_BY_NAME)})")
+    text = os.environ.get(name, "")
+    return spec.parse(name, text if text.strip() else spec.default)
+
+
+# ----------------------------------------------------------------------------------------
+# Run-time switches.
+
+CPU_MODES = ("stock", "reference")
+_cpu = {"mode": "stock"}
+_thread = threading.local()
+
+
+def cpu_mode() -> str:
+    """What patched layers do with CPU tensors: ``"stock"`` or ``"reference"`` (see enable())."""
+    return _cpu["mode"]
+
+
+def set_cpu_mode(mode: str) -> None:
+    if mode not in CPU_MODES:
+        raise ValueError(f"cpu must be one of {CPU_MODES}, got {mode!r}")
+    _cpu["mode"] = mode
+
+
+@contextlib.contextmanager
+def force_reference(enabled: bool = True) -> Iterator[None]:
+    """Context manager: while active (in this thread), every op runs its reference path."""
+    previous = getattr(_thread, "forced", False)
+    _thread.forced = bool(enabled)
+    try:
+        yield
+    finally:
+        _thread.forced = previous
+
+
+def reference_forced() -> bool:
+    """Whether :func:`force_reference` is active in this thread."""
+    return getattr(_thread, "forced", False)

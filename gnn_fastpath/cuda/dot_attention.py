@@ -1,0 +1,229 @@
+"""Launcher of the fused dot-product attention kernels (``dot_attention.cu``).
+
+One call per pass: :func:`forward` and :func:`backward` take the Graph, pick the kernel
+configuration, fetch the cached work lists, allocate outputs and launch on torch's current
+stream. The autograd Function and the design note are in
+:mod:`gnn_fastpath.ops.dot_attention`.
+
+Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_DOT_BWD`` (``atomic``
+or ``transposed`` dk/dv; unset: by the graph's mean out-degree).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import config
+from . import launch, worklist
+
+SOURCE = "dot_attention.cu"
+THREADS = 256
+DEFINES = {"DOT_THREADS": THREADS}
+#: Rows longer than this are cut into chunks of this many edges, each run by its own warp
+#: and merged afterwards (super-node load balance).
+CHUNK_EDGES = 256
+#: Most floats of a node row one lane may hold per kernel. A lane group takes NH heads of a
+#: row (NH = 1, 2, 4) within this budget, so a warp covers 32 / LPH * NH heads. NH=2 pays on
+#: graphs of low mean in-degree (fewer, fuller warps), NH=1 on dense ones (more gathers in
+#: flight); benchmarks/results has the measurements.
+MAX_ROW_FLOATS = {"dot_fwd": 4, "dot_bwd_dst": 4, "dot_bwd_src": 4}
+MAX_ROW_FLOATS_LOW_DEGREE = {"dot_fwd": 8, "dot_bwd_dst": 4, "dot_bwd_src": 4}
+#: Mean in-degree below which a graph counts as low-degree for the choice above.
+LOW_DEGREE = 16.0
+#: Most floats one lane may hold per head (NH = 1); wider heads fall back to the reference.
+MAX_FLOATS_PER_LANE = 16
+#: Mean out-degree from which the source-major backward wins over atomics (when
+#: ``GNN_FASTPATH_DOT_BWD`` is unset).
+TRANSPOSED_MIN_MEAN_DEGREE = 4.0
+_TEMPLATES = tuple(MAX_ROW_FLOATS)
+
+
+@dataclass(frozen=True)
+class Config:
+    """How the kernels map a head onto lanes: VEC floats per load, LPH lanes per head, NV
+    vectors per lane, EXACT when the head width D is exactly VEC * LPH * NV (no tail
+    masking); ``nh`` maps each templated kernel to its heads per lane group."""
+
+    vec: int
+    lph: int
+    nv: int
+    exact: bool
+    nh: Tuple[Tuple[str, int], ...]
+
+    def heads_per_warp(self, kernel: str) -> int:
+        return 32 // self.lph * dict(self.nh)[kernel]
+
+    def name(self, kernel: str) -> str:
+        return launch.template(kernel, self.vec, self.lph, self.nv, dict(self.nh)[kernel], self.exact)
+
+
+@functools.lru_cache(maxsize=256)
+def config_for(head_dim: int, aligned: bool, heads: int = 1, low_degree: bool = False) -> Optional[Config]:
+    """The kernel variant for ``heads`` heads of width ``head_dim``; None when no variant
+    serves it. ``aligned``: every feature row starts on a 16-byte boundary; ``low_degree``:
+    the graph's mean in-degree is below :data:`LOW_DEGREE`."""
+    if head_dim < 1 or heads < 1:
+        return None
+    vec = 4 if aligned and head_dim % 4 == 0 else 1
+    nvec = head_dim // vec
+    lph = min(32, launch.next_pow2(nvec))
+    nv = launch.cdiv(nvec, lph)
+    floats = nv * vec
+    if floats > MAX_FLOATS_PER_LANE:
+        return None
+    groups = launch.cdiv(heads, 32 // lph)  # head groups a warp would need for all heads
+    budgets = MAX_ROW_FLOATS_LOW_DEGREE if low_degree else MAX_ROW_FLOATS
+    nh = []
+    for kernel in _TEMPLATES:
+        n = 1
+        while n < groups and n < 4 and 2 * n * floats <= budgets[kernel]:
+            n *= 2
+        nh.append((kernel, n))
+    return Config(vec, lph, nv, nv * lph == nvec, tuple(nh))
+
+
+def unsupported(H: int, D: int) -> Optional[str]:
+    """Why the kernels cannot take heads of this shape, or None when they can."""
+    if H < 1 or D < 1:
+        return f"empty heads (H={H}, D={D})"
+    if config_for(D, False) is None:
+        return f"head width D={D} above {MAX_FLOATS_PER_LANE * 32}"
+    return None
+
+
+def backward_mode(graph) -> str:
+    """``"atomic"`` or ``"transposed"`` dk/dv for ``graph`` (``GNN_FASTPATH_DOT_BWD`` forces one)."""
+    forced = config.setting("GNN_FASTPATH_DOT_BWD")
+    if forced is not None:
+        return forced
+    return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+def _kernel(cfg: Config, name: str, device: torch.device) -> launch.Kernel:
+    """A templated kernel (instantiated for ``cfg``, one small module per instantiation) or
+    an extern "C" helper kernel of the source."""
+    if name in _TEMPLATES:
+        full = cfg.name(name)
+        return launch.kernel(SOURCE, full, device, (full,), DEFINES)
+    return launch.kernel(SOURCE, name, device, (), DEFINES)
+
+
+def _blocks(n_threads: int) -> int:
+    return launch.cdiv(n_threads, THREADS)
+
+
+def _work(graph, source_major: bool = False) -> worklist.RowChunks:
+    return worklist.for_graph(graph, CHUNK_EDGES, CHUNK_EDGES + 1, source_major=source_major)
+
+
+def _config(graph, *tensors: Optional[Tensor]) -> Config:
+    H, D = tensors[0].shape[1:]
+    low_degree = graph.degree_stats().mean < LOW_DEGREE
+    cfg = config_for(D, launch.aligned16(*tensors), H, low_degree)
+    assert cfg is not None, "unsupported head width reached the kernels"  # unsupported() guards
+    return cfg
+
+
+def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], scale: float, p: float,
+            seed: int, offset: int, return_attention) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Fused forward. Returns ``(out [N_dst, H, D], lse [N_dst, H], alpha)``; ``alpha``
+    [M, H] in caller order (softmax weights, or after dropout for ``"dropped"``) only when
+    ``return_attention``, else None."""
+    device = q.device
+    n_dst, H, D = q.shape
+    f32 = dict(dtype=torch.float32, device=device)
+    out = torch.empty((n_dst, H, D), **f32)
+    lse = torch.empty((n_dst, H), **f32)
+    alpha = torch.empty((graph.num_edges, H), **f32) if return_attention else None
+    if n_dst == 0:
+        return out, lse, alpha
+    kc = graph.kernel_csr()
+    work = _work(graph)
+    cfg = _config(graph, q, k, v, edge_term)
+    part_acc = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
+    part_ml = torch.empty((work.n_slots, H, 2), **f32) if work.n_slots else None
+    head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_fwd"))
+    n_work = work.n_items * head_blocks
+    _kernel(cfg, "dot_fwd", device).launch(
+        _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
+        head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, lse=lse, part_acc=part_acc,
+        part_ml=part_ml, logits=alpha, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+    if work.n_split:
+        _kernel(cfg, "dot_fwd_merge", device).launch(
+            _blocks(work.n_split * H * D), THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc,
+            part_ml=part_ml, out=out, lse=lse, H=H, D=D)
+    if return_attention and alpha.numel():
+        _kernel(cfg, "dot_alpha_from_logits", device).launch(
+            _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items, lse=lse,
+            alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed, offset=offset)
+    return out, lse, alpha
+
+
+def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tensor) -> None:
+    row_len = dst[0].numel() if dst.numel() else 0
+    if work.n_split and row_len:
+        _kernel(cfg, "dot_sum_partials", dst.device).launch(
+            _blocks(work.n_split * row_len), THREADS, split=work.split, n_split=work.n_split, part=part, dst=dst,
+            row_len=row_len)
+
+
+def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,
+             grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor], alpha_dropped: bool,
+             scale: float, p: float, seed: int, offset: int, need_d_edge_term: bool):
+    """Gradients ``(dq, dk, dv, d_edge_term)`` (d_edge_term None unless ``need_d_edge_term``).
+
+    ``grad_alpha`` is the gradient of the returned attention ``alpha`` (None when there is
+    none). dk, dv come from atomics in the destination pass or from a source-major pass
+    (:func:`backward_mode`).
+    """
+    device = q.device
+    n_dst, H, D = q.shape
+    f32 = dict(dtype=torch.float32, device=device)
+    kc = graph.kernel_csr()
+    work = _work(graph)
+    cfg = _config(graph, q, k, v, edge_term, out, grad_out)
+    transposed = backward_mode(graph) == "transposed"
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k) if transposed else torch.zeros_like(k)
+    dv = torch.empty_like(v) if transposed else torch.zeros_like(v)
+    d_edge_term = torch.empty_like(edge_term) if (need_d_edge_term and edge_term is not None) else None
+    delta = torch.empty((n_dst, H), **f32) if transposed else None
+    delta_alpha = None
+    if grad_alpha is not None:
+        delta_alpha = torch.zeros((n_dst, H), **f32)
+        if alpha.numel():
+            _kernel(cfg, "dot_delta_alpha", device).launch(
+                _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items,
+                alpha=alpha, grad_alpha=grad_alpha, delta_alpha=delta_alpha, H=H)
+    if n_dst:
+        head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_dst"))
+        part_dq = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
+        n_work = work.n_items * head_blocks
+        _kernel(cfg, "dot_bwd_dst", device).launch(
+            _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
+            head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, grad_out=grad_out, lse=lse,
+            grad_alpha=grad_alpha, delta_alpha=delta_alpha, grad_alpha_dropped=int(alpha_dropped), dq=dq,
+            part_dq=part_dq, dk=None if transposed else dk, dv=None if transposed else dv,
+            d_edge_term=d_edge_term, delta_out=delta, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+        if part_dq is not None:
+            _sum_partials(cfg, work, part_dq, dq)
+    if transposed and k.shape[0]:
+        scsr = graph.kernel_source_csr()
+        swork = _work(graph, source_major=True)
+        part_dk = torch.empty((swork.n_slots, H, D), **f32) if swork.n_slots else None
+        part_dv = torch.empty((swork.n_slots, H, D), **f32) if swork.n_slots else None
+        head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_src"))
+        n_work = swork.n_items * head_blocks
+        _kernel(cfg, "dot_bwd_src", device).launch(
+            _blocks(n_work * 32), THREADS, s_indices=scsr.indices, s_perm=scsr.perm, items=swork.items,
+            n_work=n_work, head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, grad_out=grad_out,
+            lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), dk=dk, dv=dv,
+            part_dk=part_dk, part_dv=part_dv, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+        if part_dk is not None:
+            _sum_partials(cfg, swork, part_dk, dk)
+            _sum_partials(cfg, swork, part_dv, dv)
+    return dq, dk, dv, d_edge_term

@@ -1,0 +1,235 @@
+"""Launcher of the SpMM family (``spmm.cu`` and cuSPARSE): everything graph-specific cached.
+
+Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device), a
+:class:`SpmmCache` holds:
+
+- the cuSPARSE CSR descriptor of the forward matrix A [n_dst, n_src] (int32 indices from
+  ``graph.kernel_csr()``), its chosen algorithm per feature width (cuSPARSE's CSR
+  algorithms or the own kernel, whichever timed fastest) and its workspaces
+  (:mod:`gnn_fastpath.cuda.cusparse`);
+- the normalised edge values, ``values_k = c_dst[row] * w[perm[k]] * c_src[col]`` in CSR
+  order (``spmm_edge_values``): one fp32 [M] per norm without edge weights; with edge
+  weights, per weight tensor, keyed by (tensor identity through a weak reference,
+  ``_version``, ``data_ptr``) and bounded to :data:`WEIGHTED_ENTRIES` tensors per norm (a
+  training loop that builds a new weight tensor every step keeps only the newest). In-place
+  writes through ``tensor.data`` do not bump ``_version`` and are not noticed: write weights
+  in place under ``torch.no_grad()`` instead (what optimizers do);
+- for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
+  matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
+  values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
+  ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A.
+
+The gradient w.r.t. the edge weights is the SDDMM
+``dw_e = c_dst[row] c_src[col] <dY[row], X[col]>`` (``spmm_edge_grad``), in caller order.
+PyG's gcn_norm edge values (``spmm_gcn_degree``, ``spmm_gcn_values``) live here too.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import Counter, OrderedDict
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import config
+from . import launch, segment_reduce
+from .cusparse import CsrMatrix
+
+SOURCE = "spmm.cu"
+#: Threads per block of the lane-group kernels.
+THREADS = 128
+#: Degree-scale codes of the kernels (``-D`` defines, so the .cu and this module agree).
+SCALE_NONE, SCALE_INVERSE, SCALE_RSQRT = 0, 1, 2
+DEFINES = {"SPMM_SCALE_NONE": SCALE_NONE, "SPMM_SCALE_INVERSE": SCALE_INVERSE, "SPMM_SCALE_RSQRT": SCALE_RSQRT}
+#: (source scale, destination scale) per DGL norm.
+SCALES = {"none": (SCALE_NONE, SCALE_NONE), "left": (SCALE_INVERSE, SCALE_NONE),
+          "right": (SCALE_NONE, SCALE_INVERSE), "both": (SCALE_RSQRT, SCALE_RSQRT)}
+#: CSR edges per lane group in the SDDMM (edge-weight gradient).
+EDGES_PER_GROUP = 16
+#: Edge-weight tensors whose values stay cached per (graph, norm).
+WEIGHTED_ENTRIES = 2
+#: What was built, by kind (tests check that cached state is reused, not rebuilt).
+build_counts: Counter = Counter()
+MEMO_KEY = "spmm"
+
+
+def _kernel(name: str, device: torch.device, fcfg=None) -> launch.Kernel:
+    if fcfg is None:
+        return launch.kernel(SOURCE, name, device, (), DEFINES)
+    full = launch.template(name, *fcfg[:3])
+    return launch.kernel(SOURCE, full, device, (full,), DEFINES)
+
+
+def own_spmm(indices: Tensor, indptr: Tensor, work, values: Tensor, b: Tensor, c: Tensor) -> None:
+    """c = A @ b with the own kernels: short rows whole (``spmm_rows``), the chunks of long
+    rows (``work``: row chunks of A's rows) added atomically into zeroed rows."""
+    F = b.size(1)
+    device = b.device
+    fcfg = launch.lane_groups(F, b, c, max_chunks=2)
+    vec, lanes, chunks, fblocks = fcfg
+    n_rows = indptr.numel() - 1 - work.n_split
+    if n_rows:
+        _kernel("spmm_rows", device, fcfg).launch(
+            launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=indptr, indices=indices,
+            values=values, rows=work.whole_rows if work.n_split else None, n_rows=n_rows, x=b, F=F, out=c)
+    if work.n_split:
+        c.index_fill_(0, work.split_rows, 0.0)
+        _kernel("spmm_chunks", device, fcfg).launch(
+            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, items=work.items,
+            n_items=work.n_split_items, indices=indices, values=values, x=b, F=F, out=c)
+
+
+class _Values:
+    """Normalised edge values of one (norm, weight) and, lazily, their transposed order."""
+
+    def __init__(self, values: Tensor, ref=None):
+        self.values = values
+        self.ref = ref
+        self._transposed: Optional[Tensor] = None
+
+    def transposed(self, cache: "SpmmCache") -> Tensor:
+        if self._transposed is None:
+            self._transposed = self.values.index_select(0, cache.transposed_positions())
+            build_counts["values_t"] += 1
+        return self._transposed
+
+
+class SpmmCache:
+    """Everything SpMM keeps for one Graph (see the module docstring)."""
+
+    def __init__(self, graph):
+        kc = graph.kernel_csr()
+        self._graph = weakref.ref(graph)  # the cache lives in graph.memo: no reference cycle
+        self.kc = kc
+        self.n_src, self.n_dst = graph.n_src, graph.n_dst
+        work = segment_reduce.row_chunks(graph)  # the min/max kernels' work list: same rows, same split
+        self.csr = CsrMatrix(kc.indptr, kc.indices, graph.n_dst, graph.n_src,
+                             lambda values, b, c: own_spmm(kc.indices, kc.indptr, work, values, b, c))
+        self._csr_t: Optional[CsrMatrix] = None
+        self._unweighted = {}
+        self._weighted = {}
+        build_counts["csr"] += 1
+
+    def out_degree(self) -> Tensor:
+        graph = self._graph()
+        return graph.memo(("spmm", "out_degree_int32"), lambda: graph.out_degree().to(torch.int32))
+
+    def edge_values(self, norm: str, w: Optional[Tensor]) -> Tensor:
+        """values [M] in CSR order: c_dst[row] * w[perm] * c_src[col]."""
+        src_mode, dst_mode = SCALES[norm]
+        m = self.kc.indices.numel()
+        values = torch.empty(m, dtype=torch.float32, device=self.kc.indices.device)
+        if m:
+            _kernel("spmm_edge_values", values.device).launch(
+                launch.cdiv(m, 256), 256, indptr=self.kc.indptr, indices=self.kc.indices, perm=self.kc.perm,
+                out_deg=self.out_degree() if src_mode != SCALE_NONE else None, w=w, n_rows=self.n_dst,
+                n_edges=m, src_mode=src_mode, dst_mode=dst_mode, values=values)
+        return values
+
+    def values(self, norm: str, edge_weight: Optional[Tensor]) -> _Values:
+        if edge_weight is None:
+            entry = self._unweighted.get(norm)
+            if entry is None:
+                entry = self._unweighted[norm] = _Values(self.edge_values(norm, None))
+                build_counts["values"] += 1
+            return entry
+        lru = self._weighted.setdefault(norm, OrderedDict())
+        key = (id(edge_weight), edge_weight._version, edge_weight.data_ptr())
+        entry = lru.get(key)
+        if entry is not None and entry.ref() is edge_weight:
+            lru.move_to_end(key)
+            return entry
+        entry = _Values(self.edge_values(norm, edge_weight.detach().contiguous()), weakref.ref(edge_weight))
+        lru[key] = entry
+        lru.move_to_end(key)
+        while len(lru) > WEIGHTED_ENTRIES:
+            lru.popitem(last=False)
+        build_counts["values_weighted"] += 1
+        return entry
+
+    def transposed(self) -> CsrMatrix:
+        """A^T on the graph's int32 source-major CSR, built once per graph."""
+        if self._csr_t is None:
+            graph = self._graph()
+            sc = graph.kernel_source_csr()
+            work = segment_reduce.row_chunks(graph, source_major=True)
+            self._csr_t = CsrMatrix(sc.indptr, sc.indices, self.n_src, self.n_dst,
+                                    lambda values, b, c: own_spmm(sc.indices, sc.indptr, work, values, b, c))
+            build_counts["csr_t"] += 1
+        return self._csr_t
+
+    def transposed_positions(self) -> Tensor:
+        return self._graph().kernel_source_csr().csr_pos
+
+
+def cache_of(graph) -> SpmmCache:
+    """The SpmmCache of ``graph`` (built on first use, kept in ``graph.memo``)."""
+    return graph.memo(MEMO_KEY, lambda: SpmmCache(graph))
+
+
+def forward(graph, x: Tensor, edge_weight: Optional[Tensor], norm: str, out: Tensor):
+    """out [n_dst, F] = A x for contiguous fp32 x [n_src, F]; returns the values entry used
+    (the backward needs it)."""
+    cache = cache_of(graph)
+    entry = cache.values(norm, edge_weight)
+    cache.csr.matmul(entry.values, x, out)
+    return entry
+
+
+def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Tensor, need_dx: bool,
+             need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(dx [n_src, F] or None, dw [M] caller order or None); ``x`` is needed for dw only."""
+    cache = cache_of(graph)
+    dx = dw = None
+    if need_dx:
+        dx = torch.empty(cache.n_src, grad_out.size(1), dtype=grad_out.dtype, device=grad_out.device)
+        # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
+        # those always take the explicit transposed matrix (run by the own kernel).
+        if (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
+                or cache.csr.nnz > cache.n_src * cache.n_dst):
+            cache.transposed().matmul(entry.transposed(cache), grad_out, dx)
+        else:
+            cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
+    if need_dw:
+        dw = edge_weight_grad(cache, norm, grad_out, x)
+    return dx, dw
+
+
+def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -> Tensor:
+    """dw [M] in caller order: c_dst[row] * c_src[col] * <grad_out[row], x[col]>."""
+    src_mode, dst_mode = SCALES[norm]
+    kc = cache.kc
+    m = kc.indices.numel()
+    F = x.size(1)
+    fcfg = launch.lane_groups(F, grad_out, x)
+    vec, lanes, chunks, fblocks = fcfg
+    accumulate = fblocks > 1
+    dw = (torch.zeros if accumulate or F == 0 else torch.empty)(m, dtype=torch.float32, device=x.device)
+    if m == 0 or F == 0:
+        return dw
+    groups = launch.cdiv(m, EDGES_PER_GROUP)
+    _kernel("spmm_edge_grad", x.device, fcfg).launch(
+        launch.group_grid(groups, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
+        perm=kc.perm, out_deg=cache.out_degree() if src_mode != SCALE_NONE else None, n_rows=cache.n_dst,
+        n_edges=m, src_mode=src_mode, dst_mode=dst_mode, grad_out=grad_out, x=x, F=F, epg=EDGES_PER_GROUP,
+        accumulate=int(accumulate), dw=dw)
+    return dw
+
+
+def gcn_norm(graph, w: Optional[Tensor], fill: float) -> Tensor:
+    """PyG gcn_norm edge values [M] in caller order (see ops.gcn_norm_values); fp32."""
+    kc = graph.kernel_csr()
+    n, m = graph.n_dst, graph.num_edges
+    device = kc.indices.device
+    dinv = torch.empty(n, dtype=torch.float32, device=device)
+    out = torch.empty(m, dtype=torch.float32, device=device)
+    if n:
+        _kernel("spmm_gcn_degree", device).launch(
+            launch.cdiv(n * 32, 256), 256, indptr=kc.indptr, indices=kc.indices, perm=kc.perm, w=w, n_rows=n,
+            fill=fill, dinv=dinv)
+    if m:
+        _kernel("spmm_gcn_values", device).launch(
+            launch.cdiv(m, 256), 256, indptr=kc.indptr, indices=kc.indices, perm=kc.perm, w=w, n_rows=n,
+            n_edges=m, fill=fill, dinv=dinv, out=out)
+    return out

@@ -1,0 +1,109 @@
+"""Row chunks: the one work list every kernel family walks.
+
+A CSR row (a destination's in-edges, or a source's out-edges for a source-major pass) is
+one work item, except long rows, which are cut into chunks of ``chunk`` edges so that no
+warp or lane group walks a super node alone; the chunks' partial results are merged
+afterwards (attention: a merge kernel over per-chunk workspace slots; min/max and SpMM:
+atomics into the row). Built on the GPU once per graph and cached with it
+(:func:`for_graph`); building synchronises with the host once (to size the chunk list).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: What the fourth field of a split row's chunk items holds.
+TAGS = ("slot", "split_row")
+#: How whole rows are ordered after the chunks: by row id, or longest first.
+ORDERS = ("row", "degree")
+
+
+@dataclass(frozen=True)
+class RowChunks:
+    """Work items over the rows of one CSR.
+
+    Attributes:
+        items: int32 [n_items, 4] = (row, edge begin, edge end, tag). The first
+            ``n_split_items`` are chunks of split rows; their tag is the chunk's workspace
+            slot (``tag="slot"``: slots of one row are consecutive) or the index of its row
+            in ``split_rows`` (``tag="split_row"``). Every other row follows as one item with
+            tag -1 (rows without edges included: they write zeros).
+        split: int32 [n_split, 4] = (row, first slot, number of chunks, 0) per split row.
+        split_rows: int64 [n_split], the split rows (for zeroing before atomic merges).
+        whole_rows: int32 [n_rows - n_split], the rows done in one item, in item order.
+        n_items, n_split_items, n_split: host counts.
+    """
+
+    items: Tensor
+    split: Tensor
+    split_rows: Tensor
+    whole_rows: Tensor
+    n_items: int
+    n_split_items: int
+    n_split: int
+
+    @property
+    def n_slots(self) -> int:
+        """Chunk workspace slots (one per chunk of a split row)."""
+        return self.n_split_items
+
+
+def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", interleave: bool = False,
+          tag: str = "slot") -> RowChunks:
+    """Row chunks of the CSR with row offsets ``indptr`` (any integer dtype, on the GPU).
+
+    Rows with at least ``split_from`` edges are cut into chunks of ``chunk`` edges.
+    ``order``: whole rows by row id (``"row"``) or longest first (``"degree"``; split rows
+    then also longest first, stably). ``interleave``: chunk items ordered chunk-major
+    (first chunks of every split row, then second chunks, ...) so that items running
+    together belong to different rows and their atomics rarely meet on one address.
+    """
+    if chunk < 1 or split_from < 1:
+        raise ValueError(f"chunk and split_from must be >= 1, got {chunk} and {split_from}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if tag not in TAGS:
+        raise ValueError(f"tag must be one of {TAGS}, got {tag!r}")
+    dev = indptr.device
+    indptr = indptr.to(torch.int64)
+    deg = indptr[1:] - indptr[:-1]
+    is_split = deg >= split_from
+    split_rows = torch.nonzero(is_split).flatten()
+    whole_rows = torch.nonzero(~is_split).flatten()
+    if order == "degree":  # longest first, stably (ties keep row order)
+        split_rows = split_rows[torch.sort(deg[split_rows], descending=True, stable=True).indices]
+        whole_rows = whole_rows[torch.sort(deg[whole_rows], descending=True, stable=True).indices]
+
+    n_chunks = (deg[split_rows] + chunk - 1) // chunk
+    first = torch.cumsum(n_chunks, 0) - n_chunks
+    n_slots = int(n_chunks.sum()) if split_rows.numel() else 0  # the one host sync
+    owner = torch.repeat_interleave(torch.arange(split_rows.numel(), device=dev), n_chunks, output_size=n_slots)
+    slot = torch.arange(n_slots, device=dev)
+    local = slot - first[owner]
+    row = split_rows[owner]
+    begin = indptr[row] + local * chunk
+    end = torch.minimum(begin + chunk, indptr[row + 1])
+    chunk_items = torch.stack([row, begin, end, slot if tag == "slot" else owner], 1)
+    if interleave and n_slots:
+        chunk_items = chunk_items[torch.sort(local * split_rows.numel() + owner).indices]
+
+    whole_items = torch.stack([whole_rows, indptr[whole_rows], indptr[whole_rows + 1],
+                               torch.full_like(whole_rows, -1)], 1)
+    items = torch.cat([chunk_items, whole_items]).to(torch.int32).contiguous()
+    split = torch.stack([split_rows, first, n_chunks, torch.zeros_like(split_rows)], 1).to(torch.int32).contiguous()
+    return RowChunks(items, split, split_rows, whole_rows.to(torch.int32).contiguous(), items.shape[0], n_slots,
+                     split_rows.numel())
+
+
+def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False, order: str = "row",
+              interleave: bool = False, tag: str = "slot") -> RowChunks:
+    """:func:`build` over ``graph``'s destination rows (or source rows), cached with the graph."""
+    key = ("row_chunks", source_major, chunk, split_from, order, interleave, tag)
+
+    def make():
+        indptr = graph.source_csr().indptr if source_major else graph.indptr
+        return build(indptr, chunk, split_from, order=order, interleave=interleave, tag=tag)
+
+    return graph.memo(key, make)

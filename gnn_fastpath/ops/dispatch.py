@@ -1,0 +1,138 @@
+"""The one place that decides, per op call, which backend runs it and why.
+
+:func:`decide` is the policy: the fused CUDA kernels when they can serve the call, else the
+reference op, with the reason. Every op asks it through :func:`choose` with what it knows
+(device, dtype, the Graph, the kernels' own shape limit), and the patched layers ask it
+before doing any work (without a graph), so both see the same rule. Reasons, in the order
+they are checked:
+
+========== =====================================================================
+``dtype``      the input is not float32 (the kernels take float32)
+``forced``     :func:`gnn_fastpath.config.force_reference` is active
+``cpu``        the input is not on a CUDA device
+``no_kernel``  the CUDA kernels cannot run here (no CuPy, no GPU, disabled)
+``int32``      the graph has 2**31 edges or nodes or more (int32 kernels)
+``kernel_limit`` the op's kernels do not take this shape (e.g. a head width)
+========== =====================================================================
+
+Inside a patched layer's call (:class:`recording`), an op that would end on the reference
+for any reason but ``forced`` (or ``cpu`` with ``enable(cpu="reference")``) raises
+:class:`FallbackRequired`: the layer then runs its stock forward and ``stats()`` counts a
+fallback with that reason. Outside a layer, the op runs its reference and, for CUDA inputs,
+warns once per (op, reason).
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import config
+
+CUDA = "cuda"
+REFERENCE = "reference"
+#: dtypes the CUDA kernels take.
+CUDA_DTYPES = (torch.float32,)
+#: The ops that have CUDA kernels.
+OPS = ("gatv2_attention", "dot_attention", "spmm", "segment_reduce", "gcn_norm_values")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The backend that runs a call and, when it is not the fused one, why."""
+
+    backend: str
+    reason: Optional[str] = None
+    detail: str = ""
+
+
+class FallbackRequired(Exception):
+    """Raised by an op inside a patched layer's call when the fused kernels cannot serve it."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional[str] = None) -> Decision:
+    """The backend for an op call on ``device``/``dtype`` over ``graph`` (None: not known
+    yet); ``limit`` is the op kernels' own reason to refuse the call's shape, if any."""
+    if dtype not in CUDA_DTYPES:
+        return Decision(REFERENCE, "dtype", f"{dtype} input (the fused path takes float32)")
+    if config.reference_forced():
+        return Decision(REFERENCE, "forced", "force_reference() is active")
+    if device.type != "cuda":
+        return Decision(REFERENCE, "cpu", "CPU tensors (the fused kernels run on CUDA)")
+    from .. import cuda
+
+    why = cuda.unavailable_reason()
+    if why is not None:
+        return Decision(REFERENCE, "no_kernel", why)
+    if graph is not None and not graph.fits_int32():
+        return Decision(REFERENCE, "int32", f"graph with {graph.num_edges} edges and {max(graph.n_src, graph.n_dst)} "
+                                            "nodes: the kernels index with int32 (fewer than 2**31)")
+    if limit is not None:
+        return Decision(REFERENCE, "kernel_limit", limit)
+    return Decision(CUDA)
+
+
+def backend_for(op: str, x) -> str:
+    """``"cuda"`` if op ``op`` would run its kernels for input ``x`` (graph size aside), else
+    ``"reference"``."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+    return decide(x.device, x.dtype).backend
+
+
+def accepted(decision: Decision) -> bool:
+    """Whether a patched layer runs its fused forward with this decision (vs its stock code)."""
+    return (decision.backend == CUDA or decision.reason == "forced"
+            or (decision.reason == "cpu" and config.cpu_mode() == "reference"))
+
+
+# ----------------------------------------------------------------------------------------
+# What the ops of one patched layer call ran on.
+
+_local = threading.local()
+
+
+class recording:
+    """Context manager a patched layer opens around its fused forward: collects the backend
+    each op ran on (``backend``: ``"reference"`` if any op ran its reference, else
+    ``"cuda"``; None when no op ran)."""
+
+    __slots__ = ("backend", "_previous")
+
+    def __enter__(self) -> "recording":
+        self.backend = None
+        self._previous = getattr(_local, "call", None)
+        _local.call = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _local.call = self._previous
+
+
+_warned: set = set()
+
+
+def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None, limit: Optional[str] = None) -> str:
+    """The backend op ``op`` runs this call on (see the module docstring)."""
+    decision = decide(device, dtype, graph, limit)
+    call = getattr(_local, "call", None)
+    if call is not None:
+        if not accepted(decision):
+            raise FallbackRequired(decision.reason, decision.detail)
+        if call.backend != REFERENCE:
+            call.backend = decision.backend
+    elif decision.backend == REFERENCE and device.type == "cuda" and decision.reason != "forced":
+        key = (op, decision.reason)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"gnn_fastpath: {op} runs its reference op on CUDA tensors ({decision.reason}: "
+                          f"{decision.detail}); warned once per op and reason", stacklevel=3)
+    return decision.backend

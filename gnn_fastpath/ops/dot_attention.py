@@ -1,0 +1,150 @@
+"""Dot-product (Graph Transformer) attention: the public op, its autograd Function, and the
+design of its kernels.
+
+Layer -> op -> kernel: PyG ``TransformerConv`` calls :func:`dot_attention`; its CUDA path is
+:class:`DotAttentionFunction`, one call per pass into the launcher
+:mod:`gnn_fastpath.cuda.dot_attention`, whose kernels are ``cuda/dot_attention.cu``; the
+reference is :func:`gnn_fastpath.reference.dot_attention`. Measured timings live in
+``benchmarks/results/``.
+
+Design
+------
+- Forward: one streaming pass per (destination, head group) with the online softmax state
+  of ``attention_common.cuh`` (running max m, running sum l, accumulator rescaled when m
+  grows); q_i stays in registers, rows are read as float4 by a group of LPH lanes (LPH =
+  D/4 up to 32; a warp holds 32/LPH such groups of ONE destination, each with NH heads, so
+  every shuffle is warp-uniform). Edges are consumed in batches whose rows are gathered
+  together; rows read or written once (q, edge terms, out) carry cache-streaming hints.
+  Only the logsumexp ``lse`` [N_dst, H] is saved. No [M, H] or [M, H, D] tensor exists
+  unless the attention is requested: then the forward writes raw logits into the [M, H]
+  output (caller order) and a small kernel turns them into exp(e - lse) (times the dropout
+  multiplier for "dropped").
+- Super nodes: rows longer than ``CHUNK_EDGES`` (256) edges are cut into chunks of the
+  row-chunk work list (:mod:`gnn_fastpath.cuda.worklist`), one warp each, writing partial
+  (m, l, acc) states merged by a second kernel.
+- Backward (destination pass): recomputes alpha = exp(e - lse), delta_i = <O_i, dO_i> (O
+  is the dropped output when dropout is on, so delta = sum_j alpha_ij dalpha_ij holds), and
+  de_ij = alpha_ij (s_ij <dO_i, v_j + t_ij> - delta_i); dq accumulates in registers (split
+  rows: partials summed by a second kernel), d_edge_term_ij = alpha_ij s_ij dO_i +
+  scale de_ij q_i is written once per edge in caller order. dk, dv need per-source sums,
+  two ways (``GNN_FASTPATH_DOT_BWD``):
+
+  * ``atomic`` (default when sources have < 4 out-edges on average): float4 atomics
+    (sm_90) along the in-edges inside the same pass; dk, dv are zero-filled first;
+  * ``transposed`` (default otherwise; measured faster there): the destination pass writes
+    delta [N_dst, H]; a source-major pass over ``graph.kernel_source_csr()`` keeps k_j, v_j
+    and the dk_j, dv_j sums in registers: no atomics and no zero-fill, but it gathers q_i,
+    dO_i (and the edge term) per edge again.
+
+- Dropout: inverted dropout on alpha, multiplier from Philox keyed by (seed, offset, caller
+  edge id, head); seed and offset come from torch's CPU generator (no GPU sync) and are kept
+  in ctx, so the backward regenerates the forward's mask exactly.
+- Gradient through the returned attention A (alpha or alpha * s): with
+  delta_alpha_i = sum_j A_ij grad_alpha_ij (one small kernel), dalpha gains grad_alpha (or
+  s grad_alpha) and delta gains delta_alpha.
+- Any H >= 1; D specialised at compile time (exact templates for D = 8, 16, 32, 64, 128,
+  256, 512 when rows are 16-byte aligned) and a masked generic variant for other D up to
+  512 (float4 when D % 4 == 0 and aligned, else scalar loads). Each template instantiation
+  is its own small module, compiled on first use. Wider heads fall back (reason
+  ``kernel_limit``).
+- Tuning: heads per lane group NH=2 in the forward on graphs of mean in-degree < 16, else 1
+  (``MAX_ROW_FLOATS*`` in the launcher); registers capped at 80 per thread
+  (``__launch_bounds__(DOT_THREADS, 3)``); batch depth 4 edges for D <= 128
+  (``DOT_EDGE_FLOATS``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .. import reference
+from ..cuda import dot_attention as kernels
+from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
+from ._dropout import philox_seed
+from .dispatch import CUDA, choose
+
+
+def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
+                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+    r"""Dot-product (Graph Transformer) attention over each destination's in-edges.
+
+    .. math::
+        e_{ij} = s\,\langle q_i,\; k_j + t_{ij} \rangle,
+        \qquad \alpha_{ij} = \mathrm{softmax}_{j \in \mathcal{N}(i)}(e_{ij}),
+        \qquad o_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}\,(v_j + t_{ij})
+
+    per head (PyG ``TransformerConv`` semantics). Destinations without in-edges get 0.
+
+    Args:
+        graph (Graph): the graph.
+        q (Tensor): [N_dst, H, D] queries.
+        k (Tensor): [N_src, H, D] keys.
+        v (Tensor): [N_src, H, D] values.
+        scale (float, optional): logit scale ``s``; default ``1 / sqrt(D)``.
+        edge_term (Tensor, optional): [M, H, D] in the caller's edge order, added to keys and
+            values (``lin_edge(edge_attr)``).
+        return_attention (bool or str): also return alpha [M, H] in caller edge order
+            (``True``: softmax weights; ``"dropped"``: after attention dropout).
+        dropout (float): attention dropout probability.
+
+    Returns:
+        out [N_dst, H, D], or ``(out, alpha)`` when ``return_attention``.
+    """
+    graph = check_graph(graph)
+    check_tensor("k", k, (graph.n_src, None, None))
+    H, D = k.shape[1:]
+    check_tensor("q", q, (graph.n_dst, H, D), like=k)
+    check_tensor("v", v, (graph.n_src, H, D), like=k)
+    if edge_term is not None:
+        check_tensor("edge_term", edge_term, (graph.num_edges, H, D), like=k)
+    check_return_attention(return_attention)
+    dropout = check_probability("dropout", dropout)
+    graph = graph_on(graph, k)
+    if choose("dot_attention", k.device, k.dtype, graph, kernels.unsupported(H, D)) == CUDA:
+        scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        seed, offset = philox_seed(dropout)
+        t = edge_term.contiguous() if edge_term is not None else None
+        return DotAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), t, graph, scale,
+                                          return_attention, dropout, seed, offset)
+    return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
+
+
+class DotAttentionFunction(torch.autograd.Function):
+    """Fused dot-product attention (see the module docstring): saves ``lse`` [N_dst, H] and
+    the inputs, recomputes alpha in the backward.
+
+    ``apply(q, k, v, edge_term, graph, scale, return_attention, dropout, seed, offset)``
+    (q, k, v, edge_term contiguous fp32 CUDA); returns ``out`` or ``(out, alpha)``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, edge_term, graph, scale: float, return_attention, dropout: float, seed: int,
+                offset: int):
+        out, lse, alpha = kernels.forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention)
+        ctx.save_for_backward(q, k, v, edge_term, out, lse, alpha)
+        ctx.graph = graph
+        ctx.scale = scale
+        ctx.dropout, ctx.seed, ctx.offset = dropout, seed, offset
+        ctx.alpha_dropped = return_attention == "dropped"
+        ctx.set_materialize_grads(False)
+        if return_attention:
+            return out, alpha
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_alpha=None):
+        q, k, v, edge_term, out, lse, alpha = ctx.saved_tensors
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+        if grad_alpha is not None:
+            grad_alpha = grad_alpha.contiguous()
+        need = ctx.needs_input_grad
+        dq, dk, dv, d_edge_term = kernels.backward(
+            ctx.graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.scale,
+            ctx.dropout, ctx.seed, ctx.offset, need_d_edge_term=need[3])
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                d_edge_term if need[3] else None, None, None, None, None, None, None)

@@ -1,0 +1,164 @@
+"""GATv2 attention: the public op, its autograd Function, and the design of its kernels.
+
+Layer -> op -> kernel: PyG and DGL ``GATv2Conv`` call :func:`gatv2_attention`; its CUDA
+path is :class:`GATv2AttentionFunction`, one call per pass into the launcher
+:mod:`gnn_fastpath.cuda.gatv2_attention`, whose kernels are ``cuda/gatv2_attention.cu``;
+the reference is :func:`gnn_fastpath.reference.gatv2_attention`. Measured timings live in
+``benchmarks/results/``.
+
+Design note
+-----------
+*Mapping.* One warp per work item (a destination row, or a chunk of a long row) and head
+tile. A head's D columns are spread over LH lanes (a power of two), K vectors per lane:
+for D = 32/64/128/256 the width is a template constant and rows are read with 16-byte
+``float4`` loads (LH = 8/16/32/32, K = 1/1/1/2); any other D <= 512 takes the generic
+scalar instantiation (LH = next power of two of D up to 32, K columns per lane, masked
+tail), as does a specialised D whose rows are not 16-byte aligned. The warp's 32/LH lane
+groups cover min(H, 32/LH) heads; when that is fewer groups than the warp has, the spare
+groups become extra *edge slots* that walk interleaved edges of the same row (H=1, D=32
+uses four slots) and are merged by shuffles at the end; when H exceeds it, the heads are
+split into tiles, each its own warp. Per step a slot loads U (2-4) edges' rows before using
+any (memory-level parallelism); the per-head logit is a shuffle sum over the head's lanes.
+Each x_src row is gathered once per edge in the forward (the bandwidth floor), indices are
+read 32 at a time coalesced and broadcast by shuffles, edge_term is read in place through
+``perm``. Templates: ``<VW, LH, K, DC, U, has_edge_term>``, compiled per shape on first use
+(CuPy ``name_expressions``).
+
+*Forward.* Online softmax per (row, head) in registers: for each step of U logits the
+running max m grows once, the accumulator and running sum are rescaled once. Output out =
+acc / l; only the logsumexp L = m + log l [N_dst, H] is saved. With attention dropout, the
+Philox multiplier ds(caller edge, head) (``gf_dropout_scale``; seed and offset drawn on the
+host from torch's CPU generator) scales the accumulated weight but not the softmax sum, so
+out = sum alpha ds x. When attention is returned, raw logits are written to the [M, H]
+output in caller order and normalised in place by a small kernel once L is known.
+
+*Load balance.* The row-chunk work list (:mod:`gnn_fastpath.cuda.worklist`, built once per
+graph on the GPU, one host sync at build) gives every row one item, except rows longer than
+``GNN_FASTPATH_GATV2_CHUNK`` (256) edges, which become ceil(deg / chunk) chunk items. Chunks
+write their partial state (acc [H, D], m [H], l [H]) to a workspace slot and a merge kernel
+combines them per row (max, rescale, sum; parallel over chunks and column tiles); so a
+100k-edge super node is ~400 warps, not one. Split-row chunks come first in the list and
+whole rows follow by decreasing degree, so the longest work starts first and the tail is
+short. Grids (``gnn_fastpath.cuda.gatv2_attention._grid``): the forward and the source-major
+backward launch one warp per work item when items are few (tolokers: 13k heavy items,
+balanced best by the block scheduler) and otherwise a persistent grid of resident blocks
+whose warps stride over the items (faster on graphs with many rows: far fewer block
+launches); the destination-major backward is always persistent. Dynamic fetching from an
+atomic work counter was tried and dropped: no faster, more registers.
+
+*Backward.* One destination-major pass recomputes z, e and alpha = exp(e - L) per edge:
+delta_i = <dO_i, O_i> (FlashAttention's Delta; it equals sum_j alpha_ij dalpha_ij also with
+dropout, as O already carries ds), dalpha = ds <dO_i, x_j>, de = alpha (dalpha - delta), dz
+= de att LeakyReLU'(z). dx_dst accumulates in registers (atomics only for chunks of split
+rows, whose rows are zeroed first), d_edge_term is written at its caller position, datt is
+summed in registers, then in shared memory per block, then one global atomic per block and
+column (the persistent grid keeps those atomics few). For dx_src = sum_i (alpha ds dO_i +
+dz_ij) there are two variants (``GNN_FASTPATH_GATV2_BWD``): ``atomic`` (default) adds each
+edge's term with a float4 atomicAdd from the destination-major pass; ``transposed`` runs a
+second, source-major pass over ``graph.source_csr()`` (int32 copies and its own work list
+cached per graph) that recomputes alpha and dz from x_dst, dO, L and delta (saved by the
+first pass) with no atomics except for chunks of split source rows. Nothing of size [M, H]
+or [M, H, D] is allocated except the requested outputs (alpha, d edge_term).
+
+*Gradient through the returned attention.* Also supported: with a gradient grad_alpha on
+alpha, dalpha gains grad_alpha (times ds for "dropped") and delta gains delta_alpha_i =
+sum_j alpha_out_ij grad_alpha_ij, computed by one small pre-pass.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .. import reference
+from ..cuda import gatv2_attention as kernels
+from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
+from ._dropout import philox_seed
+from .dispatch import CUDA, choose
+
+
+def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float = 0.2,
+                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+    r"""GATv2 attention aggregated over each destination's in-edges.
+
+    .. math::
+        e_{ij} = \sum_d a_{h,d}\,\mathrm{LeakyReLU}\big(x^{src}_{j} + x^{dst}_{i} + t_{ij}\big)_{h,d},
+        \qquad \alpha_{ij} = \mathrm{softmax}_{j \in \mathcal{N}(i)}(e_{ij}),
+        \qquad o_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}\, x^{src}_j
+
+    per head ``h``. Destinations without in-edges get ``o_i = 0``.
+
+    Args:
+        graph (Graph): the graph (any device; copied once to the features' device).
+        x_src (Tensor): [N_src, H, D], source features (values and left logit term).
+        x_dst (Tensor): [N_dst, H, D], destination features (right logit term).
+        att (Tensor): [H, D], attention vector.
+        negative_slope (float): LeakyReLU slope.
+        edge_term (Tensor, optional): [M, H, D] in the caller's edge order, added inside the
+            LeakyReLU (GATv2 ``lin_edge(edge_attr)``).
+        return_attention (bool or str): also return alpha [M, H] in the caller's edge order:
+            ``True`` the softmax weights, ``"dropped"`` the weights after attention dropout.
+        dropout (float): attention dropout probability (inverted scaling); pass 0 in eval.
+
+    Returns:
+        out [N_dst, H, D] (contiguous), or ``(out, alpha)`` when ``return_attention``.
+    """
+    graph = check_graph(graph)
+    check_tensor("x_src", x_src, (graph.n_src, None, None))
+    H, D = x_src.shape[1:]
+    check_tensor("x_dst", x_dst, (graph.n_dst, H, D), like=x_src)
+    check_tensor("att", att, (H, D), like=x_src)
+    if edge_term is not None:
+        check_tensor("edge_term", edge_term, (graph.num_edges, H, D), like=x_src)
+    check_return_attention(return_attention)
+    dropout = check_probability("dropout", dropout)
+    graph = graph_on(graph, x_src)
+    if choose("gatv2_attention", x_src.device, x_src.dtype, graph, kernels.unsupported(H, D)) == CUDA:
+        seed, offset = philox_seed(dropout)
+        return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, float(negative_slope),
+                                            return_attention, dropout, seed, offset)
+    return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout)
+
+
+class GATv2AttentionFunction(torch.autograd.Function):
+    """Fused GATv2 attention (see the module docstring): saves ``lse`` [N_dst, H] and the
+    inputs, recomputes alpha in the backward.
+
+    ``apply(x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout,
+    seed, offset)``; returns ``out`` or ``(out, alpha)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout, seed, offset):
+        x_src, x_dst, att = x_src.contiguous(), x_dst.contiguous(), att.contiguous()
+        if edge_term is not None:
+            edge_term = edge_term.contiguous()
+        out, lse, alpha = kernels.forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed,
+                                          offset, return_attention)
+        ctx.graph = graph
+        ctx.negative_slope = negative_slope
+        ctx.dropout, ctx.seed, ctx.offset = dropout, seed, offset
+        ctx.alpha_dropped = return_attention == "dropped"
+        ctx.save_for_backward(x_src, x_dst, att, edge_term, out, lse, alpha)
+        ctx.set_materialize_grads(False)
+        if return_attention:
+            return out, alpha
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_alpha=None):
+        x_src, x_dst, att, edge_term, out, lse, alpha = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:4])
+        none = (None,) * 6
+        if (grad_out is None and grad_alpha is None) or not any(needs):
+            return (None, None, None, None) + none
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+        if grad_alpha is not None:
+            grad_alpha = grad_alpha.contiguous()
+        dx_src, dx_dst, datt, d_edge_term = kernels.backward(
+            ctx.graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped,
+            ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset, needs)
+        return (dx_src, dx_dst, datt, d_edge_term) + none

@@ -1,0 +1,101 @@
+"""Min/max neighbourhood aggregation: the public op and its autograd Function.
+
+Layer -> op -> kernel: PyG ``SAGEConv(aggr="max"/"min")`` and DGL ``SAGEConv("pool")`` call
+:func:`segment_reduce`; its CUDA path is :class:`SegmentReduceFunction`, one call per pass
+into the launcher :mod:`gnn_fastpath.cuda.segment_reduce`, whose kernels are
+``cuda/segment_reduce.cu``; the reference is :func:`gnn_fastpath.reference.segment_reduce`.
+
+What the forward saves depends on the tie rule: ``"first"``/``"last"`` save the winning
+caller edge id per output element (int32 [N_dst, F]); ``"split"``/``"even"`` save the
+number of tied edges per output element (int32 [N_dst, F]) and the backward re-walks the
+edges to find them. Nothing is saved when no input needs a gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .. import reference
+from ..cuda import segment_reduce as kernels
+from ._checks import check_choice, check_features, check_graph, graph_on, row_width
+from .dispatch import CUDA, choose
+
+REDUCES = ("max", "min")
+TIE_BREAKS = reference.aggregation.TIE_BREAKS
+
+
+def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None,
+                   tie_break: str = "split") -> Tensor:
+    r"""Element-wise max or min of source features over each destination's in-edges.
+
+    .. math::
+        o_{i,f} = \max_{j \in \mathcal{N}(i)} w_{ij}\, x_{j,f} \quad (\text{or } \min)
+
+    Destinations with no in-edges get 0. The value never depends on ``tie_break``; the
+    gradient of an extreme reached by several edges (ties: common after a ReLU, where many
+    messages are exactly 0) does, and each framework does it its own way:
+
+    - ``"split"`` (default, PyG): what ``torch.scatter_reduce(..., include_self=False)`` on a
+      zero tensor does, which is PyG's ``MaxAggregation``/``SAGEConv(aggr="max")`` on a plain
+      ``edge_index`` without torch-scatter: each tied edge gets ``g / (n + [o == 0])``, with
+      ``n`` the number of tied edges. The ``[o == 0]`` term is torch's: the untouched zero of
+      the output counts as one more tied candidate whenever the extreme is exactly 0.
+    - ``"even"``: ``g / n`` to each tied edge (no framework does exactly this; offered as the
+      plain rule).
+    - ``"first"`` / ``"last"``: the whole ``g`` to one tied edge, the first / last in the
+      caller's edge order. DGL 2.1 (CPU) ``update_all(fn.copy_u, fn.max)`` and
+      ``fn.u_mul_e`` with per-feature edge data give it to the last; ``fn.u_mul_e`` with a
+      broadcast ``[M]``/``[M, 1]`` edge weight (``SAGEConv('pool')`` with ``edge_weight``)
+      to the first.
+
+    Args:
+        graph (Graph): the graph.
+        x (Tensor): [N_src, F] (or [N_src, *]) source features.
+        reduce (str): ``"max"`` or ``"min"``.
+        edge_weight (Tensor, optional): [M] per-edge multiplier in the caller's edge order.
+        tie_break (str): ``"split"``, ``"even"``, ``"first"`` or ``"last"`` (see above).
+
+    Returns:
+        [N_dst, F] (same trailing shape as ``x``).
+    """
+    graph = check_graph(graph)
+    check_features(graph, x, edge_weight)
+    check_choice("reduce", reduce, REDUCES)
+    check_choice("tie_break", tie_break, TIE_BREAKS)
+    graph = graph_on(graph, x)
+    if choose("segment_reduce", x.device, x.dtype, graph) == CUDA:
+        return SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break)
+    return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break)
+
+
+class SegmentReduceFunction(torch.autograd.Function):
+    """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break)``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, reduce: str, tie_break: str):
+        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
+        w = None if edge_weight is None else edge_weight.detach().contiguous()
+        sign = 1.0 if reduce == "max" else -1.0  # min runs as max of the negated messages
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # allocated in its final shape so the op returns a fresh tensor, not a view
+        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=x2.dtype, device=x2.device)
+        aux = kernels.forward(graph, x2, w, sign, tie_break, need_grad, result.view(graph.n_dst, x2.size(1)))
+        if need_grad:
+            ctx.graph, ctx.sign, ctx.tie_break, ctx.x_shape = graph, sign, tie_break, x.shape
+            ctx.save_for_backward(x2, w, result, aux)
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        x2, w, result, aux = ctx.saved_tensors
+        graph = ctx.graph
+        grad_out = grad_out.reshape(graph.n_dst, x2.size(1)).contiguous()
+        dx, dw = kernels.backward(graph, x2, w, ctx.sign, ctx.tie_break, result.view(graph.n_dst, x2.size(1)), aux,
+                                  grad_out, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        if dx is not None:
+            dx = dx.view(ctx.x_shape)
+        return dx, dw, None, None, None
