@@ -123,16 +123,18 @@ class CsrMatrix:
         self._workspaces: Dict[Tuple[int, int, int], Tensor] = {}
         self._sizes: Dict[Tuple[int, int, int], int] = {}
         self._own_kernel = own_kernel
+        self._destroy = None  # cusparse.destroySpMat, kept so __del__ imports nothing at exit
 
     def __del__(self):
         desc, self._desc = getattr(self, "_desc", None), None
         if desc:
-            _cusparse().destroySpMat(desc)
+            self._destroy(desc)
 
     # ------------------------------------------------------------------ internals
     def _descriptor(self, values: Tensor) -> int:
         cs = _cusparse()
         if self._desc is None:
+            self._destroy = cs.destroySpMat
             self._desc = cs.createCsr(self.n_rows, self.n_cols, self.nnz, self.indptr.data_ptr(),
                                       self.indices.data_ptr(), values.data_ptr(), cs.CUSPARSE_INDEX_32I,
                                       cs.CUSPARSE_INDEX_32I, cs.CUSPARSE_INDEX_BASE_ZERO, _r32f())
@@ -250,20 +252,15 @@ class CsrMatrix:
             try:
                 if alg is None:
                     forced = algorithms(transpose).get(config.setting("GNN_FASTPATH_SPMM_ALG") or "")
-                    if forced is not None:
-                        try:  # the forced algorithm, unless cuSPARSE refuses it for this call
-                            self._run(handle, op, forced, desc, mat_b, mat_c, key, values, b, c)
-                            self._algs[akey] = forced
-                            return c
-                        except cs.CuSparseError as exc:
-                            if not _refused(exc):
-                                raise
                     signature = self._signature(op, F)
-                    shared = _shared_choices.get(signature)
-                    if shared is not None:
-                        try:  # a similar matrix was timed already: no search, no host sync
-                            self._run(handle, op, shared, desc, mat_b, mat_c, key, values, b, c)
-                            self._algs[akey] = shared
+                    # the forced algorithm, else the one timed for a similar matrix (no search,
+                    # no host sync), unless cuSPARSE refuses it for this call
+                    for candidate in (forced, _shared_choices.get(signature)):
+                        if candidate is None:
+                            continue
+                        try:
+                            self._run(handle, op, candidate, desc, mat_b, mat_c, key, values, b, c)
+                            self._algs[akey] = candidate
                             return c
                         except cs.CuSparseError as exc:
                             if not _refused(exc):

@@ -200,7 +200,7 @@ def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
     if n is None:
         from cupy.cuda import driver
 
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.function.ptr, threads, shared_mem)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.function.kernel.ptr, threads, shared_mem)
         n = _resident[key] = max(1, int(per_sm)) * sm_count(k.device_index)
     return n
 

@@ -129,7 +129,7 @@ def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None, limit:
             raise FallbackRequired(decision.reason, decision.detail)
         if call.backend != REFERENCE:
             call.backend = decision.backend
-    elif decision.backend == REFERENCE and device.type == "cuda" and decision.reason != "forced":
+    elif decision.backend == REFERENCE and device.type == "cuda" and not config.reference_forced():
         key = (op, decision.reason)
         if key not in _warned:
             _warned.add(key)

@@ -64,7 +64,7 @@ from torch.autograd.function import once_differentiable
 from .. import reference
 from ..cuda import dot_attention as kernels
 from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
-from ._dropout import philox_seed
+from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
 
 
@@ -126,22 +126,15 @@ class DotAttentionFunction(torch.autograd.Function):
                 offset: int):
         out, lse, alpha = kernels.forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention)
         ctx.save_for_backward(q, k, v, edge_term, out, lse, alpha)
-        ctx.graph = graph
         ctx.scale = scale
-        ctx.dropout, ctx.seed, ctx.offset = dropout, seed, offset
-        ctx.alpha_dropped = return_attention == "dropped"
-        ctx.set_materialize_grads(False)
-        if return_attention:
-            return out, alpha
-        return out
+        keep(ctx, graph, dropout, seed, offset, return_attention)
+        return outputs(out, alpha, return_attention)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
         q, k, v, edge_term, out, lse, alpha = ctx.saved_tensors
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-        if grad_alpha is not None:
-            grad_alpha = grad_alpha.contiguous()
+        grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         need = ctx.needs_input_grad
         dq, dk, dv, d_edge_term = kernels.backward(
             ctx.graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.scale,

@@ -75,7 +75,7 @@ from torch.autograd.function import once_differentiable
 from .. import reference
 from ..cuda import gatv2_attention as kernels
 from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
-from ._dropout import philox_seed
+from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
 
 
@@ -137,15 +137,10 @@ class GATv2AttentionFunction(torch.autograd.Function):
             edge_term = edge_term.contiguous()
         out, lse, alpha = kernels.forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed,
                                           offset, return_attention)
-        ctx.graph = graph
-        ctx.negative_slope = negative_slope
-        ctx.dropout, ctx.seed, ctx.offset = dropout, seed, offset
-        ctx.alpha_dropped = return_attention == "dropped"
         ctx.save_for_backward(x_src, x_dst, att, edge_term, out, lse, alpha)
-        ctx.set_materialize_grads(False)
-        if return_attention:
-            return out, alpha
-        return out
+        ctx.negative_slope = negative_slope
+        keep(ctx, graph, dropout, seed, offset, return_attention)
+        return outputs(out, alpha, return_attention)
 
     @staticmethod
     @once_differentiable
@@ -155,9 +150,7 @@ class GATv2AttentionFunction(torch.autograd.Function):
         none = (None,) * 6
         if (grad_out is None and grad_alpha is None) or not any(needs):
             return (None, None, None, None) + none
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-        if grad_alpha is not None:
-            grad_alpha = grad_alpha.contiguous()
+        grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         dx_src, dx_dst, datt, d_edge_term = kernels.backward(
             ctx.graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped,
             ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset, needs)

@@ -4,7 +4,8 @@ Reproduces ``torch_geometric.nn.conv.GCNConv.forward`` (PyG 2.8): the symmetric
 normalisation of ``gcn_norm``, then ``lin`` (called as a submodule), one
 ``spmm(graph, lin(x), edge_weight=normalised, norm="none")`` and the bias.
 
-The normalisation is gnn_fastpath's own code, computed from the Graph:
+The normalisation is gnn_fastpath's own code, computed from the Graph by
+:func:`gnn_fastpath.ops.gcn_norm_values` (two CUDA kernels on the GPU):
 
 - ``edge_index`` Tensor / ``EdgeIndex``: with ``add_self_loops``, PyG's
   ``add_remaining_self_loops`` (every existing loop removed, one loop per node appended;
@@ -19,8 +20,6 @@ The normalisation is gnn_fastpath's own code, computed from the Graph:
   weight ``fill_value`` are appended (stock coalesces them into existing loops, which sums
   the same weights), then the same normalisation. ``edge_weight`` is ignored, as stock
   ignores it for sparse inputs.
-
-Issue 6 moves this normalisation into a CUDA kernel.
 
 ``cached=True`` keeps stock's semantics: whatever sits in ``module._cached_edge_index``
 is used as the normalised ``(edge_index, edge_weight)`` (stock reads it whenever it is set,

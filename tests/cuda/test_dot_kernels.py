@@ -13,9 +13,9 @@ import torch
 from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
-from gnn_fastpath.cuda import dot as dot_kernels
-from gnn_fastpath.ops import backend_for, dot_attention
-from gnn_fastpath.ops.cuda_dot import dot_attention_cuda
+from gnn_fastpath.cuda import dot_attention as dot_kernels
+from gnn_fastpath.ops import CUDA, backend_for, dot_attention
+from gnn_fastpath.ops import dispatch
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
@@ -24,6 +24,15 @@ MODES = ("atomic", "transposed")
 
 
 # ------------------------------------------------------------------------------- helpers
+
+
+def dot_attention_cuda(graph, q, k, v, scale=None, edge_term=None, return_attention=False, dropout=0.0):
+    """The public op, asserted to have run the fused kernels: a reference fallback here
+    would compare the reference with itself."""
+    with dispatch.recording() as call:  # a fallback raises dispatch.FallbackRequired in here
+        res = dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
+    assert call.backend == CUDA, f"dot_attention ran on {call.backend}, not the CUDA kernels"
+    return res
 
 
 def _graph(edge_index, sizes, device="cuda") -> Graph:
@@ -103,7 +112,7 @@ def sparse_graph():
     """Low mean in-degree (the kernels then put two heads in a lane group), a split row."""
     ei, sizes = random_edges(3000, 2500, 10000, seed=13, empty_rows=20, super_node_degree=2000)
     g = _graph(ei, sizes)
-    assert dot_kernels.dot_graph(g).low_degree
+    assert g.degree_stats().mean < dot_kernels.LOW_DEGREE
     return g
 
 
@@ -329,16 +338,16 @@ def test_forward_memory_has_no_edge_sized_tensors(monkeypatch):
 def test_chunk_list_covers_every_edge_once():
     ei, sizes = random_edges(500, 400, 6000, seed=9, empty_rows=5, super_node_degree=3000)
     g = _graph(ei, sizes)
-    ch = dot_kernels.dot_graph(g).chunks
-    row, begin, end, slot = ch.records.long().unbind(1)
-    assert (end - begin <= ch.chunk_edges).all() and (end >= begin).all()
+    ch = dot_kernels._work(g)
+    row, begin, end, slot = ch.items.long().unbind(1)
+    assert (end - begin <= dot_kernels.CHUNK_EDGES).all() and (end >= begin).all()
     assert (end <= g.indptr[row + 1]).all() and (begin >= g.indptr[row]).all()
     counts = torch.zeros(g.num_edges + 1, dtype=torch.int64, device="cuda")
     for b, e in zip(begin.tolist(), end.tolist()):
         counts[b:e] += 1
     assert (counts[:-1] == 1).all()
     assert torch.equal(torch.sort(row.unique()).values, torch.arange(g.n_dst, device="cuda"))
-    assert ch.n_heavy >= 1 and (slot[: ch.n_slots] >= 0).all() and (slot[ch.n_slots:] == -1).all()
+    assert ch.n_split >= 1 and (slot[: ch.n_slots] >= 0).all() and (slot[ch.n_slots:] == -1).all()
     assert torch.equal(slot[: ch.n_slots], torch.arange(ch.n_slots, device="cuda"))
 
 

@@ -14,13 +14,16 @@ import torch
 from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
-from gnn_fastpath.cuda import gatv2 as kernels
+from gnn_fastpath.cuda import gatv2_attention as kernels
+from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops import backend_for, gatv2_attention
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
 
 VARIANTS = ("atomic", "transposed")
+#: The backward variant is a setting read at every backward (gnn_fastpath.config).
+BWD_ENV = "GNN_FASTPATH_GATV2_BWD"
 SLOPE = 0.2
 
 
@@ -96,7 +99,7 @@ def _check_all_variants(monkeypatch, graph, H, D, edge_term, seed=0, return_atte
     g_alpha = g_alpha if alpha_grad else None
     want = _reference(graph, xs, xd, att, et, g_out, g_alpha, return_attention)
     for variant in VARIANTS:
-        monkeypatch.setattr(kernels, "BWD_DX_SRC", variant)
+        monkeypatch.setenv(BWD_ENV, variant)
         got = _run(graph, xs, xd, att, et, g_out, g_alpha, return_attention)
         _compare(f"H={H} D={D} et={edge_term} {variant}", got, want, et)
 
@@ -178,7 +181,7 @@ def test_dropout(monkeypatch, super_graph, H, D, edge_term):
             loss64 = loss64 + (dropped64 * g_alpha.double()).sum()
         want = torch.autograd.grad(loss64, leaves64, retain_graph=True)
         for variant in VARIANTS:
-            monkeypatch.setattr(kernels, "BWD_DX_SRC", variant)
+            monkeypatch.setenv(BWD_ENV, variant)
             torch.manual_seed(1234)  # same seed -> same mask
             got_out, got_dropped, grads = _run(graph, xs, xd, att, et, g_out,
                                                g_alpha if with_alpha_grad else None, "dropped", p)
@@ -266,7 +269,7 @@ def test_no_edge_sized_tensor_in_forward_or_backward(monkeypatch):
     edge_bytes = graph.num_edges * H * D * 4  # ~1.3 GB
     xs, xd, att, _, g_out, _ = _inputs(graph, H, D, False)
     for variant in VARIANTS:  # warm-up: compile, per-graph work lists, source CSR
-        monkeypatch.setattr(kernels, "BWD_DX_SRC", variant)
+        monkeypatch.setenv(BWD_ENV, variant)
         _run(graph, xs, xd, att, None, g_out)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -284,25 +287,27 @@ def test_no_edge_sized_tensor_in_forward_or_backward(monkeypatch):
 
 
 def test_bad_backward_variant_is_reported(small_graph, monkeypatch):
-    monkeypatch.setattr(kernels, "BWD_DX_SRC", "sideways")
+    monkeypatch.setenv(BWD_ENV, "sideways")  # read (and rejected) at the backward
     xs, xd, att, _, g_out, _ = _inputs(small_graph, 1, 32, False)
     out = gatv2_attention(small_graph, xs, xd, att)
     with pytest.raises(ValueError, match="GNN_FASTPATH_GATV2_BWD"):
         (out * g_out).sum().backward()
 
 
-# Grid shapes of the main kernels (gnn_fastpath.cuda.gatv2._grid). Faking a one-
-# multiprocessor GPU makes the persistent grids small, so each warp strides over many items.
+# Grid shapes of the main kernels (gnn_fastpath.cuda.gatv2_attention._grid). Faking a GPU
+# with room for two resident blocks (less than one multiprocessor holds) makes the
+# persistent grids small, so each warp strides over many items.
 GRIDS = {
-    "one-warp-per-item": dict(PERSISTENT_MIN_ITEMS_PER_WARP=2**40),
-    "persistent-striding": dict(PERSISTENT_MIN_ITEMS_PER_WARP=0, _sm_count=lambda device: 1),
+    "one-warp-per-item": [(kernels, "PERSISTENT_MIN_ITEMS_PER_WARP", 2**40)],
+    "persistent-striding": [(kernels, "PERSISTENT_MIN_ITEMS_PER_WARP", 0),
+                            (launch, "resident_blocks", lambda k, threads, shared_mem=0: 2)],
 }
 
 
 @pytest.mark.parametrize("grid", list(GRIDS))
 def test_grid_shapes(monkeypatch, small_graph, super_graph, grid):
-    for attr, value in GRIDS[grid].items():
-        monkeypatch.setattr(kernels, attr, value)
+    for module, attr, value in GRIDS[grid]:
+        monkeypatch.setattr(module, attr, value)
     _check_all_variants(monkeypatch, super_graph, 2, 64, True, seed=31, return_attention=True, alpha_grad=True)
     _check_all_variants(monkeypatch, super_graph, 8, 256, False, seed=32)
     _check_all_variants(monkeypatch, small_graph, 3, 32, False, seed=33)

@@ -15,8 +15,8 @@ import torch
 from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
+from gnn_fastpath.cuda import segment_reduce as sr_kernels
 from gnn_fastpath.ops import backend_for, segment_reduce
-from gnn_fastpath.ops import cuda_segment_reduce
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
@@ -109,8 +109,9 @@ def test_ties(graph_name, F, tie_break, reduce, weighted):
 
 def test_heavy_graph_really_has_heavy_rows():
     for name in ("super", "heavy_rows"):
-        work = cuda_segment_reduce.reduce_work(_graph(name))
-        assert work.heavy_rows is not None and work.heavy_items.size(0) > work.heavy_rows.numel()
+        work = sr_kernels.row_chunks(_graph(name))
+        assert work.n_split > 0 and work.split_rows.numel() == work.n_split
+        assert work.n_split_items > work.n_split  # split rows are cut into several items
 
 
 def test_trailing_dims_and_misaligned_rows():
@@ -140,19 +141,30 @@ def test_no_grad_saves_nothing():
 
 
 # ------------------------------------------------------------------------------- caching
+#: graph.memo key of the min/max work list (gnn_fastpath.cuda.worklist.for_graph over the
+#: destination rows, chunks of CHUNK edges from SPLIT_FROM edges on, interleaved).
+WORK_KEY = ("row_chunks", False, sr_kernels.CHUNK, sr_kernels.SPLIT_FROM, "row", True, "split_row")
+
+
 def test_work_lists_built_once_per_graph():
     edge_index, sizes = _heavy_rows(800, 600, seed=9)
     graph = Graph.from_edge_index(edge_index.cuda(), sizes)
     x = torch.randn(sizes[0], 32, device="cuda", requires_grad=True)
     segment_reduce(graph, x, "max", tie_break="last").sum().backward()
-    builds = dict(cuda_segment_reduce.build_counts)
+    work = graph._memo[WORK_KEY]
+    built = dict(graph._memo)  # everything derived so far (work list, caller-order sources, ...)
+    assert sr_kernels.row_chunks(graph) is work
     for _ in range(3):
         segment_reduce(graph, x, "max", tie_break="last").sum().backward()
         segment_reduce(graph, x, "min").sum().backward()
-    assert dict(cuda_segment_reduce.build_counts) == builds
+    assert all(graph._memo[key] is value for key, value in built.items()), "per-graph data was rebuilt"
+    assert sr_kernels.row_chunks(graph) is work
     graph2 = Graph.from_edge_index(edge_index[:, ::2].contiguous().cuda(), sizes)
+    assert WORK_KEY not in graph2._memo
     got = segment_reduce(graph2, x.detach(), "max")
-    assert cuda_segment_reduce.build_counts["work"] == builds["work"] + 1
+    work2 = graph2._memo[WORK_KEY]  # built for the new graph, on its first call
+    assert work2 is not work and sr_kernels.row_chunks(graph2) is work2
+    assert int((work2.items[:, 2] - work2.items[:, 1]).sum()) == graph2.num_edges  # graph2's rows
     assert_close("new graph", got, reference.segment_reduce(graph2, x.detach().double(), "max"))
 
 

@@ -13,9 +13,9 @@ import torch
 from kernel_checks import assert_close
 
 from gnn_fastpath import Graph, reference
-from gnn_fastpath.cuda import cusparse_spmm
-from gnn_fastpath.ops import backend_for, spmm
-from gnn_fastpath.ops import cuda_spmm
+from gnn_fastpath.cuda import cusparse
+from gnn_fastpath.cuda import spmm as spmm_kernels
+from gnn_fastpath.ops import backend_for, force_reference, spmm
 from gnn_fastpath.ops.gcn_norm import gcn_norm_values
 from zoo import random_edges
 
@@ -23,6 +23,9 @@ pytestmark = pytest.mark.cuda
 
 NORMS = ("none", "left", "right", "both")
 WIDTHS = (1, 7, 64, 512)
+#: The SpMM backward variant, a setting read at every backward (gnn_fastpath.config).
+BWD_ENV = "GNN_FASTPATH_SPMM_BWD"
+BWD_MODES = ("transposed", "flag")
 
 
 
@@ -80,11 +83,11 @@ def test_matches_reference(graph_name, F, norm, weighted):
     _check(_graph(graph_name), F, norm, weighted)
 
 
-@pytest.mark.parametrize("mode", cuda_spmm.BWD_MODES)
+@pytest.mark.parametrize("mode", BWD_MODES)
 @pytest.mark.parametrize("graph_name", ["super", "bipartite", "bipartite_wide_dst", "multigraph"])
 @pytest.mark.parametrize("norm", ["none", "both"])
 def test_backward_variants(monkeypatch, mode, graph_name, norm):
-    monkeypatch.setenv(cuda_spmm.BWD_ENV, mode)
+    monkeypatch.setenv(BWD_ENV, mode)
     _check(_graph(graph_name), 64, norm, weighted=True, seed=3)
 
 
@@ -97,10 +100,10 @@ def test_each_algorithm(monkeypatch, alg, graph_name, F):
     edge_index, sizes = _GRAPHS[graph_name]()
     graph = Graph.from_edge_index(edge_index.cuda(), sizes)
     _check(graph, F, "both", weighted=True, seed=5)
-    chosen = cuda_spmm.spmm_cache(graph).csr.chosen_algorithms()
+    chosen = spmm_kernels.cache_of(graph).csr.chosen_algorithms()
     # a multigraph with more edges than matrix entries always runs the custom kernel
     expected = "custom" if graph_name == "multigraph" else alg
-    assert list(chosen.values()) == [cusparse_spmm.algorithms()[expected]]
+    assert list(chosen.values()) == [cusparse.algorithms()[expected]]
 
 
 def test_trailing_dims():
@@ -122,7 +125,7 @@ def test_only_requested_gradients():
 def test_output_fully_written_when_beta_is_zero():
     """cuSPARSE with beta = 0 must not read the (uninitialised) output: prefill it with NaN."""
     graph = _graph("random")
-    cache = cuda_spmm.spmm_cache(graph)
+    cache = spmm_kernels.cache_of(graph)
     values = cache.values("both", None).values
     x = torch.randn(graph.n_src, 64, device="cuda")
     out = torch.full((graph.n_dst, 64), float("nan"), device="cuda")
@@ -141,33 +144,33 @@ def test_cache_reused_across_calls():
     w = torch.rand(graph.num_edges, device="cuda")
     spmm(graph, x, w, "both")
     spmm(graph, x, None, "right")
-    builds, searches = dict(cuda_spmm.build_counts), cusparse_spmm.search_count
-    cache = graph._memo[cuda_spmm._MEMO_KEY]
+    builds, searches = dict(spmm_kernels.build_counts), cusparse.search_count
+    cache = graph._memo[spmm_kernels.MEMO_KEY]
     for _ in range(3):
         a = spmm(graph, x, w, "both")
         b = spmm(graph, x, None, "right")
-    assert dict(cuda_spmm.build_counts) == builds
-    assert cusparse_spmm.search_count == searches
-    assert graph._memo[cuda_spmm._MEMO_KEY] is cache
+    assert dict(spmm_kernels.build_counts) == builds
+    assert cusparse.search_count == searches
+    assert graph._memo[spmm_kernels.MEMO_KEY] is cache
     assert_close("weighted", a, reference.spmm(graph, x.double(), w.double(), "both"))
     assert_close("unweighted", b, reference.spmm(graph, x.double(), None, "right"))
     # a new width chooses its algorithm once
-    cusparse_spmm.clear_shared_choices()
+    cusparse.clear_shared_choices()
     spmm(graph, torch.randn(n, 48, device="cuda"), None, "right")
-    assert cusparse_spmm.search_count == searches + 1
+    assert cusparse.search_count == searches + 1
 
 
 def test_similar_graph_reuses_the_timed_choice():
     """A new graph of the same size bucket (a mini-batch step) runs without timing again."""
-    cusparse_spmm.clear_shared_choices()
+    cusparse.clear_shared_choices()
     first, (n, _) = random_edges(500, 500, 6000, seed=13)
     x = torch.randn(n, 40, device="cuda")
     spmm(Graph.from_edge_index(first.cuda(), n), x, None, "both")
-    searches = cusparse_spmm.search_count
+    searches = cusparse.search_count
     second, _ = random_edges(500, 500, 6000, seed=14)
     g2 = Graph.from_edge_index(second.cuda(), n)
     got = spmm(g2, x, None, "both")
-    assert cusparse_spmm.search_count == searches
+    assert cusparse.search_count == searches
     assert_close("reused choice", got, reference.spmm(g2, x.double(), None, "both"))
 
 
@@ -176,11 +179,11 @@ def test_new_graph_rebuilds():
     x = torch.randn(n, 16, device="cuda")
     g1 = Graph.from_edge_index(edge_index.cuda(), n)
     spmm(g1, x, None, "both")
-    before = cuda_spmm.build_counts["csr"]
+    before = spmm_kernels.build_counts["csr"]
     edge_index2 = edge_index[:, : edge_index.size(1) // 2]
     g2 = Graph.from_edge_index(edge_index2.cuda(), n)
     got = spmm(g2, x, None, "both")
-    assert cuda_spmm.build_counts["csr"] == before + 1
+    assert spmm_kernels.build_counts["csr"] == before + 1
     assert_close("new graph", got, reference.spmm(g2, x.double(), None, "both"))
 
 
@@ -215,8 +218,8 @@ def test_weighted_cache_is_bounded():
     keep = [torch.rand(graph.num_edges, device="cuda") for _ in range(6)]
     for w in keep:
         spmm(graph, x, w, "both")
-    cache = cuda_spmm.spmm_cache(graph)
-    assert len(cache._weighted["both"]) <= cuda_spmm.WEIGHTED_ENTRIES
+    cache = spmm_kernels.cache_of(graph)
+    assert len(cache._weighted["both"]) <= spmm_kernels.WEIGHTED_ENTRIES
 
 
 def test_two_calls_then_one_backward():
@@ -266,8 +269,6 @@ def test_gcn_norm_kernel_matches_torch(improved, weighted):
     graph = Graph.from_edge_index(looped, n)
     w = torch.rand(looped.size(1), device="cuda") + 0.1 if weighted else None
     got = gcn_norm_values(graph, w, improved)
-    from gnn_fastpath.ops._dispatch import force_reference
-
     with force_reference():
         want = gcn_norm_values(graph, None if w is None else w.double(), improved, dtype=torch.float64)
     assert_close("gcn_norm", got, want, tol=1e-6)

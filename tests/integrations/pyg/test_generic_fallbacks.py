@@ -79,3 +79,45 @@ def test_fallback_explain(check, layer):
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_fallback_decomposed_layers(check, layer):
     check.fallback(LAYERS[layer](decomposed_layers=2), *_inputs(), reason="decomposed_layers")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_fallback_when_an_op_cannot_run_fused(check, layer, monkeypatch):
+    """An op that learns only from the graph that it cannot run fused (the int32 limit)
+    sends the layer to its stock code, counted under that reason and warned once: stats()
+    reports what ran, not what the layer hoped for."""
+    from gnn_fastpath.ops import dispatch
+
+    real = dispatch.decide
+
+    def decide(device, dtype, graph=None, limit=None):
+        if graph is not None:  # the op's own decision, once it knows the graph
+            return dispatch.Decision(dispatch.REFERENCE, "int32", "simulated graph of 2**31 edges")
+        return real(device, dtype, graph, limit)
+
+    monkeypatch.setattr(dispatch, "decide", decide)
+    check.fallback(LAYERS[layer](), *_inputs(), reason="int32")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_int32_limit_falls_back_on_cuda(layer, monkeypatch):
+    """On the GPU, a graph too large for int32 kernels runs stock with reason ``int32``."""
+    import copy
+    import warnings
+
+    import gnn_fastpath
+    from gnn_fastpath import FastpathFallbackWarning, Graph
+
+    monkeypatch.setattr(Graph, "fits_int32", lambda self: False)
+    conv = LAYERS[layer]().cuda()
+    x, edge_index = (t.cuda() for t in _inputs())
+    expected = copy.deepcopy(conv)(x, edge_index)
+    gnn_fastpath.reset_stats()
+    with warnings.catch_warnings(record=True) as caught, gnn_fastpath.enabled(frameworks="pyg"):
+        warnings.simplefilter("always")
+        out = conv(x, edge_index)
+    counts = gnn_fastpath.stats()[f"pyg.{layer}"]
+    assert counts["fallback"] == {"int32": 1} and counts["fused"] == {"cuda": 0, "reference": 0}, counts
+    assert any(issubclass(w.category, FastpathFallbackWarning) and "(int32" in str(w.message) for w in caught)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,183 @@
+"""Row chunks (``gnn_fastpath.cuda.worklist``) against a plain-Python oracle, on the CPU.
+
+``worklist.build`` is torch code that runs on any device; the GPU tests of every kernel
+family walk its lists on CUDA graphs.
+"""
+import random
+
+import pytest
+import torch
+
+from gnn_fastpath import Graph
+from gnn_fastpath.cuda import worklist
+
+
+def _indptr(degrees):
+    out = [0]
+    for d in degrees:
+        out.append(out[-1] + d)
+    return out
+
+
+def _degrees(seed, n, lo, hi, zeros=0, super_degree=0):
+    rng = random.Random(seed)
+    deg = [rng.randint(lo, hi) for _ in range(n)]
+    for i in rng.sample(range(n), zeros):
+        deg[i] = 0
+    if super_degree:
+        deg[rng.randrange(n)] = super_degree
+    return deg
+
+
+#: Row degrees: name -> list. Every config below splits from 2..8 edges on.
+CASES = {
+    "empty_rows": _degrees(1, 30, 0, 12, zeros=8),
+    "one_super_row": _degrees(2, 25, 0, 4, zeros=3, super_degree=101),
+    "all_split": _degrees(3, 12, 9, 30),
+    "none_split": _degrees(4, 20, 0, 1),
+    "boundaries": [5, 12, 0, 8, 1, 9, 4, 16, 7, 2, 3, 6, 11, 10, 13],  # every split_from, chunk multiples
+    "no_edges": [0] * 7,
+    "no_rows": [],
+}
+#: (chunk, split_from, order, interleave, tag): the families' shapes, scaled down
+#: (GATv2: C, C+1, degree; dot: C, C+1, row; min/max and SpMM: interleaved, split_row),
+#: plus rows split into a single chunk.
+CONFIGS = {
+    "gatv2": (4, 5, "degree", False, "slot"),
+    "dot": (4, 5, "row", False, "slot"),
+    "segment_reduce": (4, 8, "row", True, "split_row"),
+    "single_chunks": (8, 2, "degree", True, "slot"),
+}
+
+
+def _oracle(indptr, chunk, split_from, order, interleave, tag):
+    """(items, split, split_rows, whole_rows) as lists, from the layout the module documents."""
+    n = len(indptr) - 1
+    deg = [indptr[r + 1] - indptr[r] for r in range(n)]
+    split_rows = [r for r in range(n) if deg[r] >= split_from]
+    whole_rows = [r for r in range(n) if deg[r] < split_from]
+    if order == "degree":  # longest first; sorted() is stable
+        split_rows = sorted(split_rows, key=lambda r: -deg[r])
+        whole_rows = sorted(whole_rows, key=lambda r: -deg[r])
+    chunks, split, slot = [], [], 0
+    for k, r in enumerate(split_rows):
+        n_chunks = -(-deg[r] // chunk)
+        split.append([r, slot, n_chunks, 0])
+        for j in range(n_chunks):
+            begin = indptr[r] + j * chunk
+            chunks.append(((j, k), [r, begin, min(begin + chunk, indptr[r + 1]), slot if tag == "slot" else k]))
+            slot += 1
+    if interleave:  # chunk-major: every split row's first chunk, then every second chunk, ...
+        chunks.sort(key=lambda c: c[0])
+    items = [item for _, item in chunks] + [[r, indptr[r], indptr[r + 1], -1] for r in whole_rows]
+    return items, split, split_rows, whole_rows
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_oracle(case, config):
+    chunk, split_from, order, interleave, tag = CONFIGS[config]
+    indptr = _indptr(CASES[case])
+    work = worklist.build(torch.tensor(indptr), chunk, split_from, order=order, interleave=interleave, tag=tag)
+    items, split, split_rows, whole_rows = _oracle(indptr, chunk, split_from, order, interleave, tag)
+
+    assert (work.items.dtype, work.split.dtype, work.split_rows.dtype, work.whole_rows.dtype) == (
+        torch.int32, torch.int32, torch.int64, torch.int32)
+    assert work.items.shape == (len(items), 4) and work.split.shape == (len(split), 4)
+    assert work.items.tolist() == items
+    assert work.split.tolist() == split
+    assert work.split_rows.tolist() == split_rows
+    assert work.whole_rows.tolist() == whole_rows
+    n_split_items = sum(s[2] for s in split)
+    assert (work.n_items, work.n_split_items, work.n_slots, work.n_split) == (
+        len(items), n_split_items, n_split_items, len(split))
+
+    # independent of the oracle: every edge in exactly one item, inside its own row; chunk
+    # items first, at most `chunk` edges each; then each whole row once, in whole_rows order
+    covered = [0] * indptr[-1]
+    for row, begin, end, _ in items:
+        assert indptr[row] <= begin <= end <= indptr[row + 1]
+        for e in range(begin, end):
+            covered[e] += 1
+    assert all(c == 1 for c in covered)
+    assert all(0 < end - begin <= chunk and t >= 0 for _, begin, end, t in items[:n_split_items])
+    assert [it[0] for it in items[n_split_items:]] == whole_rows
+    assert sorted(whole_rows + split_rows) == list(range(len(indptr) - 1))
+    assert all(t == -1 for *_, t in items[n_split_items:])
+    # any integer dtype of indptr gives the same list
+    work32 = worklist.build(torch.tensor(indptr, dtype=torch.int32), chunk, split_from, order=order,
+                            interleave=interleave, tag=tag)
+    assert torch.equal(work32.items, work.items) and torch.equal(work32.split, work.split)
+
+
+def test_cases_are_what_they_say():
+    def n_split(case, config="segment_reduce"):
+        chunk, split_from, order, interleave, tag = CONFIGS[config]
+        return worklist.build(torch.tensor(_indptr(CASES[case])), chunk, split_from, order=order).n_split
+
+    assert 0 in CASES["empty_rows"] and 0 < n_split("empty_rows", "dot") < len(CASES["empty_rows"])
+    assert n_split("one_super_row") == 1
+    assert all(n_split("all_split", c) == len(CASES["all_split"]) for c in CONFIGS)
+    assert all(n_split("none_split", c) == 0 for c in CONFIGS)
+
+
+@pytest.mark.parametrize("tag", worklist.TAGS)
+def test_tags(tag):
+    indptr = _indptr(CASES["empty_rows"])
+    work = worklist.build(torch.tensor(indptr), 3, 4, order="degree", interleave=True, tag=tag)
+    chunk_items = work.items[: work.n_split_items].tolist()
+    assert work.n_split >= 3
+    for k, (row, first, n_chunks, zero) in enumerate(work.split.tolist()):
+        assert row == work.split_rows[k] and zero == 0
+        tags = [t for r, _, _, t in chunk_items if r == row]  # this row's chunks, in item order
+        assert len(tags) == n_chunks == -(-(indptr[row + 1] - indptr[row]) // 3)
+        if tag == "slot":  # consecutive workspace slots, the row's range in `split`
+            assert tags == list(range(first, first + n_chunks))
+        else:  # the index of the row in split_rows
+            assert tags == [k] * n_chunks
+    if tag == "slot":
+        assert sorted(t for *_, t in chunk_items) == list(range(work.n_slots))
+
+
+def test_degree_order_is_longest_first_and_stable():
+    deg = CASES["empty_rows"]
+    work = worklist.build(torch.tensor(_indptr(deg)), 3, 6, order="degree")
+    for rows in (work.split_rows.tolist(), work.whole_rows.tolist()):
+        keys = [(-deg[r], r) for r in rows]  # decreasing degree, ties by row id
+        assert keys == sorted(keys) and len(set(deg[r] for r in rows)) < len(rows)  # ties occur
+    plain = worklist.build(torch.tensor(_indptr(deg)), 3, 6, order="row")
+    assert plain.whole_rows.tolist() == sorted(plain.whole_rows.tolist())
+    assert plain.split_rows.tolist() == sorted(plain.split_rows.tolist())
+
+
+def test_interleave_orders_chunks_chunk_major():
+    indptr = _indptr([9, 2, 30, 0, 14, 5])
+    work = worklist.build(torch.tensor(indptr), 4, 6, interleave=True, tag="split_row")
+    local = [((b - indptr[r]) // 4, k) for r, b, _, k in work.items[: work.n_split_items].tolist()]
+    assert local == sorted(local) and local[:3] == [(0, 0), (0, 1), (0, 2)]
+    # without interleave, each split row's chunks are contiguous and in edge order
+    rows = worklist.build(torch.tensor(indptr), 4, 6, tag="split_row").items[: work.n_split_items].tolist()
+    assert [k for *_, k in rows] == sorted(k for *_, k in rows)
+    assert [b for _, b, _, _ in rows] == sorted(b for _, b, _, _ in rows)
+
+
+@pytest.mark.parametrize("kwargs", [dict(chunk=0), dict(split_from=0), dict(order="random"), dict(tag="row")])
+def test_bad_arguments(kwargs):
+    args = dict(chunk=4, split_from=5)
+    args.update(kwargs)
+    chunk, split_from = args.pop("chunk"), args.pop("split_from")
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        worklist.build(torch.tensor([0, 3, 10]), chunk, split_from, **args)
+
+
+def test_for_graph_is_cached_per_graph_and_arguments():
+    ei = torch.tensor([[0, 1, 2, 3, 3, 3, 3, 1], [1, 1, 1, 1, 0, 2, 0, 2]])
+    graph = Graph.from_edge_index(ei, 4)
+    work = worklist.for_graph(graph, 2, 3)
+    assert worklist.for_graph(graph, 2, 3) is work
+    assert work.items.tolist() == worklist.build(graph.indptr, 2, 3).items.tolist()
+    source = worklist.for_graph(graph, 2, 3, source_major=True)
+    assert source is not work and worklist.for_graph(graph, 2, 3, source_major=True) is source
+    assert source.items.tolist() == worklist.build(graph.source_csr().indptr, 2, 3).items.tolist()
+    assert worklist.for_graph(graph, 2, 3, tag="split_row") is not work
+    assert worklist.for_graph(Graph.from_edge_index(ei, 4), 2, 3) is not work

@@ -1,0 +1,88 @@
+"""The one dispatch: which backend an op call runs on, and why (gnn_fastpath.ops.dispatch)."""
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+import torch
+
+import gnn_fastpath
+from gnn_fastpath import config, ops
+from gnn_fastpath.ops import dispatch
+
+CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+def _graph(fits: bool = True):
+    return types.SimpleNamespace(fits_int32=lambda: fits, num_edges=2**31 if not fits else 10, n_src=5, n_dst=5)
+
+
+@pytest.fixture
+def kernels_here(monkeypatch):
+    """Pretend the CUDA kernels can run (decide only asks cuda.unavailable_reason)."""
+    monkeypatch.setattr(gnn_fastpath.cuda, "unavailable_reason", lambda: None)
+
+
+def test_fused_when_everything_fits(kernels_here):
+    assert dispatch.decide(CUDA0, torch.float32, _graph()) == dispatch.Decision("cuda")
+
+
+@pytest.mark.parametrize("device,dtype,graph,limit,forced,reason", [
+    (CUDA0, torch.float64, _graph(), None, False, "dtype"),
+    (CUDA0, torch.float16, _graph(False), "too wide", True, "dtype"),  # dtype comes first
+    (CUDA0, torch.float32, _graph(False), None, True, "forced"),
+    (CPU, torch.float32, _graph(False), None, False, "cpu"),
+    (CUDA0, torch.float32, _graph(False), "too wide", False, "int32"),
+    (CUDA0, torch.float32, _graph(), "too wide", False, "kernel_limit"),
+])
+def test_reference_reasons_in_order(kernels_here, device, dtype, graph, limit, forced, reason):
+    with config.force_reference(forced):
+        d = dispatch.decide(device, dtype, graph, limit)
+    assert d.backend == "reference" and d.reason == reason and d.detail
+
+
+def test_no_kernel_reason_says_why(monkeypatch):
+    monkeypatch.setattr(gnn_fastpath.cuda, "unavailable_reason", lambda: "no CuPy here")
+    assert dispatch.decide(CUDA0, torch.float32) == dispatch.Decision("reference", "no_kernel", "no CuPy here")
+
+
+def test_backend_for(kernels_here):
+    x = types.SimpleNamespace(device=CUDA0, dtype=torch.float32)
+    assert ops.backend_for("spmm", x) == "cuda"
+    with ops.force_reference():
+        assert ops.backend_for("spmm", x) == "reference"
+    with pytest.raises(ValueError, match="op must be one of"):
+        ops.backend_for("conv", x)
+
+
+def test_choose_warns_once_per_op_and_reason_for_cuda_inputs(kernels_here, monkeypatch):
+    monkeypatch.setattr(dispatch, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert dispatch.choose("dot_attention", CUDA0, torch.float32, _graph(), "D=600") == "reference"
+        assert dispatch.choose("dot_attention", CPU, torch.float32) == "reference"  # CPU: silent
+        with config.force_reference():
+            assert dispatch.choose("spmm", CUDA0, torch.float32) == "reference"  # forced: silent
+    assert [str(w.message) for w in caught] == [
+        "gnn_fastpath: dot_attention runs its reference op on CUDA tensors (kernel_limit: D=600); "
+        "warned once per op and reason"]
+
+
+def test_recording_inside_a_layer(kernels_here, monkeypatch):
+    monkeypatch.setattr(config, "_cpu", {"mode": "reference"})
+    with dispatch.recording() as ran:
+        assert dispatch.choose("spmm", CPU, torch.float32) == "reference"  # accepted: cpu="reference"
+        assert ran.backend == "reference"
+        with pytest.raises(dispatch.FallbackRequired) as exc:
+            dispatch.choose("spmm", CUDA0, torch.float32, _graph(False))
+        assert exc.value.reason == "int32"
+    with dispatch.recording() as ran:
+        assert dispatch.choose("spmm", CUDA0, torch.float32, _graph()) == "cuda"
+    assert ran.backend == "cuda"
+    monkeypatch.setattr(config, "_cpu", {"mode": "stock"})
+    with dispatch.recording(), pytest.raises(dispatch.FallbackRequired, match="cpu"):
+        dispatch.choose("spmm", CPU, torch.float32)
+    assert getattr(dispatch._local, "call", None) is None  # closed
