@@ -7,6 +7,8 @@
 #
 # BEFORE_DIR is a checkout of the older commit inside the repository (carry it). Writes
 # $OUT/ab_compare.md and $OUT/ab_runs.tar.gz (every JSON). ROUNDS defaults to 2.
+# AB_OPS_ARGS / AB_LAYERS_ARGS replace the benchmarks' arguments (default "--quick";
+# AB_LAYERS_ARGS=skip leaves bench_layers out).
 set -u
 BEFORE=$(cd "$1" && pwd); AFTER=$PWD; ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/ab_out}; WORK=/tmp/ab
@@ -23,9 +25,10 @@ for r in $(seq 1 "$ROUNDS"); do
   for tree in before after; do
     dir=$BEFORE; [ "$tree" = after ] && dir=$AFTER
     echo "== round $r: $tree"
-    (cd "$dir" && PYTHONPATH="$WORK/pkg-$tree:$dir" python3 -P -m benchmarks.bench_ops --quick --no-reference $DATA \
+    (cd "$dir" && PYTHONPATH="$WORK/pkg-$tree:$dir" python3 -P -m benchmarks.bench_ops ${AB_OPS_ARGS:---quick} --no-reference $DATA \
        --out "$WORK/o" --json-out "$WORK/ops-$tree-$r.json" --md "" >>"$WORK/bench.log" 2>&1) || echo "bench_ops $tree failed"
-    (cd "$dir" && PYTHONPATH="$WORK/pkg-$tree:$dir" python3 -P -m benchmarks.bench_layers --quick $DATA \
+    [ "${AB_LAYERS_ARGS:-}" = skip ] && continue
+    (cd "$dir" && PYTHONPATH="$WORK/pkg-$tree:$dir" python3 -P -m benchmarks.bench_layers ${AB_LAYERS_ARGS:---quick} $DATA \
        --out "$WORK/o" --json-out "$WORK/layers-$tree-$r.json" --md "" >>"$WORK/bench.log" 2>&1) || echo "bench_layers $tree failed"
   done
 done

@@ -8,6 +8,7 @@ from . import launch
 
 SOURCE = "csr_build.cu"
 THREADS = 256
+KERNELS = launch.Family(SOURCE)
 
 
 def csr_indptr(sorted_rows: Tensor, n_rows: int) -> Tensor:
@@ -15,6 +16,6 @@ def csr_indptr(sorted_rows: Tensor, n_rows: int) -> Tensor:
     rows = sorted_rows.to(torch.int64).contiguous()
     m = rows.numel()
     indptr = torch.empty(n_rows + 1, dtype=torch.int64, device=rows.device)
-    launch.kernel(SOURCE, "csr_indptr_from_sorted", rows.device).launch(
+    KERNELS.kernel(rows.device, "csr_indptr_from_sorted").launch(
         launch.cdiv(m + 1, THREADS), THREADS, rows=rows, num_edges=m, n_rows=n_rows, indptr=indptr)
     return indptr

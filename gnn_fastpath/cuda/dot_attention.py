@@ -22,7 +22,7 @@ from . import launch, worklist
 
 SOURCE = "dot_attention.cu"
 THREADS = 256
-DEFINES = {"DOT_THREADS": THREADS}
+KERNELS = launch.Family(SOURCE, {"DOT_THREADS": THREADS})
 #: Rows longer than this are cut into chunks of this many edges, each run by its own warp
 #: and merged afterwards (super-node load balance).
 CHUNK_EDGES = 256
@@ -57,8 +57,9 @@ class Config:
     def heads_per_warp(self, kernel: str) -> int:
         return 32 // self.lph * dict(self.nh)[kernel]
 
-    def name(self, kernel: str) -> str:
-        return launch.template(kernel, self.vec, self.lph, self.nv, dict(self.nh)[kernel], self.exact)
+    def args(self, kernel: str) -> tuple:
+        """Template arguments of ``kernel``'s instantiation."""
+        return (self.vec, self.lph, self.nv, dict(self.nh)[kernel], self.exact)
 
 
 @functools.lru_cache(maxsize=256)
@@ -106,10 +107,7 @@ def backward_mode(graph) -> str:
 def _kernel(cfg: Config, name: str, device: torch.device) -> launch.Kernel:
     """A templated kernel (instantiated for ``cfg``, one small module per instantiation) or
     an extern "C" helper kernel of the source."""
-    if name in _TEMPLATES:
-        full = cfg.name(name)
-        return launch.kernel(SOURCE, full, device, (full,), DEFINES)
-    return launch.kernel(SOURCE, name, device, (), DEFINES)
+    return KERNELS.kernel(device, name, *cfg.args(name)) if name in _TEMPLATES else KERNELS.kernel(device, name)
 
 
 def _blocks(n_threads: int) -> int:

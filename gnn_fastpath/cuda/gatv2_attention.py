@@ -24,7 +24,8 @@ SOURCE = "gatv2_attention.cu"
 THREADS = 256
 WARPS_PER_BLOCK = THREADS // 32
 MERGE_THREADS = 256
-DEFINES = {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS}
+KERNELS = launch.Family(SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
+                        together=("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
 #: Head widths with a compile-time specialisation (16-byte vector loads): D -> (VW, LH, K).
 SPECIALISED = {32: (4, 8, 1), 64: (4, 16, 1), 128: (4, 32, 1), 256: (4, 32, 2)}
 #: Largest head width of the generic (scalar) path: 32 lanes x 16 columns.
@@ -53,9 +54,9 @@ class Config:
     def n_tiles(self, H: int) -> int:
         return launch.cdiv(H, min(H, 32 // self.lh))
 
-    def templates(self, edge_term: bool) -> Tuple[str, str, str]:
-        args = (self.vw, self.lh, self.k, self.dc, self.u, edge_term)
-        return tuple(launch.template(name, *args) for name in ("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
+    def args(self, edge_term: bool) -> tuple:
+        """Template arguments of the gatv2_fwd/bwd_dst/bwd_src instantiation."""
+        return (self.vw, self.lh, self.k, self.dc, self.u, edge_term)
 
 
 def _unroll(floats_per_lane: int) -> int:
@@ -81,14 +82,6 @@ def config_for(D: int, aligned: bool) -> Config:
     lh = min(32, max(4, launch.next_pow2(D)))
     k = launch.next_pow2(launch.cdiv(D, lh))
     return Config(1, lh, k, 0, _unroll(k))
-
-
-def _kernel(device: torch.device, cfg: Config, edge_term: bool, name: str) -> launch.Kernel:
-    """``name`` is "fwd", "bwd_dst", "bwd_src" (the templated kernels) or an extern "C"
-    kernel of the source; one module per (instantiation set, device)."""
-    templates = cfg.templates(edge_term)
-    full = {"fwd": templates[0], "bwd_dst": templates[1], "bwd_src": templates[2]}.get(name, name)
-    return launch.kernel(SOURCE, full, device, templates, DEFINES)
 
 
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
@@ -134,18 +127,18 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     part_m = torch.empty(S, H, **f32) if S else None
     part_l = torch.empty(S, H, **f32) if S else None
     n_work = work.n_items * n_tiles
-    fwd = _kernel(dev, cfg, has_et, "fwd")
+    fwd = KERNELS.kernel(dev, "gatv2_fwd", *cfg.args(has_et))
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, H=H,
                D_rt=D, slope=slope, p=p, seed=seed, offset=offset, out=out, lse=lse, part_acc=part_acc,
                part_m=part_m, part_l=part_l, logits=alpha)
     if work.n_split:
-        merge = _kernel(dev, cfg, has_et, "gatv2_fwd_merge")
+        merge = KERNELS.kernel(dev, "gatv2_fwd_merge")
         merge.launch((min(work.n_split, _MAX_BLOCKS), min(launch.cdiv(H * D, 32), 65535)), MERGE_THREADS,
                      split=work.split, n_split=work.n_split, part_acc=part_acc, part_m=part_m, part_l=part_l,
                      H=H, D=D, out=out, lse=lse)
     if return_attention and M:
-        norm = _kernel(dev, cfg, has_et, "gatv2_alpha_from_logits")
+        norm = KERNELS.kernel(dev, "gatv2_alpha_from_logits")
         norm.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, lse=lse,
                     H=H, p=p, seed=seed, offset=offset, dropped=int(return_attention == "dropped"), alpha=alpha)
     return out, lse, alpha
@@ -188,7 +181,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     delta_alpha = None
     if grad_alpha is not None and M:
         delta_alpha = torch.zeros(n_dst, H, **f32)
-        k = _kernel(dev, cfg, has_et, "gatv2_delta_alpha")
+        k = KERNELS.kernel(dev, "gatv2_delta_alpha")
         k.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, alpha=alpha,
                  grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
     if dx_dst is not None and work.n_split:
@@ -198,7 +191,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     use_smem = need_att and H * D * 4 <= 48 * 1024
     smem = H * D * 4 if use_smem else 0
     n_work = work.n_items * n_tiles
-    bwd = _kernel(dev, cfg, has_et, "bwd_dst")
+    bwd = KERNELS.kernel(dev, "gatv2_bwd_dst", *cfg.args(has_et))
     bwd.launch(_grid(bwd, n_work, smem, always_persistent=True), THREADS, shared_mem=smem,
                items=work.items, n_work=n_work, n_tiles=n_tiles, indptr=kc.indptr, indices=kc.indices,
                perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, out=out, grad_out=grad_out,
@@ -211,7 +204,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
         swork = _work(graph, source_major=True)
         if swork.n_split:
             dx_src.index_fill_(0, swork.split_rows, 0.0)
-        src = _kernel(dev, cfg, has_et, "bwd_src")
+        src = KERNELS.kernel(dev, "gatv2_bwd_src", *cfg.args(has_et))
         n_swork = swork.n_items * n_tiles
         src.launch(_grid(src, n_swork), THREADS, items=swork.items, n_work=n_swork, n_tiles=n_tiles,
                    s_indices=scsr.indices, s_perm=scsr.perm, x_src=x_src, x_dst=x_dst, att=att,

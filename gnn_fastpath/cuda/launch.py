@@ -5,7 +5,7 @@ source text. Launches pass arguments by the .cu parameter names; each value is c
 the parameter's C type (pointers from tensors or None, ``int``, ``long long``,
 ``unsigned long long``, ``float``), and a missing or unknown name is a TypeError at the
 launch, not a silently misread argument. Constants the .cu and the Python side share are
-passed as ``-D`` defines by the launcher modules, so each lives in one place.
+passed as ``-D`` defines by the launcher modules (:class:`Family`), so each lives in one place.
 
 Every launch goes on torch's current CUDA stream of the kernel's device, with no host
 synchronisation; CuPy raises on a failed launch (bad configuration, too many resources).
@@ -124,26 +124,43 @@ class Kernel:
                 self.function.kernel(grid, block, values, shared_mem, stream)
 
 
-_kernels: Dict[tuple, Kernel] = {}
+class Family:
+    """The kernels of one ``.cu`` source, compiled with its ``-D`` defines and cached per
+    (device, kernel, template arguments): the one kernel cache of the package.
 
-
-def kernel(source: str, name: str, device: torch.device, templates: Sequence[str] = (),
-           defines: Optional[Mapping[str, int]] = None) -> Kernel:
-    """Kernel ``name`` of ``source`` compiled for ``device`` (cached per process).
-
-    ``templates`` are the template instantiations (e.g. ``"fill<64>"``) compiled together in
-    one module; ``name`` is one of them or an ``extern "C"`` kernel of the same source.
-    ``defines`` become ``-DNAME=value`` compile options.
+    ``kernel(device, name, *template_args)`` returns ``name<template_args...>`` (or the
+    ``extern "C"`` kernel ``name`` without arguments). Templates listed in ``together`` are
+    instantiated in one module with the same arguments (one NVRTC compile for all of them).
     """
-    index = _device_index(device)
-    defs = tuple(sorted((defines or {}).items()))
-    key = (source, name, tuple(templates), defs, index)
-    k = _kernels.get(key)
-    if k is None:
-        module = _module(source, tuple(templates), defs, index)
-        k = Kernel(module.get_function(name), name, _parameters(read_source(source), name), index)
-        _kernels[key] = k
-    return k
+
+    def __init__(self, source: str, defines: Optional[Mapping[str, int]] = None, together: Sequence[str] = ()):
+        self.source = source
+        self.defines = tuple(sorted((defines or {}).items()))
+        self.together = tuple(together)
+        self._cache: Dict[tuple, Kernel] = {}
+        FAMILIES.append(self)
+
+    def kernel(self, device: torch.device, name: str, *template_args) -> Kernel:
+        index = _device_index(device)
+        key = (index, name, template_args)
+        k = self._cache.get(key)
+        if k is None:
+            k = self._cache[key] = self._compile(index, name, template_args)
+        return k
+
+    def _compile(self, index: int, name: str, template_args: tuple) -> Kernel:
+        if template_args:
+            group = self.together if name in self.together else (name,)
+            templates = tuple(template(n, *template_args) for n in group)
+            full = template(name, *template_args)
+        else:
+            templates, full = (), name
+        module = _module(self.source, templates, self.defines, index)
+        return Kernel(module.get_function(full), full, _parameters(read_source(self.source), full), index)
+
+
+#: Every kernel family (tests reset their caches).
+FAMILIES: list = []
 
 
 def template(name: str, *args) -> str:

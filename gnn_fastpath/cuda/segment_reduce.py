@@ -23,8 +23,8 @@ SOURCE = "segment_reduce.cu"
 THREADS = 128
 #: Tie-rule codes of the kernels (``-D`` defines, so the .cu and this module agree).
 MODE_COUNT, MODE_FIRST, MODE_LAST, MODE_VALUE = 0, 1, 2, 3
-DEFINES = {"SR_MODE_COUNT": MODE_COUNT, "SR_MODE_FIRST": MODE_FIRST, "SR_MODE_LAST": MODE_LAST,
-           "SR_MODE_VALUE": MODE_VALUE}
+KERNELS = launch.Family(SOURCE, {"SR_MODE_COUNT": MODE_COUNT, "SR_MODE_FIRST": MODE_FIRST,
+                                 "SR_MODE_LAST": MODE_LAST, "SR_MODE_VALUE": MODE_VALUE})
 #: Tie rule of the public op -> what the forward saves and the backward does.
 MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": MODE_LAST}
 #: Rows with at least this many in-edges are cut into chunks: a group walks its row's edges
@@ -39,14 +39,6 @@ def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
     SpMM kernel walks the same list."""
     return worklist.for_graph(graph, CHUNK, SPLIT_FROM, source_major=source_major, interleave=True,
                               tag="split_row")
-
-
-def _kernel(name: str, device: torch.device, fcfg=None, *extra) -> launch.Kernel:
-    """``name<VEC, T, CH, *extra>`` for a feature config, or the extern "C" kernel ``name``."""
-    if fcfg is None:
-        return launch.kernel(SOURCE, name, device, (), DEFINES)
-    full = launch.template(name, *fcfg[:3], *extra)
-    return launch.kernel(SOURCE, full, device, (full,), DEFINES)
 
 
 def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, need_aux: bool,
@@ -70,15 +62,15 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
-        _kernel("sr_fwd_rows", device, fcfg, mode).launch(
+        KERNELS.kernel(device, "sr_fwd_rows", *fcfg[:3], mode).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
             perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        _kernel("sr_fwd_chunks", device, fcfg, mode).launch(
+        KERNELS.kernel(device, "sr_fwd_chunks", *fcfg[:3], mode).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
             perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed)
-        _kernel("sr_fwd_unpack", device).launch(
+        KERNELS.kernel(device, "sr_fwd_unpack").launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, out=out, aux=aux)
     return aux
@@ -97,14 +89,14 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     if MODES[tie_break] != MODE_COUNT:  # one winning edge per element: scatter along it
         src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
         total = aux.numel()
-        _kernel("sr_bwd_arg", device).launch(
+        KERNELS.kernel(device, "sr_bwd_arg").launch(
             launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
             dx=dx, dw=dw)
         return dx, dw
     work = row_chunks(graph)
     fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
     vec, lanes, chunks, fblocks = fcfg
-    _kernel("sr_bwd_ties", device, fcfg).launch(
+    KERNELS.kernel(device, "sr_bwd_ties", *fcfg[:3]).launch(
         launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
         count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)

@@ -41,7 +41,8 @@ SOURCE = "spmm.cu"
 THREADS = 128
 #: Degree-scale codes of the kernels (``-D`` defines, so the .cu and this module agree).
 SCALE_NONE, SCALE_INVERSE, SCALE_RSQRT = 0, 1, 2
-DEFINES = {"SPMM_SCALE_NONE": SCALE_NONE, "SPMM_SCALE_INVERSE": SCALE_INVERSE, "SPMM_SCALE_RSQRT": SCALE_RSQRT}
+KERNELS = launch.Family(SOURCE, {"SPMM_SCALE_NONE": SCALE_NONE, "SPMM_SCALE_INVERSE": SCALE_INVERSE,
+                                 "SPMM_SCALE_RSQRT": SCALE_RSQRT})
 #: (source scale, destination scale) per DGL norm.
 SCALES = {"none": (SCALE_NONE, SCALE_NONE), "left": (SCALE_INVERSE, SCALE_NONE),
           "right": (SCALE_NONE, SCALE_INVERSE), "both": (SCALE_RSQRT, SCALE_RSQRT)}
@@ -54,13 +55,6 @@ build_counts: Counter = Counter()
 MEMO_KEY = "spmm"
 
 
-def _kernel(name: str, device: torch.device, fcfg=None) -> launch.Kernel:
-    if fcfg is None:
-        return launch.kernel(SOURCE, name, device, (), DEFINES)
-    full = launch.template(name, *fcfg[:3])
-    return launch.kernel(SOURCE, full, device, (full,), DEFINES)
-
-
 def own_spmm(indices: Tensor, indptr: Tensor, work, values: Tensor, b: Tensor, c: Tensor) -> None:
     """c = A @ b with the own kernels: short rows whole (``spmm_rows``), the chunks of long
     rows (``work``: row chunks of A's rows) added atomically into zeroed rows."""
@@ -70,12 +64,12 @@ def own_spmm(indices: Tensor, indptr: Tensor, work, values: Tensor, b: Tensor, c
     vec, lanes, chunks, fblocks = fcfg
     n_rows = indptr.numel() - 1 - work.n_split
     if n_rows:
-        _kernel("spmm_rows", device, fcfg).launch(
+        KERNELS.kernel(device, "spmm_rows", *fcfg[:3]).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=indptr, indices=indices,
             values=values, rows=work.whole_rows if work.n_split else None, n_rows=n_rows, x=b, F=F, out=c)
     if work.n_split:
         c.index_fill_(0, work.split_rows, 0.0)
-        _kernel("spmm_chunks", device, fcfg).launch(
+        KERNELS.kernel(device, "spmm_chunks", *fcfg[:3]).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, items=work.items,
             n_items=work.n_split_items, indices=indices, values=values, x=b, F=F, out=c)
 
@@ -121,7 +115,7 @@ class SpmmCache:
         m = self.kc.indices.numel()
         values = torch.empty(m, dtype=torch.float32, device=self.kc.indices.device)
         if m:
-            _kernel("spmm_edge_values", values.device).launch(
+            KERNELS.kernel(values.device, "spmm_edge_values").launch(
                 launch.cdiv(m, 256), 256, indptr=self.kc.indptr, indices=self.kc.indices, perm=self.kc.perm,
                 out_deg=self.out_degree() if src_mode != SCALE_NONE else None, w=w, n_rows=self.n_dst,
                 n_edges=m, src_mode=src_mode, dst_mode=dst_mode, values=values)
@@ -209,7 +203,7 @@ def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -
     if m == 0 or F == 0:
         return dw
     groups = launch.cdiv(m, EDGES_PER_GROUP)
-    _kernel("spmm_edge_grad", x.device, fcfg).launch(
+    KERNELS.kernel(x.device, "spmm_edge_grad", *fcfg[:3]).launch(
         launch.group_grid(groups, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
         perm=kc.perm, out_deg=cache.out_degree() if src_mode != SCALE_NONE else None, n_rows=cache.n_dst,
         n_edges=m, src_mode=src_mode, dst_mode=dst_mode, grad_out=grad_out, x=x, F=F, epg=EDGES_PER_GROUP,
@@ -225,11 +219,11 @@ def gcn_norm(graph, w: Optional[Tensor], fill: float) -> Tensor:
     dinv = torch.empty(n, dtype=torch.float32, device=device)
     out = torch.empty(m, dtype=torch.float32, device=device)
     if n:
-        _kernel("spmm_gcn_degree", device).launch(
+        KERNELS.kernel(device, "spmm_gcn_degree").launch(
             launch.cdiv(n * 32, 256), 256, indptr=kc.indptr, indices=kc.indices, perm=kc.perm, w=w, n_rows=n,
             fill=fill, dinv=dinv)
     if m:
-        _kernel("spmm_gcn_values", device).launch(
+        KERNELS.kernel(device, "spmm_gcn_values").launch(
             launch.cdiv(m, 256), 256, indptr=kc.indptr, indices=kc.indices, perm=kc.perm, w=w, n_rows=n,
             n_edges=m, fill=fill, dinv=dinv, out=out)
     return out

@@ -57,7 +57,8 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(launch, "_module", _compile)
     monkeypatch.setattr(launch, "_device_index", lambda device: 0)
-    monkeypatch.setattr(launch, "_kernels", {})
+    for family in launch.FAMILIES:  # compiled here with stubs: keep them out of the real caches
+        monkeypatch.setattr(family, "_cache", {})
     monkeypatch.setattr(launch, "resident_blocks", lambda kernel, threads, shared_mem=0: 132)
     monkeypatch.setattr(launch.Kernel, "launch", dry)
     # cuSPARSE needs CuPy and a GPU: every product takes the matrix's own kernel instead
