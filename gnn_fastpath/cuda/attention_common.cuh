@@ -24,29 +24,23 @@ __device__ __forceinline__ GfSoftmaxState gf_softmax_init() {
     return s;
 }
 
-// Fold N logits (dead ones -inf) into the state. Returns the factor the accumulator must be
-// multiplied by before adding p[u] * value_u, and writes p[u] = exp(logit[u] - m_new)
-// (0 for dead logits). With nothing finite seen yet it changes nothing (factor 1, p = 0).
-template <int N>
-__device__ __forceinline__ float gf_softmax_fold(GfSoftmaxState& s, const float (&logit)[N], float (&p)[N]) {
-    float m_new = s.m;
-#pragma unroll
-    for (int u = 0; u < N; ++u) m_new = fmaxf(m_new, logit[u]);
-    if (m_new == GF_NEG_INF) {
-#pragma unroll
-        for (int u = 0; u < N; ++u) p[u] = 0.f;
-        return 1.f;
-    }
-    const float scale = __expf(s.m - m_new);  // exp(-inf) = 0 on the first logits
-    float l = s.l * scale;
-#pragma unroll
-    for (int u = 0; u < N; ++u) {
-        p[u] = __expf(logit[u] - m_new);
-        l += p[u];
-    }
-    s.l = l;
+// Raise the running max to cover a batch of logits whose largest is m_batch. Returns the
+// factor the accumulator must be rescaled by (l is rescaled here); a state that has seen
+// nothing finite and gets a batch of -inf stays empty (factor 1).
+__device__ __forceinline__ float gf_softmax_rescale(GfSoftmaxState& s, float m_batch) {
+    const float m_new = fmaxf(s.m, m_batch);
+    const float scale = m_new == GF_NEG_INF ? 1.f : __expf(s.m - m_new);  // exp(-inf) = 0 at first
+    s.l *= scale;
     s.m = m_new;
     return scale;
+}
+
+// Weight p = exp(logit - m) of one logit of the batch gf_softmax_rescale covered, added to
+// the running sum; 0 for a -inf logit. Needs a finite m (a non-empty state).
+__device__ __forceinline__ float gf_softmax_add(GfSoftmaxState& s, float logit) {
+    const float p = __expf(logit - s.m);
+    s.l += p;
+    return p;
 }
 
 // Merge state `o` into `s`: the accumulators combine as acc_s * f_self + acc_o * f_other.

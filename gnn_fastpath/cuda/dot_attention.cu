@@ -271,18 +271,19 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
             for (int u = 0; u < UB; ++u) L::dots(qr, kr[u], lg[u]);
 #pragma unroll
             for (int n = 0; n < NH; ++n) {
-                float c[UB], pu[UB];
+                float mb = GF_NEG_INF;
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
                     lg[u][n] = live[u] ? lg[u][n] * scale : GF_NEG_INF;
-                    c[u] = lg[u][n];
+                    mb = fmaxf(mb, lg[u][n]);
                 }
-                const float corr = gf_softmax_fold<UB>(st[n], c, pu);  // 0 on the first batch
+                // mb is finite: the batch's first edge is live.
+                const float corr = gf_softmax_rescale(st[n], mb);  // 0 on the first batch
 #pragma unroll
                 for (int f = 0; f < F; ++f) acc[n * F + f] *= corr;
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
-                    const float wgt = pu[u] * sd[u][n];  // 0 for dead slots
+                    const float wgt = gf_softmax_add(st[n], lg[u][n]) * sd[u][n];  // 0 for dead slots
 #pragma unroll
                     for (int f = 0; f < F; ++f) acc[n * F + f] = fmaf(wgt, vr[u][n * F + f], acc[n * F + f]);
                 }

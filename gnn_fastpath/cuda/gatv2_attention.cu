@@ -167,16 +167,20 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const float e = gf_group_sum<LH>(part);
                     c[u] = v[u] ? e : GF_NEG_INF;
                 }
-                float pu[U];
-                const float sc = gf_softmax_fold<U>(st, c, pu);  // lane-divergent, no shuffles inside
+                float mx = GF_NEG_INF;
 #pragma unroll
-                for (int k = 0; k < KV; ++k) acc[k] *= sc;
+                for (int u = 0; u < U; ++u) mx = fmaxf(mx, c[u]);
+                const float sc = gf_softmax_rescale(st, mx);
+                if (st.m != GF_NEG_INF) {  // lane-divergent, no shuffles inside
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    float wgt = pu[u];  // 0 for invalid edges
-                    if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
+                    for (int k = 0; k < KV; ++k) acc[k] *= sc;
 #pragma unroll
-                    for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
+                    for (int u = 0; u < U; ++u) {
+                        float wgt = gf_softmax_add(st, c[u]);  // 0 for invalid edges
+                        if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
+#pragma unroll
+                        for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
+                    }
                 }
                 if (logits != nullptr) {
 #pragma unroll

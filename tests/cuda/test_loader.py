@@ -112,7 +112,7 @@ def test_package_sources_are_self_contained(name):
         assert not (s.startswith('#include "') and s.endswith('.cuh"')), f"{name}: {line!r} left"
     raw = (loader.SOURCE_DIR / name).read_text()
     if '#include "attention_common.cuh"' in raw:
-        assert "gf_softmax_fold" in text and "gf_philox_uniform" in text
+        assert "gf_softmax_rescale" in text and "gf_philox_uniform" in text
     if '#include "attention_common.cuh"' in raw or '#include "common.cuh"' in raw:
         # common.cuh, included directly or through attention_common.cuh, inlined exactly once
         assert "gf_group_sum" in text and text.count("#define GF_FULL_MASK") == 1
@@ -153,7 +153,7 @@ def test_read_source_inlines_cuh_includes(tmp_path, monkeypatch):
     assert '#include "plain_header.h"' in lines
     # order: comment, system include, helpers (common, then attention), plain include, inner, kernel
     assert lines[0] == "// test kernel"
-    assert (text.index("gf_group_sum(float v") < text.index("gf_softmax_fold(") < text.index("#define LEAF_VALUE")
+    assert (text.index("gf_group_sum(float v") < text.index("gf_softmax_rescale(") < text.index("#define LEAF_VALUE")
             < text.index('extern "C"'))
     assert lines[-1].startswith('extern "C" __global__ void k')
 
