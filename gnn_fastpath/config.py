@@ -104,15 +104,22 @@ SETTINGS = (
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
+# name -> (the text last read, its parsed value): parsing is skipped while the text is unchanged
+_parsed: dict = {}
 
 
 def setting(name: str):
     """The parsed value of environment variable ``name`` (its default when unset or empty)."""
+    text = os.environ.get(name, "")
+    cached = _parsed.get(name)
+    if cached is not None and cached[0] == text:
+        return cached[1]
     spec = _BY_NAME.get(name)
     if spec is None:
         raise KeyError(f"{name} is not a gnn_fastpath setting (known: {', '.join(_BY_NAME)})")
-    text = os.environ.get(name, "")
-    return spec.parse(name, text if text.strip() else spec.default)
+    value = spec.parse(name, text if text.strip() else spec.default)
+    _parsed[name] = (text, value)
+    return value
 
 
 # ----------------------------------------------------------------------------------------

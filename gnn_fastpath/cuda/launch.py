@@ -27,12 +27,16 @@ _COMPILE_OPTIONS = ("-std=c++17",)
 _U64_MASK = (1 << 64) - 1
 
 
+_NULL = np.uint64(0)
+
+
 def _pointer(value) -> np.uint64:
     if value is None:
-        return np.uint64(0)
-    if isinstance(value, Tensor):
+        return _NULL
+    try:
         return np.uint64(value.data_ptr())
-    raise TypeError(f"expected a tensor or None for a pointer parameter, got {type(value).__name__}")
+    except AttributeError:
+        raise TypeError(f"expected a tensor or None for a pointer parameter, got {type(value).__name__}") from None
 
 
 #: C parameter types the kernels use -> converter to the launch argument.
@@ -100,7 +104,7 @@ class Kernel:
     def arguments(self, args: Mapping[str, object]) -> tuple:
         """The launch tuple for ``args`` (parameter name -> value), in the .cu order."""
         try:
-            values = tuple(convert(args[p]) for p, convert in self.params)
+            values = tuple([convert(args[p]) for p, convert in self.params])
         except KeyError as exc:
             raise TypeError(f"{self.name}: no value for parameter {exc.args[0]}") from None
         if len(args) != len(self.params):

@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from .. import config
+from .. import config, cuda
 
 CUDA = "cuda"
 REFERENCE = "reference"
@@ -67,8 +67,6 @@ def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional
         return Decision(REFERENCE, "forced", "force_reference() is active")
     if device.type != "cuda":
         return Decision(REFERENCE, "cpu", "CPU tensors (the fused kernels run on CUDA)")
-    from .. import cuda
-
     why = cuda.unavailable_reason()
     if why is not None:
         return Decision(REFERENCE, "no_kernel", why)
