@@ -619,20 +619,22 @@ extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long lo
     const long long rh = idx / D;
     const int h = (int)(rh % H);
     const int4 sp = split[rh / H];
-    GfSoftmaxState st = gf_softmax_init();
-    float a = 0.f;
-    for (int s = sp.y; s < sp.y + sp.z; ++s) {
-        const long long sh = (long long)s * H + h;
-        GfSoftmaxState part;
-        part.m = part_ml[sh * 2];
-        part.l = part_ml[sh * 2 + 1];
-        float f_self, f_part;
-        gf_softmax_merge(st, part, f_self, f_part);
-        a = a * f_self + part_acc[sh * D + d] * f_part;
+    // Two passes (max, then the rescaled sums): one exp per partial instead of the online
+    // merge's two; the partials are all there already.
+    float mx = GF_NEG_INF;
+    for (int s = sp.y; s < sp.y + sp.z; ++s) mx = fmaxf(mx, part_ml[((long long)s * H + h) * 2]);
+    float l = 0.f, a = 0.f;
+    if (mx != GF_NEG_INF) {
+        for (int s = sp.y; s < sp.y + sp.z; ++s) {
+            const long long sh = (long long)s * H + h;
+            const float wgt = expf(part_ml[sh * 2] - mx);
+            l = fmaf(wgt, part_ml[sh * 2 + 1], l);
+            a = fmaf(wgt, part_acc[sh * D + d], a);
+        }
     }
     const long long row = sp.x;
-    out[(row * H + h) * D + d] = st.l > 0.f ? a / st.l : 0.f;
-    if (d == 0) lse[row * H + h] = gf_softmax_lse(st);
+    out[(row * H + h) * D + d] = l > 0.f ? a / l : 0.f;
+    if (d == 0) lse[row * H + h] = l > 0.f ? mx + logf(l) : GF_NEG_INF;
 }
 
 // Backward: sum the partial gradient rows of split rows into dst. One thread per (split

@@ -295,6 +295,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
     const unsigned int mask = gf_group_mask<T>();
     const int4 it = __ldg(items + gid);
     const int row = it.x, start = it.y, end = it.z;
+    if (start == end) return;  // a row without edges has no gradient to route (whole groups leave)
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float mo[CH][VEC], share[CH][VEC];
