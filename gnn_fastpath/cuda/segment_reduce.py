@@ -96,12 +96,8 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     work = row_chunks(graph)
     fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
     vec, lanes, chunks, fblocks = fcfg
-    ties = KERNELS.kernel(device, "sr_bwd_ties", *fcfg[:3])
-    # whole rows first, the chunks of long rows (whose atomics meet on one row) last
-    for items in (work.items[work.n_split_items:], work.items[:work.n_split_items]):
-        if items.size(0):
-            ties.launch(launch.group_grid(items.size(0), lanes, fblocks, THREADS), THREADS, items=items,
-                        n_items=items.size(0), indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
-                        count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx,
-                        dw=dw)
+    KERNELS.kernel(device, "sr_bwd_ties", *fcfg[:3]).launch(
+        launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,
+        indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
+        count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)
     return dx, dw
