@@ -38,6 +38,9 @@
 #if !defined(SR_MODE_COUNT) || !defined(SR_MODE_FIRST) || !defined(SR_MODE_LAST) || !defined(SR_MODE_VALUE)
 #error "the SR_MODE_* codes must be defined by the launcher"
 #endif
+#if !defined(SR_KEEP) || !defined(SR_DROP)
+#error "the non-finite rules SR_KEEP and SR_DROP must be defined by the launcher"
+#endif
 
 // Order-preserving 32-bit key of a float: a < b (as floats, -0 == +0 after canonicalisation
 // by the caller) iff key(a) < key(b). Key 0 is below every real value.
@@ -51,13 +54,37 @@ __device__ __forceinline__ float sr_order_key_decode(unsigned int k) {
     return __uint_as_float(u);
 }
 
+// One canonical message (see the header). Under SR_KEEP every NaN becomes the positive quiet
+// NaN, whose order key is above every other value's, so the heavy path lets it win too.
+template <int NF>
 __device__ __forceinline__ float sr_message(float sw, float xv) {
-    return __fadd_rn(__fmul_rn(sw, xv), 0.0f);
+    const float v = __fadd_rn(__fmul_rn(sw, xv), 0.0f);
+    return (NF == SR_KEEP && v != v) ? __int_as_float(0x7fc00000) : v;
 }
 
-// MODE 0: count ties, 1: first (smallest caller id), 2: last, 3: value only (no aux).
-template <int MODE>
+__device__ __forceinline__ bool sr_finite(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+// Non-finite rules (NF): SR_KEEP (torch, PyG): a NaN message wins and the extreme stays NaN;
+// +-inf are values like any other. SR_DROP (DGL): NaN messages never win (every comparison
+// with them is false), and a non-finite extreme is written as 0 with no winning edge.
+// MODE: count ties, first (smallest caller id), last, or value only (no aux).
+template <int MODE, int NF>
 __device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
+    if (NF == SR_KEEP && (v != v || m != m)) {  // NaN is the extreme; NaNs tie with each other
+        if (v != v) {
+            if (m != m) {
+                if (MODE == SR_MODE_COUNT) a += 1;
+                else if (MODE == SR_MODE_FIRST) a = p < a ? p : a;
+                else if (MODE == SR_MODE_LAST) a = p > a ? p : a;
+            } else {
+                m = v;
+                a = MODE == SR_MODE_COUNT ? 1 : p;
+            }
+        }
+        return;
+    }
     if (MODE == SR_MODE_COUNT) {
         if (v > m) { m = v; a = 1; } else if (v == m) { a += 1; }
     } else if (MODE == SR_MODE_FIRST) {
@@ -78,7 +105,7 @@ __device__ __forceinline__ int sr_init_aux() {
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
 // T edges at a time, one per lane, then broadcast; rows are loaded U = 4/CH edges at a time
 // so 4 loads of VEC floats per lane are in flight together.
-template <int VEC, int T, int CH, int MODE>
+template <int VEC, int T, int CH, int MODE, int NF>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const float* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
@@ -116,7 +143,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_update<MODE>(m[c][j], a[c][j], sr_message(ww[u], v[u][c][j]), pp[u]);
+                            sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF>(ww[u], v[u][c][j]), pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
@@ -128,7 +155,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     float v0[VEC];
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) sr_update<MODE>(m[c][j], a[c][j], sr_message(w0, v0[j]), p0);
+                    for (int j = 0; j < VEC; ++j) sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF>(w0, v0[j]), p0);
                 }
             }
         }
@@ -138,7 +165,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
 // out [n_dst, F]; aux [n_dst, F] (tie count or caller edge id; 0 / -1 for empty rows),
 // unused with MODE 3.
-template <int VEC, int T, int CH, int MODE>
+template <int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const float* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
@@ -158,7 +185,7 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<VEC, T, CH, MODE>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
     const bool empty = start == end;
 #pragma unroll
@@ -172,7 +199,9 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
             for (int j = 0; j < VEC; ++j) {
                 r[j] = empty ? 0.f : sign * m[c][j];
                 int v = a[c][j];
-                if (MODE != SR_MODE_COUNT && (empty || v == GF_INT_MAX)) v = -1;
+                const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
+                if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
+                if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
                 if (MODE == SR_MODE_COUNT && empty) v = 0;
                 q[j] = v;
             }
@@ -198,7 +227,7 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
 // (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
 // MODE 3 merges like MODE 2.
-template <int VEC, int T, int CH, int MODE>
+template <int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
                               const float* __restrict__ x, const float* __restrict__ w,
                               const int4* __restrict__ items, int n_items, int F, float sign,
@@ -218,7 +247,7 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<VEC, T, CH, MODE>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -243,7 +272,8 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 // Writes out/aux of the split rows (split[h] = (row, first chunk, chunks, 0)) from packed.
 extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
                                          const int4* __restrict__ split, int n_split, int F, float sign,
-                                         int mode, float* __restrict__ out, int* __restrict__ aux) {
+                                         int mode, int non_finite, float* __restrict__ out,
+                                         int* __restrict__ aux) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= (long long)n_split * F) return;
     const int h = (int)(idx / F), f = (int)(idx % F);
@@ -251,10 +281,13 @@ extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ 
     const unsigned long long p = packed[idx];
     const unsigned int key = (unsigned int)(p >> 32), low = (unsigned int)p;
     const long long o = (long long)row * F + f;
-    out[o] = sign * sr_order_key_decode(key);
+    float r = sign * sr_order_key_decode(key);
+    const bool no_winner = non_finite == SR_DROP ? !sr_finite(r) : r != r;
+    if (non_finite == SR_DROP && !sr_finite(r)) r = 0.f;
+    out[o] = r;
     if (aux != nullptr) {
         int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
-        if (mode != SR_MODE_COUNT && (v < 0 || v == GF_INT_MAX)) v = -1;
+        if (mode != SR_MODE_COUNT && (no_winner || v < 0 || v == GF_INT_MAX)) v = -1;
         aux[o] = v;
     }
 }
@@ -277,7 +310,7 @@ extern "C" __global__ void sr_bwd_arg(const int* __restrict__ arg, const float* 
     if (dw != nullptr) atomicAdd(dw + e, g * __ldg(x + xo));
 }
 
-// Backward of the counting tie rules over the work items: items [n_items] = (row, edge
+// Backward of the counting tie rules (non-finite rule SR_KEEP) over the work items: items [n_items] = (row, edge
 // start, edge end, tag), every CSR edge in exactly one item (short rows whole, long rows in
 // chunks). A group keeps its row's extreme and gradient share in registers, walks the item's
 // edges (metadata T at a time, U = 4/CH rows' loads in flight) and, for each message equal
@@ -314,6 +347,9 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                 mo[c][j] = sign * o[j];
                 const int total = n[j] + ((count_zero_as_tie && o[j] == 0.f) ? 1 : 0);
                 share[c][j] = total > 0 ? g[j] / (float)total : 0.f;
+                // torch's rule for a NaN extreme: no message equals it, and every edge of the
+                // row gets NaN (its mask 0 times g / 0 tied edges)
+                if (count_zero_as_tie && o[j] != o[j]) share[c][j] = __int_as_float(0x7fc00000);
             }
         } else {
 #pragma unroll
@@ -357,7 +393,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                     if (f < F) {
 #pragma unroll
                         for (int j = 0; j < VEC; ++j) {
-                            if (sr_message(sw, v[u][c][j]) == mo[c][j]) {
+                            if (sr_message<SR_KEEP>(sw, v[u][c][j]) == mo[c][j] || share[c][j] != share[c][j]) {
                                 if (dx != nullptr) atomicAdd(dx + (long long)ss[u] * F + f + j, share[c][j] * wu[u]);
                                 dwp += share[c][j] * v[u][c][j];
                             }

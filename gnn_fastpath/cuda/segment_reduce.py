@@ -23,8 +23,13 @@ SOURCE = "segment_reduce.cu"
 THREADS = 128
 #: Tie-rule codes of the kernels (``-D`` defines, so the .cu and this module agree).
 MODE_COUNT, MODE_FIRST, MODE_LAST, MODE_VALUE = 0, 1, 2, 3
+#: Non-finite rules of the kernels: torch/PyG (NaN wins, inf kept) and DGL (NaN skipped,
+#: non-finite extremes written as 0 with no winning edge).
+KEEP, DROP = 0, 1
+NON_FINITE = {"keep": KEEP, "drop": DROP}
 KERNELS = launch.Family(SOURCE, {"SR_MODE_COUNT": MODE_COUNT, "SR_MODE_FIRST": MODE_FIRST,
-                                 "SR_MODE_LAST": MODE_LAST, "SR_MODE_VALUE": MODE_VALUE})
+                                 "SR_MODE_LAST": MODE_LAST, "SR_MODE_VALUE": MODE_VALUE,
+                                 "SR_KEEP": KEEP, "SR_DROP": DROP})
 #: Tie rule of the public op -> what the forward saves and the backward does.
 MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": MODE_LAST}
 #: Rows with at least this many in-edges are cut into chunks: a group walks its row's edges
@@ -41,8 +46,8 @@ def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
                               tag="split_row")
 
 
-def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, need_aux: bool,
-            out: Tensor) -> Optional[Tensor]:
+def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
+            need_aux: bool, out: Tensor) -> Optional[Tensor]:
     """``out`` [n_dst, F] = sign * max_k (sign * w_k) * x[src_k] per row; returns aux.
 
     aux int32 [n_dst, F] is what the backward needs for the tie rule (tie counts, or the
@@ -59,20 +64,21 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
+    nf = NON_FINITE[non_finite]
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
-        KERNELS.kernel(device, "sr_fwd_rows", *fcfg[:3], mode).launch(
+        KERNELS.kernel(device, "sr_fwd_rows", *fcfg[:3], mode, nf).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
             perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        KERNELS.kernel(device, "sr_fwd_chunks", *fcfg[:3], mode).launch(
+        KERNELS.kernel(device, "sr_fwd_chunks", *fcfg[:3], mode, nf).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
             perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed)
         KERNELS.kernel(device, "sr_fwd_unpack").launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
-            sign=sign, mode=mode, out=out, aux=aux)
+            sign=sign, mode=mode, non_finite=nf, out=out, aux=aux)
     return aux
 
 

@@ -25,10 +25,11 @@ from .dispatch import CUDA, choose
 
 REDUCES = ("max", "min")
 TIE_BREAKS = reference.aggregation.TIE_BREAKS
+NON_FINITE = reference.aggregation.NON_FINITE
 
 
 def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None,
-                   tie_break: str = "split") -> Tensor:
+                   tie_break: str = "split", non_finite: str = "keep") -> Tensor:
     r"""Element-wise max or min of source features over each destination's in-edges.
 
     .. math::
@@ -51,12 +52,22 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
       broadcast ``[M]``/``[M, 1]`` edge weight (``SAGEConv('pool')`` with ``edge_weight``)
       to the first.
 
+    NaN and infinity, also each framework's own way (``non_finite``):
+
+    - ``"keep"`` (default, torch and PyG): a NaN message makes the extreme NaN; infinities are
+      values like any other. With ``tie_break="split"`` every edge of a NaN extreme gets a NaN
+      gradient (torch's rule); with the other rules a NaN extreme sends no gradient.
+    - ``"drop"`` (DGL 2.1 ``fn.max``/``fn.min``): NaN messages never win; an extreme that is
+      not finite (all messages NaN, or an infinite one winning) is written as 0 and sends no
+      gradient. Goes with ``tie_break="first"`` or ``"last"``.
+
     Args:
         graph (Graph): the graph.
         x (Tensor): [N_src, F] (or [N_src, *]) source features.
         reduce (str): ``"max"`` or ``"min"``.
         edge_weight (Tensor, optional): [M] per-edge multiplier in the caller's edge order.
         tie_break (str): ``"split"``, ``"even"``, ``"first"`` or ``"last"`` (see above).
+        non_finite (str): ``"keep"`` or ``"drop"`` (see above).
 
     Returns:
         [N_dst, F] (same trailing shape as ``x``).
@@ -65,24 +76,29 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
     check_features(graph, x, edge_weight)
     check_choice("reduce", reduce, REDUCES)
     check_choice("tie_break", tie_break, TIE_BREAKS)
+    check_choice("non_finite", non_finite, NON_FINITE)
+    if non_finite == "drop" and tie_break not in ("first", "last"):
+        raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
     if choose("segment_reduce", x.device, x.dtype, graph) == CUDA:
-        return SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break)
-    return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break)
+        return SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break, non_finite)
+    return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
 
 
 class SegmentReduceFunction(torch.autograd.Function):
-    """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break)``."""
+    """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break, non_finite)``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, reduce: str, tie_break: str):
+    def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, reduce: str, tie_break: str,
+                non_finite: str = "keep"):
         x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
         w = None if edge_weight is None else edge_weight.detach().contiguous()
         sign = 1.0 if reduce == "max" else -1.0  # min runs as max of the negated messages
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # allocated in its final shape so the op returns a fresh tensor, not a view
         result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=x2.dtype, device=x2.device)
-        aux = kernels.forward(graph, x2, w, sign, tie_break, need_grad, result.view(graph.n_dst, x2.size(1)))
+        aux = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
+                              result.view(graph.n_dst, x2.size(1)))
         if need_grad:
             ctx.graph, ctx.sign, ctx.tie_break, ctx.x_shape = graph, sign, tie_break, x.shape
             ctx.save_for_backward(x2, w, result, aux)
@@ -98,4 +114,4 @@ class SegmentReduceFunction(torch.autograd.Function):
                                   grad_out, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         if dx is not None:
             dx = dx.view(ctx.x_shape)
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None

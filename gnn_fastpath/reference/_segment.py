@@ -38,3 +38,23 @@ def attention_dropout(alpha: Tensor, p: float) -> Tensor:
         return torch.zeros_like(alpha)
     keep = torch.rand_like(alpha) >= p
     return alpha * keep / (1.0 - p)
+
+
+class _RouteGradient(torch.autograd.Function):
+    """``value`` forward; backward sends ``coef * grad[dst]`` to ``messages``. Exact for any
+    message values (a straight-through sum would turn infinite messages into NaN)."""
+
+    @staticmethod
+    def forward(ctx, messages: Tensor, value: Tensor, coef: Tensor, dst: Tensor) -> Tensor:
+        ctx.save_for_backward(coef, dst)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        coef, dst = ctx.saved_tensors
+        return coef * grad[dst], None, None, None
+
+
+def route_gradient(messages: Tensor, value: Tensor, coef: Tensor, dst: Tensor) -> Tensor:
+    """``value`` [n_dst, ...] whose gradient reaches ``messages`` [M, ...] as ``coef * grad[dst]``."""
+    return _RouteGradient.apply(messages, value, coef, dst)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..graph import Graph
-from ._segment import expand_rows, segment_sum
+from ._segment import expand_rows, route_gradient, segment_sum
 
 
 def degree_norms(graph: Graph, norm: str, dtype: torch.dtype):
@@ -52,19 +52,24 @@ def spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: st
 
 #: Gradient rules for tied extremes in :func:`segment_reduce` (see the op's docstring).
 TIE_BREAKS = ("split", "even", "first", "last")
+#: NaN/infinity rules (see the op's docstring): torch/PyG's and DGL's.
+NON_FINITE = ("keep", "drop")
 
 
 def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Optional[Tensor] = None,
-                   tie_break: str = "split") -> Tensor:
+                   tie_break: str = "split", non_finite: str = "keep") -> Tensor:
     """Reference min/max aggregation; see :func:`gnn_fastpath.ops.segment_reduce`.
 
     The value is the same for every ``tie_break``; only the gradient of tied extremes
-    differs. ``"split"`` is literally torch's ``scatter_reduce(..., include_self=False)`` on a
-    zero tensor (what PyG runs); the other rules route the gradient through fixed per-edge
-    coefficients (a straight-through sum whose value is exactly zero).
+    differs. ``"split"`` (with ``non_finite="keep"``) is literally torch's
+    ``scatter_reduce(..., include_self=False)`` on a zero tensor (what PyG runs); the other
+    rules route the gradient to the messages through fixed per-edge coefficients.
     """
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {', '.join(map(repr, TIE_BREAKS))}; got {tie_break!r}")
+    if non_finite not in NON_FINITE:
+        raise ValueError(f"non_finite must be one of {', '.join(map(repr, NON_FINITE))}; got {non_finite!r}")
+    drop = non_finite == "drop"
     messages = x[graph.indices]
     w = _edge_weight_csr(graph, edge_weight)
     if w is not None:
@@ -73,14 +78,21 @@ def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Op
     idx = expand_rows(dst, messages)
     op = "amax" if reduce == "max" else "amin"
     out = messages.new_zeros((graph.n_dst,) + messages.shape[1:])
-    if tie_break == "split":
+    if tie_break == "split" and not drop:
         # include_self=False: rows with edges take their true extreme; empty rows keep 0.
         # torch's backward divides the gradient by (number of tied edges + 1 if the extreme
         # equals the untouched zero of ``out``): PyG's scatter path, quirk included.
         return out.scatter_reduce(0, idx, messages, op, include_self=False)
     with torch.no_grad():
-        value = out.scatter_reduce(0, idx, messages, op, include_self=False)
+        candidates = messages
+        if drop:  # DGL: a NaN message never wins
+            candidates = messages.masked_fill(torch.isnan(messages), float("-inf") if reduce == "max" else float("inf"))
+        value = out.scatter_reduce(0, idx, candidates, op, include_self=False)
         tied = messages == value[dst]
+        if drop:  # DGL: a non-finite extreme is written as 0 and has no winning edge
+            finite = torch.isfinite(value)
+            tied &= finite[dst]
+            value = torch.where(finite, value, torch.zeros_like(value))
         if tie_break == "even":
             count = torch.zeros_like(value).index_add_(0, dst, tied.to(value.dtype))
             coef = tied.to(value.dtype) / count[dst].clamp(min=1)
@@ -92,5 +104,9 @@ def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Op
             chosen = torch.full(value.shape, sentinel, dtype=torch.int64, device=value.device)
             chosen = chosen.scatter_reduce(0, idx, key, "amin" if first else "amax", include_self=True)
             coef = (tied & (perm == chosen[dst])).to(value.dtype)
-    weighted = segment_sum(messages * coef, dst, graph.n_dst)
-    return value + (weighted - weighted.detach())
+    # The gradient reaches x and w only through the (edge, feature) pairs that win: masking
+    # the others keeps a NaN or infinite loser from turning a zero gradient into NaN (0 * inf).
+    wins = coef != 0
+    x_src = torch.where(wins, x[graph.indices], torch.zeros((), dtype=x.dtype, device=x.device))
+    routed = x_src if w is None else x_src * _broadcast(w, x_src)
+    return route_gradient(routed, value, coef, dst)

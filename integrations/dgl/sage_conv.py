@@ -19,7 +19,8 @@ Reproduces ``dgl.nn.pytorch.conv.SAGEConv.forward`` (DGL 2.1.0):
   reached by several edges (duplicate edges, equal features; ties at the ReLU's zeros carry
   no gradient back) goes, as in DGL 2.1 on the CPU, whole to one tied edge: the *last* one in DGL's edge order with ``fn.copy_u`` (no ``edge_weight``), the
   *first* with ``fn.u_mul_e`` and a broadcast ``[M]`` or ``[M, 1]`` weight
-  (``tie_break="last"`` / ``"first"``);
+  (``tie_break="last"`` / ``"first"``); NaN messages never win and a non-finite maximum is
+  written as 0 with no gradient, as DGL's ``fn.max`` does (``non_finite="drop"``);
 - then ``fc_self(feat_dst) + h_neigh`` (not for ``"gcn"``), ``activation`` and ``norm``.
 
 Submodules (``fc_pool``, ``fc_neigh``, ``fc_self``, ``feat_drop``, ``activation``/``norm``
@@ -140,7 +141,8 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     else:  # pool
         h = F.relu(module.fc_pool(feat_src))
         tie = "last" if weight is None else "first"
-        h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=weight, tie_break=tie))
+        h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=weight, tie_break=tie,
+                                                     non_finite="drop"))
 
     if aggr == "gcn":
         rst = h_neigh

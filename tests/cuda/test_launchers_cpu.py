@@ -114,18 +114,19 @@ def test_dot_attention_launches(launches, monkeypatch, graph_name, H, D, variant
 
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
 @pytest.mark.parametrize("F", [1, 3, 64, 100, 512])
-@pytest.mark.parametrize("tie_break", ["split", "even", "first", "last"])
+@pytest.mark.parametrize("tie_break,non_finite", [("split", "keep"), ("even", "keep"), ("first", "keep"),
+                                                  ("last", "keep"), ("first", "drop"), ("last", "drop")])
 @pytest.mark.parametrize("chunks", ["1", "2", "4"])
-def test_segment_reduce_launches(launches, monkeypatch, graph_name, F, tie_break, chunks):
+def test_segment_reduce_launches(launches, monkeypatch, graph_name, F, tie_break, non_finite, chunks):
     monkeypatch.setenv("GNN_FASTPATH_SR_CHUNKS", chunks)
     g = _graph(*GRAPHS[graph_name])
     x, w = _leaf(g.n_src, F), _leaf(g.num_edges)
-    SegmentReduceFunction.apply(x, w, g, "min", tie_break).sum().backward()
+    SegmentReduceFunction.apply(x, w, g, "min", tie_break, non_finite).sum().backward()
     assert "sr_fwd_rows" in launches
     assert ("sr_fwd_chunks" in launches) == ("sr_fwd_unpack" in launches) == (graph_name != "plain")
     assert ("sr_bwd_ties" if tie_break in ("split", "even") else "sr_bwd_arg") in launches
     with torch.no_grad():  # value only
-        SegmentReduceFunction.apply(x, None, g, "max", tie_break)
+        SegmentReduceFunction.apply(x, None, g, "max", tie_break, non_finite)
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
 
 

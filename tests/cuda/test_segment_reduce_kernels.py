@@ -189,3 +189,43 @@ def test_non_default_stream(tie_break):
     assert_close("out", out2, want)
     assert_close("dx", x.grad, xr.grad)
     assert_close("dw", w.grad, wr.grad)
+
+
+# ---------------------------------------------------------------------------- NaN and infinity
+NON_FINITE_RULES = [("split", "keep", False), ("even", "keep", False), ("first", "keep", True),
+                    ("last", "keep", False), ("first", "drop", True), ("last", "drop", False)]
+
+
+@pytest.mark.parametrize("name", ["random", "heavy_rows"])
+@pytest.mark.parametrize("F", [7, 64])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("tie_break,non_finite,weighted", NON_FINITE_RULES)
+def test_non_finite_matches_reference(name, F, reduce, tie_break, non_finite, weighted):
+    """NaN and +-inf in features (and weights): the kernels (light rows and the atomically
+    merged chunks of long rows) follow the reference's rule bit for bit in value and gradient,
+    NaN positions included."""
+    graph = _graph(name)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randint(-3, 4, (graph.n_src, F), generator=gen, device="cuda").float()
+    pick = torch.rand(graph.n_src, F, generator=gen, device="cuda")
+    x[pick < 0.02] = float("nan")
+    x[(pick >= 0.02) & (pick < 0.03)] = float("inf")
+    x[(pick >= 0.03) & (pick < 0.04)] = float("-inf")
+    w = None
+    if weighted:
+        w = torch.randint(1, 3, (graph.num_edges,), generator=gen, device="cuda").float()
+        w[torch.rand(graph.num_edges, generator=gen, device="cuda") < 0.01] = float("nan")
+    results = []
+    for run in (lambda *a: segment_reduce(*a), lambda *a: reference.segment_reduce(*a)):
+        xr = x.clone().requires_grad_()
+        wr = None if w is None else w.clone().requires_grad_()
+        out = run(graph, xr, reduce, wr, tie_break, non_finite)
+        g = torch.autograd.grad(out.sum(), [xr] + ([wr] if wr is not None else []))
+        results.append((out, g))
+    (out, grads), (ref_out, ref_grads) = results
+    assert backend_for("segment_reduce", x) == "cuda"
+    torch.testing.assert_close(out, ref_out, equal_nan=True, rtol=0, atol=0)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    if non_finite == "drop":
+        assert torch.isfinite(out).all()

@@ -130,16 +130,16 @@ def test_ops_and_tie_rules_used(dgl, h, monkeypatch):
     calls = []
     original = gnn_fastpath.ops.segment_reduce
     monkeypatch.setattr(gnn_fastpath.ops, "segment_reduce",
-                        lambda graph, x, reduce, edge_weight=None, tie_break="split":
-                        calls.append((reduce, edge_weight is not None, tie_break))
-                        or original(graph, x, reduce, edge_weight, tie_break))
+                        lambda graph, x, reduce, edge_weight=None, tie_break="split", non_finite="keep":
+                        calls.append((reduce, edge_weight is not None, tie_break, non_finite))
+                        or original(graph, x, reduce, edge_weight, tie_break, non_finite))
     g = h.homo(dgl)
     conv = build(5, 3, "pool")
     with h.fused():
         conv(g, tied(g.num_nodes(), 5))
         conv(g, tied(g.num_nodes(), 5), edge_weight=torch.ones(g.num_edges()))
         conv(g, tied(g.num_nodes(), 5), edge_weight=torch.ones(g.num_edges(), 1))
-    assert calls == [("max", False, "last"), ("max", True, "first"), ("max", True, "first")]
+    assert calls == [("max", False, "last", "drop"), ("max", True, "first", "drop"), ("max", True, "first", "drop")]
 
 
 def _stock_max(dgl, g, x, w):
@@ -188,8 +188,9 @@ def test_wrong_tie_rule_would_fail(dgl, h, monkeypatch, edge_weight, wrong):
     h.compare(conv, g, feat, kwargs)
     original = gnn_fastpath.ops.segment_reduce
     monkeypatch.setattr(gnn_fastpath.ops, "segment_reduce",
-                        lambda graph, x, reduce, edge_weight=None, tie_break="split":
-                        original(graph, x, reduce, edge_weight, wrong))
+                        lambda graph, x, reduce, edge_weight=None, tie_break="split", non_finite="keep":
+                        original(graph, x, reduce, edge_weight, wrong,
+                                 non_finite if wrong in ("first", "last") else "keep"))
     with pytest.raises(AssertionError, match="grad of"):
         h.compare(conv, g, feat, kwargs)
 
@@ -319,3 +320,25 @@ def test_cpu_graph_cuda_features(dgl, h, aggr, kind, weighted):
     kwargs = call_kwargs(g, dict(edge_weight=(-1,) if weighted else None))
     op = "segment_reduce" if aggr == "pool" else "spmm"
     h.check_cpu_graph_cuda_features(dgl, conv, g, feat, kwargs, KEY, op)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pool_keeps_dgl_non_finite_semantics(dgl, bad, weighted):
+    """The issue's case: x[0] = NaN (or inf). Stock DGL's max skips NaN messages and writes a
+    non-finite maximum as 0, so only row 0 (through fc_self) is NaN; the fused path agrees."""
+    from dgl.nn import SAGEConv
+
+    torch.manual_seed(0)
+    g = dgl.graph((torch.tensor([0, 1, 2, 0, 3, 1]), torch.tensor([1, 2, 0, 2, 1, 3])), num_nodes=4)
+    conv = SAGEConv(5, 3, "pool")
+    x = torch.randn(4, 5)
+    x[0] = float(bad)
+    kw = {"edge_weight": torch.rand(g.num_edges())} if weighted else {}
+    want = conv(g, x, **kw)
+    gnn_fastpath.reset_stats()
+    with gnn_fastpath.enabled(frameworks="dgl", cpu="reference"):
+        got = conv(g, x, **kw)
+    assert gnn_fastpath.stats()[KEY]["fused"]["reference"] == 1
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.isfinite(want[1:]).all()  # the rows that do not own the NaN stay finite

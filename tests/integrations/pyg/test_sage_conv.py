@@ -389,3 +389,25 @@ def test_cuda_sparse_max_runs_stock(check):
     """Stock raises NotImplementedError for max over a CUDA torch.sparse adjacency: so does
     the enabled layer (it runs stock), counted under 'sparse_reduce'."""
     check.fallback(_conv("max").cuda(), _tied(N).detach().cuda(), _graph("csr").cuda(), reason="sparse_reduce")
+
+
+@pytest.mark.parametrize("aggr", ["max", "min"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_max_min_keep_torch_non_finite_semantics(check, aggr, bad):
+    """PyG's max/min (torch scatter_reduce): NaN wins, infinities are values; value and
+    every gradient (NaN included) as stock."""
+    from torch_geometric.nn import SAGEConv
+
+    torch.manual_seed(0)
+    edge_index = torch.tensor([[0, 1, 2, 0, 3, 1], [1, 2, 0, 2, 1, 3]])
+    x = torch.randn(4, 5)
+    x[0, :3] = float(bad)
+    conv = SAGEConv(5, 3, aggr=aggr)
+    x_stock, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = conv(x_stock, edge_index)
+    want.sum().backward()
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        got = conv(x_ours, edge_index)
+        got.sum().backward()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(x_ours.grad, x_stock.grad, equal_nan=True)
