@@ -1,7 +1,12 @@
 """Counters of what the patched layers did: fused calls by backend, fallbacks by reason.
 
-Every fallback also warns once per (layer, reason) so a user notices a slow path without
-being flooded; :func:`reset_stats` clears counters and re-arms the warnings.
+Every fallback also warns once per (layer, reason) with :class:`FastpathFallbackWarning`, so
+a user notices a slow path without being flooded; :func:`reset_stats` clears counters and
+re-arms the warnings. The reasons are the keys of :mod:`gnn_fastpath.ops.dispatch` (``dtype``,
+``cpu``, ``no_kernel``, ...), of the framework checks in ``integrations/shim.py``
+(``autocast``, ``hooks``, ``subclass``, ...) and of each layer's ``Unsupported("...")``; the
+README section "Check it is working" lists them all with their meaning (a test keeps that
+table in step with the code).
 """
 from __future__ import annotations
 
@@ -53,7 +58,12 @@ def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
     """Per layer class, fused calls by backend and fallbacks by reason, as plain data.
 
     Example: ``{"pyg.TransformerConv": {"fused": {"cuda": 12, "reference": 0},
-    "fallback": {"cpu": 3}}}``. Both backends are always listed under ``"fused"``.
+    "fallback": {"cpu": 3}}}``. Both backends are always listed under ``"fused"``:
+    ``"cuda"`` counts calls on the fused kernels, ``"reference"`` calls of the fused path on
+    the pure-PyTorch reference ops (``enable(cpu="reference")``, ``force_reference()``).
+    ``"fallback"`` counts calls that ran the stock forward, by reason (the README's "Check it
+    is working" table says what each reason means). A layer appears once it has been called
+    while patched.
     """
     with _lock:
         out = {}

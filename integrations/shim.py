@@ -126,6 +126,14 @@ def check_like(name: str, t, like: Tensor) -> Tensor:
     return t
 
 
+def finite_number(name: str, value) -> float:
+    """``value`` as a float when it is a finite real number; :class:`Unsupported` (reason
+    ``name``) otherwise, so stock runs with whatever the module holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise Unsupported(name, f"{name}={value!r} (the fused path takes a finite number)")
+    return float(value)
+
+
 def _autocast_on(x: Tensor) -> bool:
     try:
         return torch.is_autocast_enabled(x.device.type)

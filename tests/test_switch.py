@@ -2,7 +2,10 @@
 where it should be; patched modules keep their state_dict, pickle, and still script."""
 from __future__ import annotations
 
+import logging
 import pickle
+import sys
+import warnings
 
 import pytest
 import torch
@@ -22,7 +25,14 @@ def _off():
 
 
 def _all_shim_classes(frameworks=switch.FRAMEWORKS):
-    return [s.cls for f in frameworks for s in switch._shims_for(f)]
+    classes = []
+    for f in frameworks:
+        try:
+            classes += [s.cls for s in switch._shims_for(f)]
+        except ImportError as exc:
+            if not switch._not_installed(f, exc):
+                raise
+    return classes
 
 
 _MISSING = object()
@@ -277,3 +287,158 @@ def test_torch_compile_sees_no_extra_graph_breaks(pyg):
             enabled = torch._dynamo.explain(net)(x, edge_index).graph_break_count
         torch._dynamo.reset()
     assert enabled == stock
+
+
+# ----------------------------------------------------------------------------------------
+# What enable() reports: its return value, its log line, frameworks that cannot be imported.
+
+# What ``import dgl`` raises for PyPI's DGL 2.1.0 on torch 2.13 (its GraphBolt imports
+# torchdata.datapipes); tests/conftest.py imports DGL through the harness's stub, so a test
+# simulates the failure itself.
+_GRAPHBOLT_ERROR = "No module named 'torchdata.datapipes'"
+
+
+@pytest.fixture
+def broken_dgl(monkeypatch, tmp_path):
+    """DGL installed but failing to import: ``import dgl`` finds a ``dgl`` package whose
+    import raises what the PyPI wheel raises on new torch (the real DGL modules come back after
+    the test)."""
+    package = tmp_path / "dgl"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        f"raise ModuleNotFoundError({_GRAPHBOLT_ERROR!r}, name='torchdata.datapipes')\n")
+    monkeypatch.delitem(sys.modules, "dgl", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(switch, "_warned", set())
+
+
+@pytest.fixture
+def no_dgl(monkeypatch):
+    """DGL not installed (``import dgl`` raises ModuleNotFoundError for ``dgl`` itself)."""
+    monkeypatch.setitem(sys.modules, "dgl", None)
+    monkeypatch.setattr(switch, "_warned", set())
+
+
+def _log_records(caplog):
+    return [r for r in caplog.records if r.name == "gnn_fastpath"]
+
+
+def test_enable_returns_the_frameworks_it_patched(pyg, dgl):
+    assert gnn_fastpath.enable(frameworks="pyg") == ("pyg",)
+    assert gnn_fastpath.enable() == ("dgl", "pyg")
+    assert gnn_fastpath.enable() == ("dgl", "pyg")  # idempotent, same answer
+    assert gnn_fastpath.enable(frameworks=["pyg"]) == ("pyg",)  # of those asked for
+    gnn_fastpath.disable()
+    assert gnn_fastpath.enable(frameworks=("pyg", "dgl")) == ("dgl", "pyg")
+    gnn_fastpath.disable()
+    with gnn_fastpath.enabled(frameworks="pyg") as patched:
+        assert patched == ("pyg",)
+    assert not gnn_fastpath.is_enabled()
+
+
+def test_enable_logs_one_info_line(pyg, caplog):
+    caplog.set_level(logging.INFO, logger="gnn_fastpath")
+    gnn_fastpath.enable(frameworks="pyg", cpu="reference")
+    (record,) = _log_records(caplog)
+    assert record.levelno == logging.INFO
+    message = record.getMessage()
+    assert "patched pyg" in message and "\n" not in message
+    for name in ("TransformerConv", "GATv2Conv", "GCNConv", "SAGEConv"):
+        assert name in message
+    assert "reference" in message
+
+
+def test_named_framework_that_cannot_import_raises(pyg, broken_dgl):
+    with pytest.raises(ImportError) as info:
+        gnn_fastpath.enable(frameworks="dgl")
+    message = str(info.value)
+    assert _GRAPHBOLT_ERROR in message and "installed but cannot be imported" in message
+    assert "https://www.dgl.ai/pages/start.html" in message and "Installing DGL" in message
+    cause = info.value.__cause__
+    assert isinstance(cause, ModuleNotFoundError) and cause.name == "torchdata.datapipes"
+    assert not gnn_fastpath.is_enabled() and not switch.patched_classes()
+    # Named together with PyG: raises before patching anything.
+    with pytest.raises(ImportError, match="torchdata"):
+        gnn_fastpath.enable(frameworks=["pyg", "dgl"])
+    assert not switch.patched_classes()
+
+
+def test_named_framework_not_installed_raises(pyg, no_dgl):
+    with pytest.raises(ImportError, match="DGL is not installed") as info:
+        gnn_fastpath.enable(frameworks="dgl")
+    assert "dgl.ai" in str(info.value) and isinstance(info.value.__cause__, ModuleNotFoundError)
+    assert not switch.patched_classes()
+
+
+def test_broken_framework_warns_once_and_the_other_is_patched(pyg, broken_dgl, caplog):
+    caplog.set_level(logging.INFO, logger="gnn_fastpath")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert gnn_fastpath.enable() == ("pyg",)
+        assert gnn_fastpath.enable() == ("pyg",)  # already warned: no second warning
+    (warning,) = [w for w in caught if "gnn_fastpath.enable()" in str(w.message)]
+    assert warning.category is UserWarning and warning.filename == __file__
+    text = str(warning.message)
+    assert "DGL ('dgl') is installed but cannot be imported" in text and _GRAPHBOLT_ERROR in text
+    assert "https://www.dgl.ai/pages/start.html" in text and "patched: pyg" in text
+    assert switch.patched_classes()
+    assert all(cls.__module__.startswith("torch_geometric.") for cls in switch.patched_classes())
+    records = _log_records(caplog)
+    assert len(records) == 2 and all(r.levelno == logging.INFO for r in records)  # one line per call
+    assert "skipped dgl" in records[0].getMessage() and _GRAPHBOLT_ERROR in records[0].getMessage()
+
+
+def test_integration_raises_the_import_error(broken_dgl):
+    """The integration never swallows the framework's import error; not_installed() tells
+    "installed but broken" from "not installed"."""
+    from gnn_fastpath.integrations import dgl as dgl_integration
+
+    with pytest.raises(ModuleNotFoundError, match="torchdata") as info:
+        dgl_integration.shims()
+    assert not dgl_integration.not_installed(info.value)
+    sys.modules["dgl"] = None  # restored by the fixture's monkeypatch
+    with pytest.raises(ModuleNotFoundError) as info:
+        dgl_integration.shims()
+    assert dgl_integration.not_installed(info.value)
+
+
+def test_framework_not_installed_is_skipped_silently(pyg, no_dgl, caplog):
+    caplog.set_level(logging.INFO, logger="gnn_fastpath")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert gnn_fastpath.enable() == ("pyg",)
+    assert not [w for w in caught if "gnn_fastpath" in str(w.message)]
+    (record,) = _log_records(caplog)
+    assert record.levelno == logging.INFO and "dgl" not in record.getMessage()
+
+
+def test_nothing_importable_logs_a_warning(no_dgl, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)
+    caplog.set_level(logging.INFO, logger="gnn_fastpath")
+    assert gnn_fastpath.enable() == ()
+    assert not gnn_fastpath.is_enabled()
+    (record,) = _log_records(caplog)
+    assert record.levelno == logging.WARNING and "patched nothing" in record.getMessage()
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "No"])
+def test_env_off_disables_with_one_log_line(monkeypatch, caplog, value):
+    monkeypatch.setenv("GNN_FASTPATH", value)
+    caplog.set_level(logging.INFO, logger="gnn_fastpath")
+    assert gnn_fastpath.enable() == ()
+    assert not gnn_fastpath.is_enabled() and not switch.patched_classes()
+    (record,) = _log_records(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "GNN_FASTPATH=0: enable() does nothing"
+
+
+def test_help_of_enable_fits_a_terminal():
+    """help(gnn_fastpath.enable): no line wider than 79 columns, the layers listed, the
+    fallback warning and the return value documented."""
+    import pydoc
+
+    text = pydoc.plain(pydoc.render_doc(gnn_fastpath.enable))
+    assert max(len(line) for line in text.splitlines()) <= 79
+    for name in ("TransformerConv", "GATv2Conv", "GCNConv", "SAGEConv", "GraphConv",
+                 "FastpathFallbackWarning", "stats()", "Returns:", "GNN_FASTPATH=0"):
+        assert name in text

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import cache
-from .convert import edge_index_to_coo, sparse_to_coo, tensor_version
+from .convert import _as_node_count, check_readable, edge_index_to_coo, sparse_to_coo, tensor_version
 
 INT32_MAX = 2**31 - 1
 
@@ -125,9 +125,11 @@ def _describe(obj, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
 
 
 def _check_ids(ids: Tensor, bound: int, name: str) -> None:
-    """Raise ValueError naming ``name`` if any id is negative or >= bound (one host sync)."""
+    """Raise ValueError naming ``name`` if any id is negative or >= bound (one host sync), or
+    if ``ids`` cannot be read (meta device)."""
     if ids.numel() == 0:
         return
+    check_readable(ids, name)
     lo, hi = torch.aminmax(ids)
     lo, hi = int(lo), int(hi)
     if lo < 0:
@@ -220,9 +222,16 @@ class Graph:
         """Build from an ``edge_index`` [2, M] (row 0 sources, row 1 targets).
 
         Args:
-            edge_index: integer tensor [2, M] (a tensor subclass is read as a plain tensor).
+            edge_index: integer tensor [2, M] (a tensor subclass is read as a plain tensor);
+                int64/int32/int16/int8/uint8 ids, not bool, not on the meta device (see
+                :func:`~gnn_fastpath.graph.convert.edge_index_to_coo`).
             num_nodes: ``None`` (``max id + 1`` over both rows, for both sides), an int
                 (homogeneous), or ``(n_src, n_dst)`` (bipartite).
+
+        An inferred count may not exceed :data:`~gnn_fastpath.graph.convert.MAX_INFERRED_NODES`
+        (2**31 - 1; a larger id without ``num_nodes`` is a ValueError naming ``edge_index``
+        and the id); an explicit ``num_nodes`` is taken as given up to
+        :data:`~gnn_fastpath.graph.convert.MAX_NODES` (2**59), memory permitting.
         """
         src, dst, n_src, n_dst = edge_index_to_coo(edge_index, num_nodes)
         return cls.from_coo(src, dst, n_src, n_dst, name="edge_index")
@@ -247,8 +256,8 @@ class Graph:
         """
         if isinstance(obj, Graph):
             return obj
-        if isinstance(num_nodes, Tensor):
-            num_nodes = int(num_nodes)
+        if isinstance(num_nodes, Tensor):  # a hashable cache key, checked as from_edge_index would
+            num_nodes = _as_node_count(num_nodes, "num_nodes")
         device_key, version, build = _describe(obj, num_nodes)
         extra = tuple(num_nodes) if isinstance(num_nodes, (tuple, list)) else num_nodes
         return cache.cached(obj, version, build, device_key, extra)

@@ -1,7 +1,16 @@
-"""Argument checks shared by the ops: clear ValueErrors that name the argument."""
+"""Argument checks shared by the ops: clear ValueErrors that name the argument.
+
+Devices: the graph may be on any device (an op copies it once to the features' device,
+:func:`graph_on`); every tensor argument must be on one device. Each op first passes all
+its tensor arguments to :func:`check_devices`, so a mismatch names the arguments that
+differ from the rest (``"x_src is on meta, x_dst and att on cpu"``), not whichever argument
+happened to be compared second.
+"""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import math
+import numbers
+from typing import Optional, Sequence, Tuple
 
 from torch import Tensor
 
@@ -14,8 +23,50 @@ def check_graph(graph) -> Graph:
     return graph
 
 
+def check_devices(*named: Tuple[str, object]) -> None:
+    """Every tensor among the ``(name, value)`` pairs on one device; ValueError listing each
+    argument and its device otherwise.
+
+    The rule: the device most arguments are on is "the rest" (a tie goes to the device of
+    the earliest argument in the list, i.e. in the op's signature); the arguments on any
+    other device are named first, as the ones that differ: ``"x_src is on meta, x_dst and
+    att on cpu"``. Values that are not tensors (``None``, or a wrong type that
+    :func:`check_tensor` reports) are skipped. The graph is not one of them: the ops take it
+    on any device.
+    """
+    first = None
+    for _, t in named:  # fast path: no dict unless the devices differ
+        if isinstance(t, Tensor):
+            if first is None:
+                first = t.device
+            elif t.device != first:
+                break
+    else:
+        return
+    by_device = {}
+    for name, t in named:
+        if isinstance(t, Tensor):
+            by_device.setdefault(t.device, []).append(name)
+    rest = max(by_device, key=lambda d: len(by_device[d]))  # first of the largest groups
+    parts = [f"{_join(names)} {'is' if len(names) == 1 else 'are'} on {device}"
+             for device, names in by_device.items() if device != rest]
+    parts.append(f"{_join(by_device[rest])} on {rest}")
+    raise ValueError(f"{', '.join(parts)}: the tensor arguments must all be on one device "
+                     "(the graph may be on any)")
+
+
+def _join(names) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def check_tensor(name: str, t, shape: Sequence[Optional[int]], like: Optional[Tensor] = None) -> Tensor:
-    """Check ``t`` is a floating tensor of ``shape`` (None = any size) on ``like``'s device/dtype."""
+    """Check ``t`` is a floating tensor of ``shape`` (None = any size) with ``like``'s dtype.
+
+    Devices: the ops compare all their tensor arguments at once with :func:`check_devices`
+    before calling this (see the module docstring), so the message names the argument that
+    differs from the rest; the comparison with ``like``'s device here is only a backstop for
+    callers that do not.
+    """
     if not isinstance(t, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -32,8 +83,17 @@ def check_tensor(name: str, t, shape: Sequence[Optional[int]], like: Optional[Te
 
 
 def graph_on(graph: Graph, x: Tensor) -> Graph:
-    """The graph on ``x``'s device (a cached copy when they differ)."""
-    return graph if graph.device == x.device else graph.to(x.device)
+    """The graph on ``x``'s device (a cached copy when they differ).
+
+    A graph on the meta device holds no data and cannot be copied to a real one: ValueError
+    naming ``graph``.
+    """
+    if graph.device == x.device:
+        return graph
+    if graph.device.type == "meta":
+        raise ValueError(f"graph is on {graph.device}, a device without data; it cannot be copied to {x.device}, "
+                         "where the features are: build the Graph on a real device")
+    return graph.to(x.device)
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -50,6 +110,36 @@ def check_probability(name: str, p) -> float:
     return p
 
 
+def check_real(name: str, value, *, allow_none: bool = False, finite: bool = True):
+    """``value`` as a float: a real number (int, float, numpy scalar; not bool, not a tensor),
+    finite unless ``finite=False``; ``None`` passes through when ``allow_none``. ValueError
+    naming ``name`` and the value otherwise."""
+    if type(value) is float:  # fast path for the usual argument
+        if finite and not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        return value
+    if value is None and allow_none:
+        return None
+    kind = "a real number" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = " (pass float(t) for a 0-d tensor)" if isinstance(value, Tensor) else ""
+        raise ValueError(f"{name} must be {kind}, got {value!r} of type {type(value).__name__}{hint}")
+    try:
+        f = float(value)
+    except OverflowError:
+        f = math.inf if value > 0 else -math.inf
+    if finite and not math.isfinite(f):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return f
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` must be ``True`` or ``False`` (not a truthy number or string)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
+    return value
+
+
 def check_return_attention(value) -> None:
     if not (value is False or value is True or value == "dropped"):
         raise ValueError(f"return_attention must be False, True or 'dropped', got {value!r}")
@@ -59,6 +149,7 @@ def check_features(graph: Graph, x, edge_weight) -> None:
     """``x`` [N_src, F...] node features and an optional [M] ``edge_weight`` like it."""
     if not hasattr(x, "dim") or x.dim() < 2:
         raise ValueError(f"x must be a tensor of shape [N_src, F...], got {getattr(x, 'shape', type(x).__name__)}")
+    check_devices(("x", x), ("edge_weight", edge_weight))
     check_tensor("x", x, (graph.n_src,) + (None,) * (x.dim() - 1))
     if edge_weight is not None:
         check_tensor("edge_weight", edge_weight, (graph.num_edges,), like=x)

@@ -63,7 +63,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import dot_attention as kernels
-from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
+from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
+                      check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
 
@@ -80,11 +81,13 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     per head (PyG ``TransformerConv`` semantics). Destinations without in-edges get 0.
 
     Args:
-        graph (Graph): the graph.
+        graph (Graph): the graph (any device; copied once to the features' device).
+            The tensor arguments must all be on one device.
         q (Tensor): [N_dst, H, D] queries.
         k (Tensor): [N_src, H, D] keys.
         v (Tensor): [N_src, H, D] values.
-        scale (float, optional): logit scale ``s``; default ``1 / sqrt(D)``.
+        scale (float, optional): logit scale ``s``, a finite real number; default (None)
+            ``1 / sqrt(D)``.
         edge_term (Tensor, optional): [M, H, D] in the caller's edge order, added to keys and
             values (``lin_edge(edge_attr)``).
         return_attention (bool or str): also return alpha [M, H] in caller edge order
@@ -95,17 +98,19 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         out [N_dst, H, D], or ``(out, alpha)`` when ``return_attention``.
     """
     graph = check_graph(graph)
+    check_devices(("q", q), ("k", k), ("v", v), ("edge_term", edge_term))
     check_tensor("k", k, (graph.n_src, None, None))
     H, D = k.shape[1:]
     check_tensor("q", q, (graph.n_dst, H, D), like=k)
     check_tensor("v", v, (graph.n_src, H, D), like=k)
     if edge_term is not None:
         check_tensor("edge_term", edge_term, (graph.num_edges, H, D), like=k)
+    scale = check_real("scale", scale, allow_none=True)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, k)
     if choose("dot_attention", k.device, k.dtype, graph, kernels.unsupported(H, D)) == CUDA:
-        scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        scale = 1.0 / math.sqrt(D) if scale is None else scale
         seed, offset = philox_seed(dropout)
         t = edge_term.contiguous() if edge_term is not None else None
         return DotAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), t, graph, scale,

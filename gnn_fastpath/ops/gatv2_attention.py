@@ -74,7 +74,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import gatv2_attention as kernels
-from ._checks import check_graph, check_probability, check_return_attention, check_tensor, graph_on
+from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
+                      check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
 
@@ -92,10 +93,11 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
 
     Args:
         graph (Graph): the graph (any device; copied once to the features' device).
+            The tensor arguments must all be on one device.
         x_src (Tensor): [N_src, H, D], source features (values and left logit term).
         x_dst (Tensor): [N_dst, H, D], destination features (right logit term).
         att (Tensor): [H, D], attention vector.
-        negative_slope (float): LeakyReLU slope.
+        negative_slope (float): LeakyReLU slope, a finite real number.
         edge_term (Tensor, optional): [M, H, D] in the caller's edge order, added inside the
             LeakyReLU (GATv2 ``lin_edge(edge_attr)``).
         return_attention (bool or str): also return alpha [M, H] in the caller's edge order:
@@ -106,18 +108,20 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
         out [N_dst, H, D] (contiguous), or ``(out, alpha)`` when ``return_attention``.
     """
     graph = check_graph(graph)
+    check_devices(("x_src", x_src), ("x_dst", x_dst), ("att", att), ("edge_term", edge_term))
     check_tensor("x_src", x_src, (graph.n_src, None, None))
     H, D = x_src.shape[1:]
     check_tensor("x_dst", x_dst, (graph.n_dst, H, D), like=x_src)
     check_tensor("att", att, (H, D), like=x_src)
     if edge_term is not None:
         check_tensor("edge_term", edge_term, (graph.num_edges, H, D), like=x_src)
+    negative_slope = check_real("negative_slope", negative_slope)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, x_src)
     if choose("gatv2_attention", x_src.device, x_src.dtype, graph, kernels.unsupported(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
-        return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, float(negative_slope),
+        return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, negative_slope,
                                             return_attention, dropout, seed, offset)
     return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout)
 

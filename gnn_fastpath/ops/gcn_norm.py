@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..cuda import spmm as kernels
-from ._checks import check_graph, check_tensor, graph_on
+from ._checks import check_bool, check_graph, check_tensor, graph_on
 from .dispatch import CUDA, choose
 
 
@@ -50,7 +50,8 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
         edge_weight (Tensor, optional): [M] loop-augmented weights in the caller's edge
             order. Differentiable (through the degrees too) on the PyTorch path.
         improved (bool): self loops weigh 2.0 instead of 1.0 (only without ``edge_weight``;
-            see above for when PyG applies it).
+            see above for when PyG applies it). ``True`` or ``False``; anything else is a
+            ValueError (a truthy ``"no"`` must not silently mean True).
         dtype (torch.dtype, optional): result dtype without ``edge_weight``
             (default float32); with it, ``edge_weight.dtype``.
 
@@ -71,6 +72,7 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
         dtype = edge_weight.dtype
     elif dtype is None:
         dtype = torch.float32
+    check_bool("improved", improved)
     fill = 2.0 if improved else 1.0
     needs_grad = edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled()
     if choose("gcn_norm_values", graph.device, dtype, graph) == CUDA and not needs_grad:

@@ -1,12 +1,38 @@
-"""DGL shims (installed as ``gnn_fastpath.integrations.dgl``)."""
+"""DGL shims (installed as ``gnn_fastpath.integrations.dgl``).
+
+:func:`shims` never swallows the error of ``import dgl``: it raises it unchanged, and
+:func:`not_installed` tells the two cases apart for :func:`gnn_fastpath.enable`, which skips
+a framework that is not installed silently and reports one that is installed but broken.
+Nothing here works around a broken DGL (the test harness's ``tests/frameworks.py`` does, for
+the PyPI wheel's GraphBolt import; the package never patches DGL's import machinery).
+"""
+
+#: The top-level package this integration patches.
+PACKAGE = "dgl"
+
+#: What to install when ``import dgl`` fails (``enable()`` puts it in its error and warning).
+INSTALL = ("install DGL's own build for your torch and CUDA versions from "
+           "https://www.dgl.ai/pages/start.html (the PyPI `dgl` wheel, 2.1.0, is CPU-only and fails "
+           "to import on recent torch, e.g. with \"No module named 'torchdata.datapipes'\"); "
+           "see the README section \"Installing DGL\"")
+
+
+def not_installed(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by :func:`shims`, means DGL is not installed at all (a
+    ModuleNotFoundError for ``dgl`` itself) rather than installed but failing to import."""
+    return isinstance(exc, ModuleNotFoundError) and exc.name == PACKAGE
 
 
 def shims():
-    """The DGL shims, or [] when DGL is not importable."""
-    try:
-        import dgl  # noqa: F401
-    except (ImportError, OSError):  # not installed, or a build that cannot load here
-        return []
+    """The DGL shims (one per patched layer class).
+
+    Raises what ``import dgl`` raises, unchanged: a ModuleNotFoundError for ``dgl`` itself
+    when DGL is not installed (:func:`not_installed`), or, when it is installed but cannot be
+    imported here, the ImportError of one of DGL's own imports (e.g. GraphBolt's
+    ``torchdata.datapipes`` on recent torch) or the OSError of loading its libraries.
+    """
+    import dgl  # noqa: F401
+
     from .layers import SHIMS
 
     return list(SHIMS)

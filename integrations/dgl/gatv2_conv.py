@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ... import ops
-from ..shim import Shim, Unsupported, check_like, has_module_hooks
+from ..shim import Shim, Unsupported, check_like, finite_number, has_module_hooks
 from .graph import (check_device, check_graph, check_zero_in_degree,
                     features_of, graph_of)
 
@@ -40,7 +40,7 @@ def _check_module(module, x: Tensor):
     if tuple(attn.shape) != (1, H, D):
         raise Unsupported("attn", f"attn has shape {tuple(attn.shape)}, expected (1, {H}, {D})")
     p = float(attn_drop.p) if attn_drop.training else 0.0
-    return H, D, attn.reshape(H, D), float(leaky.negative_slope), p
+    return H, D, attn.reshape(H, D), finite_number("negative_slope", leaky.negative_slope), p
 
 
 def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from ... import ops
-from ..shim import Unsupported
+from ..shim import Unsupported, finite_number
 from .graph import (Looped, attention_dropout, check_inputs, check_like, check_message_passing, graph_of,
                     is_sparse, pair_features, replace_self_loops, split_pair)
 
@@ -107,6 +107,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
         _check_fill(module, edge_attr, looped)
         graph = looped.graph
     p = attention_dropout(module)
+    slope = finite_number("negative_slope", module.negative_slope)
 
     H, C = module.heads, module.out_channels
     res = None
@@ -131,7 +132,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
         edge_term = module.lin_edge(edge_attr).view(-1, H, C)
 
     # Stock returns alpha after dropout ("dropped"): its edge_update applies the dropout.
-    out = ops.gatv2_attention(graph, x_l, x_r, module.att.view(H, C), negative_slope=module.negative_slope,
+    out = ops.gatv2_attention(graph, x_l, x_r, module.att.view(H, C), negative_slope=slope,
                               edge_term=edge_term, dropout=p,
                               return_attention="dropped" if return_attention_weights else False)
     if return_attention_weights:

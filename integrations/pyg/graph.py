@@ -33,7 +33,9 @@ try:  # PyG >= 2.5
 except ImportError:  # pragma: no cover
     EdgeIndex = None
 
-_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# Stock PyG indexes with int32/int64 only (it raises, or for some layers widens smaller ids
+# through its self-loop concatenation): other dtypes run stock, which decides.
+_INT_DTYPES = (torch.int32, torch.int64)
 _SPARSE = (torch.sparse_coo, torch.sparse_csr)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gnn_fastpath.graph import Graph
+from gnn_fastpath.graph.convert import MAX_INFERRED_NODES, MAX_NODES, edge_index_to_coo
 from zoo import random_edges
 
 
@@ -136,7 +137,7 @@ def test_self_loop_only_graph():
 
 
 # ---------------------------------------------------------------------------- dtypes and sizes
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8])
 def test_integer_dtypes_give_same_graph(zoo_graphs, dtype):
     ei, (n_src, n_dst), ref = zoo_graphs["bipartite_wide"]
     g = Graph.from_edge_index(ei.to(dtype), (n_src, n_dst))
@@ -488,3 +489,135 @@ def test_sparse_out_of_range_names_adj_t():
     with pytest.raises(ValueError, match=r"adj_t \(source row\).*node id 7"):
         Graph.from_sparse(bad)
 
+
+
+# ---------------------------------------------------------------------------- inferred node counts (issue 15)
+@pytest.mark.parametrize("bad_id", [2**40, 2**62, 2**63 - 1, MAX_INFERRED_NODES])
+@pytest.mark.parametrize("row", [0, 1])
+def test_huge_id_without_num_nodes_names_edge_index(bad_id, row):
+    """An inferred count past MAX_INFERRED_NODES is a ValueError naming edge_index, the row
+    and the id (it was an 8.8 TB allocation for 2**40, a storage overflow for 2**62)."""
+    ei = torch.tensor([[0, 1], [1, 0]])
+    ei[row, 1] = bad_id
+    side = "source" if row == 0 else "destination"
+    pattern = rf"edge_index \({side} row\) contains node id {bad_id}.*MAX_INFERRED_NODES.*Pass num_nodes"
+    with pytest.raises(ValueError, match=pattern):
+        Graph.from_edge_index(ei)
+    with pytest.raises(ValueError, match=pattern):
+        Graph.of(ei)
+
+
+def test_huge_id_inferred_from_one_row_when_the_other_side_is_known():
+    """An adapter that knows one side (PyG EdgeIndex) infers the other from its row: bounded too."""
+    ei = torch.tensor([[0, 1], [2**40, 0]])
+    with pytest.raises(ValueError, match=r"edge_index \(destination row\) contains node id 1099511627776"):
+        edge_index_to_coo(ei, known=(5, None))
+    assert edge_index_to_coo(ei, known=(5, 2**41))[2:] == (5, 2**41)  # known sizes are explicit
+    with pytest.raises(ValueError, match=r"edge_index's n_src must be at most MAX_NODES"):
+        edge_index_to_coo(ei, known=(MAX_NODES + 1, None))
+
+
+def test_inferred_count_bound_is_inclusive():
+    # max id MAX_INFERRED_NODES - 1 -> count MAX_INFERRED_NODES = 2**31 - 1: allowed (counts only,
+    # no Graph is allocated here)
+    ei = torch.tensor([[0, MAX_INFERRED_NODES - 1], [1, 0]])
+    assert edge_index_to_coo(ei)[2:] == (MAX_INFERRED_NODES, MAX_INFERRED_NODES)
+    assert MAX_INFERRED_NODES == 2**31 - 1
+
+
+def test_huge_id_with_explicit_num_nodes_is_taken_as_given():
+    """Explicit counts are honoured up to MAX_NODES (memory permitting, not allocated here)."""
+    ei = torch.tensor([[0, 2**40], [1, 0]])
+    assert edge_index_to_coo(ei, 2**41)[2:] == (2**41, 2**41)
+    assert edge_index_to_coo(ei, (2**40 + 1, 2))[2:] == (2**40 + 1, 2)
+    with pytest.raises(ValueError, match=r"num_nodes must be at most MAX_NODES = 2\*\*59, got 1152921504606846976"):
+        Graph.from_edge_index(ei, 2**60)
+    with pytest.raises(ValueError, match=r"num_nodes\[1\] \(n_dst\) must be at most MAX_NODES"):
+        Graph.from_edge_index(ei, (2**41, 2**62))
+
+
+def test_negative_ids_still_reported_as_negative_without_num_nodes():
+    with pytest.raises(ValueError, match=r"edge_index \(source row\) contains a negative node id \(-5\)"):
+        Graph.from_edge_index(torch.tensor([[-5], [-3]]))
+
+
+# ---------------------------------------------------------------------------- meta device (issue 15)
+@pytest.mark.parametrize("num_nodes", [None, 4, (4, 4)])
+def test_meta_edge_index_names_edge_index(num_nodes):
+    """A meta tensor holds no ids: ValueError naming edge_index and its device, not
+    'Tensor.item() cannot be called on meta tensors' from inside torch."""
+    ei = torch.tensor([[0, 1], [1, 0]], device="meta")
+    pattern = r"edge_index is on meta, a device without data: its node ids cannot be read"
+    with pytest.raises(ValueError, match=pattern):
+        Graph.from_edge_index(ei, num_nodes)
+    with pytest.raises(ValueError, match=pattern):
+        Graph.of(ei, num_nodes)
+    with pytest.raises(ValueError, match=pattern):  # empty too: one rule for every meta edge_index
+        Graph.of(torch.empty(2, 0, dtype=torch.int64, device="meta"), num_nodes)
+
+
+def test_meta_sparse_coo_and_num_nodes_name_the_argument():
+    adj = torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (2, 2)).to("meta")
+    with pytest.raises(ValueError, match=r"adj_t is on meta"):
+        Graph.from_sparse(adj)
+    with pytest.raises(ValueError, match=r"edge_index \(source row\) is on meta"):
+        Graph.from_coo(torch.tensor([0, 1], device="meta"), torch.tensor([1, 0], device="meta"), 2, 2)
+    with pytest.raises(ValueError, match=r"num_nodes is on meta"):
+        Graph.of(torch.tensor([[0, 1], [1, 0]]), torch.tensor(2, device="meta"))
+
+
+def test_graph_of_checks_tensor_num_nodes_like_from_edge_index():
+    ei = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"num_nodes must be an integer, got 2.5"):
+        Graph.of(ei, torch.tensor(2.5))  # was truncated to 2 silently
+    assert Graph.of(ei, torch.tensor(3)).n_dst == 3
+
+
+# ---------------------------------------------------------------------------- uint8 / int8 / bool ids (issue 15)
+def test_uint8_edge_index_reads_values_as_ids_not_as_a_mask():
+    ei = torch.tensor([[200, 255, 0, 255], [255, 200, 255, 1]])
+    g8 = Graph.from_edge_index(ei.to(torch.uint8))
+    ref = Graph.from_edge_index(ei)
+    assert (g8.n_src, g8.n_dst) == (256, 256)
+    for name in ("indptr", "indices", "perm"):
+        assert torch.equal(getattr(g8, name), getattr(ref, name))
+    _assert_consistent(g8, ei, 256, 256)
+
+
+def test_int8_negative_ids_rejected():
+    ei = torch.tensor([[0, -128], [1, 0]], dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"edge_index \(source row\) contains a negative node id \(-128\)"):
+        Graph.from_edge_index(ei, 4)
+
+
+@pytest.mark.parametrize("num_nodes", [None, 2, 5])
+def test_bool_edge_index_rejected(num_nodes):
+    ei = torch.tensor([[0, 1, 1], [1, 0, 1]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"edge_index must hold integer node ids, got dtype torch.bool.*mask"):
+        Graph.from_edge_index(ei, num_nodes)
+    with pytest.raises(ValueError, match=r"edge_index must hold integer node ids, got dtype torch.bool"):
+        Graph.of(ei, num_nodes)
+
+
+def test_stock_pyg_small_int_and_bool_edge_index(pyg):
+    """Pins what stock PyG (2.8, CPU) does with these dtypes, which the decisions above follow:
+    uint8/int8 give the int64 answer where stock computes (layers adding self loops widen the ids
+    through torch.cat) and raise where it indexes with them directly; bool has no single meaning
+    (read as ids 0/1 by GCNConv, rejected by SAGEConv). ``forward`` is called directly, so this is
+    stock even while the gnn_fastpath layer shims are enabled."""
+    from torch_geometric.nn import GATv2Conv, GCNConv, SAGEConv
+
+    x = torch.randn(5, 8)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+    for conv in (GCNConv(8, 4), GATv2Conv(8, 4, heads=2)):
+        conv.eval()
+        ref = conv.forward(x, ei)
+        for dtype in (torch.uint8, torch.int8):
+            torch.testing.assert_close(conv.forward(x, ei.to(dtype)), ref)
+        # bool is read as node ids 0/1 (True -> 1): not the graph that was meant
+        assert not torch.allclose(conv.forward(x, ei.to(torch.bool)), ref)
+    sage = SAGEConv(8, 4)
+    with pytest.raises(RuntimeError, match=r"int32 or int64"):
+        sage.forward(x, ei.to(torch.uint8))
+    with pytest.raises(ValueError, match=r"integer type"):
+        sage.forward(x, ei.to(torch.bool))

@@ -404,3 +404,25 @@ def test_edge_index_written_in_place_rebuilds(pyg):
     assert Graph.of(edge_index).in_degree().tolist() == [1, 0, 1]
     edge_index.as_tensor()[1, 1] = 2
     assert Graph.of(edge_index).in_degree().tolist() == [0, 0, 2]
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda: torch.tensor([[0, 2**40], [1, 0]]), r"edge_index \(source row\) contains node id 1099511627776"),
+    (lambda: torch.tensor([[0, 1], [1, 0]], device="meta"), r"edge_index is on meta"),
+    (lambda: torch.tensor([[0, 1], [1, 0]], dtype=torch.bool), r"edge_index must hold integer node ids"),
+])
+def test_rejected_input_caches_nothing_and_is_rejected_again(make, pattern):
+    """Issue 15: a bad edge_index is a ValueError on every Graph.of call; no entry is left."""
+    ei = make()
+    for _ in range(2):
+        with pytest.raises(ValueError, match=pattern):
+            Graph.of(ei)
+    assert cached_count() == 0
+
+
+def test_huge_id_fixed_in_place_then_builds():
+    ei = torch.tensor([[0, 2**40], [1, 0]])
+    with pytest.raises(ValueError, match=r"contains node id 1099511627776"):
+        Graph.of(ei)
+    ei[0, 1] = 3  # the in-place fix bumps the version: Graph.of builds now
+    assert Graph.of(ei).n_src == 4 and cached_count("cpu") == 1

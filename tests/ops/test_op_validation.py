@@ -1,4 +1,7 @@
 """Argument validation of the public ops: ValueError naming the argument and the bad value."""
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -196,3 +199,132 @@ def test_backend_is_reference_on_cpu(g):
     assert ops.backend_for("gatv2_attention", t(N_SRC, H, D)) == "reference"
     with ops.force_reference():
         assert ops.backend_for("spmm", t(N_SRC, F)) == "reference"
+
+
+# ---------------------------------------------------------------------------- scalar options (issue 15)
+@pytest.mark.parametrize("value, pattern", [
+    ("x", r"scale must be a real number or None, got 'x' of type str"),
+    (float("nan"), r"scale must be finite, got nan"),
+    (float("inf"), r"scale must be finite, got inf"),
+    (-float("inf"), r"scale must be finite, got -inf"),
+    (10**400, r"scale must be finite, got 1000"),
+    (True, r"scale must be a real number or None, got True of type bool"),
+    (1 + 0j, r"scale must be a real number or None, got \(1\+0j\) of type complex"),
+    (torch.tensor(0.5), r"scale must be a real number or None, got tensor\(0.5000\) of type Tensor.*float\(t\)"),
+    ([0.5], r"scale must be a real number or None, got \[0.5\] of type list"),
+])
+def test_dot_bad_scale(g, dot_args, value, pattern):
+    """Was: TypeError inside the reference op ('x'), all-NaN output (nan, inf), silent True == 1."""
+    with pytest.raises(ValueError, match=pattern):
+        ops.dot_attention(g, **dot_args, scale=value)
+
+
+@pytest.mark.parametrize("value, pattern", [
+    ("a", r"negative_slope must be a real number, got 'a' of type str"),
+    (None, r"negative_slope must be a real number, got None of type NoneType"),
+    (float("nan"), r"negative_slope must be finite, got nan"),
+    (float("inf"), r"negative_slope must be finite, got inf"),
+    (False, r"negative_slope must be a real number, got False of type bool"),
+    (torch.tensor(0.2), r"negative_slope must be a real number, got tensor\(0.2000\) of type Tensor"),
+])
+def test_gatv2_bad_negative_slope(g, gat_args, value, pattern):
+    """Was: TypeError inside torch's leaky_relu ('a', None), all-NaN output (nan)."""
+    with pytest.raises(ValueError, match=pattern):
+        ops.gatv2_attention(g, **gat_args, negative_slope=value)
+
+
+@pytest.mark.parametrize("value", [0.5, 2, 0, -1.5, np.float32(0.5), np.int64(2)])
+def test_real_scalars_accepted(g, gat_args, dot_args, value):
+    """Any finite real (Python or numpy int/float) is taken, with the float's result."""
+    torch.testing.assert_close(ops.dot_attention(g, **dot_args, scale=value),
+                               ops.dot_attention(g, **dot_args, scale=float(value)))
+    torch.testing.assert_close(ops.gatv2_attention(g, **gat_args, negative_slope=value),
+                               ops.gatv2_attention(g, **gat_args, negative_slope=float(value)))
+
+
+def test_scale_none_is_the_default(g, dot_args):
+    torch.testing.assert_close(ops.dot_attention(g, **dot_args, scale=None),
+                               ops.dot_attention(g, **dot_args, scale=1.0 / D**0.5))
+
+
+@pytest.mark.parametrize("value", ["yes", "False", 1, 0, None, 2.0, np.bool_(True)])
+def test_gcn_norm_improved_must_be_bool(value):
+    """Was: any truthy value (even "False") silently meant True."""
+    sq = Graph.from_edge_index(torch.tensor([[0, 1, 0, 1], [1, 0, 0, 1]]))
+    with pytest.raises(ValueError, match=rf"improved must be a bool \(True or False\), got {re.escape(repr(value))}"):
+        ops.gcn_norm_values(sq, improved=value)
+    assert ops.gcn_norm_values(sq, improved=True).shape == (4,)
+    assert ops.gcn_norm_values(sq, improved=False).shape == (4,)
+
+
+# ---------------------------------------------------------------------------- devices (issue 15)
+# Rule (gnn_fastpath/ops/_checks.py): the graph may be on any device; every tensor argument on
+# one device; a mismatch lists the arguments off the majority device first, then the rest.
+def meta(x):
+    return x.to("meta")
+
+
+@pytest.mark.parametrize("on_meta, pattern", [
+    (["x_src"], r"x_src is on meta, x_dst and att on cpu"),  # was: blamed x_dst
+    (["x_dst"], r"x_dst is on meta, x_src and att on cpu"),
+    (["att"], r"att is on meta, x_src and x_dst on cpu"),
+    (["edge_term"], r"edge_term is on meta, x_src, x_dst and att on cpu"),
+    (["x_dst", "att", "edge_term"], r"x_src is on cpu, x_dst, att and edge_term on meta"),
+    (["x_src", "x_dst"], r"att and edge_term are on cpu, x_src and x_dst on meta"),  # tie: x_src's device
+])
+def test_gatv2_device_mismatch_names_the_odd_ones(g, gat_args, on_meta, pattern):
+    if "edge_term" in pattern:
+        gat_args["edge_term"] = t(M, H, D)
+    for name in on_meta:
+        gat_args[name] = meta(gat_args[name])
+    with pytest.raises(ValueError, match=pattern + r": the tensor arguments must all be on one device"):
+        ops.gatv2_attention(g, **gat_args)
+
+
+@pytest.mark.parametrize("on_meta, pattern", [
+    (["k"], r"k is on meta, q and v on cpu"),  # was: blamed q
+    (["q"], r"q is on meta, k and v on cpu"),
+    (["v"], r"v is on meta, q and k on cpu"),
+    (["q", "k"], r"v is on cpu, q and k on meta"),
+])
+def test_dot_device_mismatch_names_the_odd_ones(g, dot_args, on_meta, pattern):
+    for name in on_meta:
+        dot_args[name] = meta(dot_args[name])
+    with pytest.raises(ValueError, match=pattern):
+        ops.dot_attention(g, **dot_args)
+
+
+@pytest.mark.parametrize("op", ["spmm", "segment_reduce"])
+@pytest.mark.parametrize("x_meta, w_meta, pattern", [
+    (False, True, r"edge_weight is on meta, x on cpu"),
+    (True, False, r"edge_weight is on cpu, x on meta"),  # a tie goes to x, the first argument
+])
+def test_aggregation_device_mismatch(g, op, x_meta, w_meta, pattern):
+    x, w = t(N_SRC, F), t(M)
+    x, w = (meta(x) if x_meta else x), (meta(w) if w_meta else w)
+    with pytest.raises(ValueError, match=pattern + r": the tensor arguments must all be on one device"):
+        getattr(ops, op)(g, x, edge_weight=w)
+
+
+def test_features_on_one_device_take_the_graph_from_any(g, gat_args, dot_args):
+    """The CPU graph is copied to the features' device (meta here): no error, meta results."""
+    assert ops.gatv2_attention(g, **{k: meta(v) for k, v in gat_args.items()}).device.type == "meta"
+    assert ops.dot_attention(g, **{k: meta(v) for k, v in dot_args.items()}).device.type == "meta"
+    assert ops.spmm(g, meta(t(N_SRC, F)), meta(t(M))).device.type == "meta"
+    assert ops.segment_reduce(g, meta(t(N_SRC, F)), "max", meta(t(M))).device.type == "meta"
+
+
+@pytest.mark.parametrize("op", ["gatv2_attention", "dot_attention", "spmm", "segment_reduce"])
+def test_graph_on_meta_cannot_serve_real_features(g, gat_args, dot_args, op):
+    """Was: NotImplementedError 'Cannot copy out of meta tensor' from inside Graph.to."""
+    args = {"gatv2_attention": gat_args, "dot_attention": dot_args}.get(op, {"x": t(N_SRC, F)})
+    with pytest.raises(ValueError, match=r"graph is on meta, a device without data; it cannot be copied to cpu"):
+        getattr(ops, op)(g.to("meta"), **args)
+
+
+@pytest.mark.parametrize("op", ["spmm", "segment_reduce"])
+def test_meta_edge_index_through_graph_of(op):
+    """Was: RuntimeError 'Tensor.item() cannot be called on meta tensors' inside Graph.of."""
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [0, 1, 2, 3, 0, 1, 1]], device="meta")
+    with pytest.raises(ValueError, match=r"edge_index is on meta"):
+        getattr(ops, op)(Graph.of(ei, (N_SRC, N_DST)), meta(t(N_SRC, F)))
