@@ -12,6 +12,12 @@
 // far. An accumulator of weighted values lives beside the state; every time m grows it
 // must be rescaled by the factor the helpers return.
 
+// max that propagates NaN (fmaxf drops it): a NaN logit makes its row's softmax NaN, as in
+// torch and both frameworks' stock layers.
+__device__ __forceinline__ float gf_nan_max(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
 struct GfSoftmaxState {
     float m;
     float l;
@@ -28,7 +34,7 @@ __device__ __forceinline__ GfSoftmaxState gf_softmax_init() {
 // factor the accumulator must be rescaled by (l is rescaled here); a state that has seen
 // nothing finite and gets a batch of -inf stays empty (factor 1).
 __device__ __forceinline__ float gf_softmax_rescale(GfSoftmaxState& s, float m_batch) {
-    const float m_new = fmaxf(s.m, m_batch);
+    const float m_new = gf_nan_max(s.m, m_batch);
     const float scale = m_new == GF_NEG_INF ? 1.f : __expf(s.m - m_new);  // exp(-inf) = 0 at first
     s.l *= scale;
     s.m = m_new;
@@ -47,7 +53,7 @@ __device__ __forceinline__ float gf_softmax_add(GfSoftmaxState& s, float logit) 
 // Two empty states stay empty (factors 1 and 0).
 __device__ __forceinline__ void gf_softmax_merge(GfSoftmaxState& s, const GfSoftmaxState& o, float& f_self,
                                                  float& f_other) {
-    const float m_new = fmaxf(s.m, o.m);
+    const float m_new = gf_nan_max(s.m, o.m);
     if (m_new == GF_NEG_INF) {
         f_self = 1.f;
         f_other = 0.f;
@@ -59,9 +65,10 @@ __device__ __forceinline__ void gf_softmax_merge(GfSoftmaxState& s, const GfSoft
     s.m = m_new;
 }
 
-// logsumexp of a finished state; -inf for an empty row (callers write 0 output then).
+// logsumexp of a finished state; -inf for an empty row (callers write 0 output then), NaN
+// for a row that saw a NaN logit.
 __device__ __forceinline__ float gf_softmax_lse(const GfSoftmaxState& s) {
-    return s.l > 0.f ? s.m + __logf(s.l) : GF_NEG_INF;
+    return s.l != 0.f ? s.m + __logf(s.l) : GF_NEG_INF;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -275,7 +275,7 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
 #pragma unroll
                 for (int u = 0; u < UB; ++u) {
                     lg[u][n] = live[u] ? lg[u][n] * scale : GF_NEG_INF;
-                    mb = fmaxf(mb, lg[u][n]);
+                    mb = gf_nan_max(mb, lg[u][n]);
                 }
                 // mb is finite: the batch's first edge is live.
                 const float corr = gf_softmax_rescale(st[n], mb);  // 0 on the first batch
@@ -301,7 +301,7 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
     if (ch.slot < 0) {
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
-            const float inv = st[n].l > 0.f ? 1.f / st[n].l : 0.f;
+            const float inv = st[n].l != 0.f ? 1.f / st[n].l : 0.f;  // NaN stays NaN
 #pragma unroll
             for (int f = 0; f < F; ++f) acc[n * F + f] *= inv;
             if (ln.sub == 0 && ln.head_ok[n])
@@ -622,7 +622,7 @@ extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long lo
     // Two passes (max, then the rescaled sums): one exp per partial instead of the online
     // merge's two; the partials are all there already.
     float mx = GF_NEG_INF;
-    for (int s = sp.y; s < sp.y + sp.z; ++s) mx = fmaxf(mx, part_ml[((long long)s * H + h) * 2]);
+    for (int s = sp.y; s < sp.y + sp.z; ++s) mx = gf_nan_max(mx, part_ml[((long long)s * H + h) * 2]);
     float l = 0.f, a = 0.f;
     if (mx != GF_NEG_INF) {
         for (int s = sp.y; s < sp.y + sp.z; ++s) {
@@ -633,8 +633,8 @@ extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long lo
         }
     }
     const long long row = sp.x;
-    out[(row * H + h) * D + d] = l > 0.f ? a / l : 0.f;
-    if (d == 0) lse[row * H + h] = l > 0.f ? mx + logf(l) : GF_NEG_INF;
+    out[(row * H + h) * D + d] = l != 0.f ? a / l : 0.f;
+    if (d == 0) lse[row * H + h] = l != 0.f ? mx + logf(l) : GF_NEG_INF;
 }
 
 // Backward: sum the partial gradient rows of split rows into dst. One thread per (split

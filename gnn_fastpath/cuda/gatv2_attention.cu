@@ -169,7 +169,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 }
                 float mx = GF_NEG_INF;
 #pragma unroll
-                for (int u = 0; u < U; ++u) mx = fmaxf(mx, c[u]);
+                for (int u = 0; u < U; ++u) mx = gf_nan_max(mx, c[u]);
                 const float sc = gf_softmax_rescale(st, mx);
                 if (st.m != GF_NEG_INF) {  // lane-divergent, no shuffles inside
 #pragma unroll
@@ -209,7 +209,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
 
         if (ln.on && s == 0) {
             if (slot < 0) {
-                const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
+                const float inv = st.l != 0.f ? 1.f / st.l : 0.f;  // NaN stays NaN
 #pragma unroll
                 for (int k = 0; k < KV; ++k) acc[k] *= inv;
                 R::store(out + (long long)row * HD + hoff, acc, l, D);
@@ -280,7 +280,7 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
             __syncthreads();
             if (warp == 0 && on) {
                 for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
-                out[(long long)row * HD + c] = st.l > 0.f ? acc / st.l : 0.f;
+                out[(long long)row * HD + c] = st.l != 0.f ? acc / st.l : 0.f;
                 if (c == h * D) lse[(long long)row * H + h] = gf_softmax_lse(st);
             }
             __syncthreads();
