@@ -209,11 +209,13 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
 
         if (ln.on && s == 0) {
             if (slot < 0) {
-                const float inv = st.l != 0.f ? 1.f / st.l : 0.f;  // NaN stays NaN
+                // l == 0 with edges: every logit was -inf, which torch's softmax turns into NaN
+                const bool all_neg_inf = st.l == 0.f && end > start;
+                const float inv = st.l != 0.f ? 1.f / st.l : (all_neg_inf ? __int_as_float(0x7fc00000) : 0.f);
 #pragma unroll
                 for (int k = 0; k < KV; ++k) acc[k] *= inv;
                 R::store(out + (long long)row * HD + hoff, acc, l, D);
-                if (l == 0) lse[(long long)row * H + ln.head] = gf_softmax_lse(st);
+                if (l == 0) lse[(long long)row * H + ln.head] = all_neg_inf ? inv : gf_softmax_lse(st);
             } else {
                 R::store(part_acc + (long long)slot * HD + hoff, acc, l, D);
                 if (l == 0) {
@@ -280,8 +282,10 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
             __syncthreads();
             if (warp == 0 && on) {
                 for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
-                out[(long long)row * HD + c] = st.l != 0.f ? acc / st.l : 0.f;
-                if (c == h * D) lse[(long long)row * H + h] = gf_softmax_lse(st);
+                // split rows have edges: l == 0 means every logit was -inf (torch: NaN)
+                const float nan = __int_as_float(0x7fc00000);
+                out[(long long)row * HD + c] = st.l != 0.f ? acc / st.l : nan;
+                if (c == h * D) lse[(long long)row * H + h] = st.l != 0.f ? gf_softmax_lse(st) : nan;
             }
             __syncthreads();
         }
