@@ -13,6 +13,8 @@ module or the framework graph.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
@@ -129,7 +131,7 @@ def check_like(name: str, t, like: Tensor) -> Tensor:
 def finite_number(name: str, value) -> float:
     """``value`` as a float when it is a finite real number; :class:`Unsupported` (reason
     ``name``) otherwise, so stock runs with whatever the module holds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise Unsupported(name, f"{name}={value!r} (the fused path takes a finite number)")
     return float(value)
 

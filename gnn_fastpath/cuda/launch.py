@@ -100,6 +100,7 @@ class Kernel:
         self.params = params
         self.device_index = device_index
         self._names = frozenset(p for p, _ in params)
+        self.resident: Dict[Tuple[int, int], int] = {}  # (threads, shared memory) -> resident blocks
 
     def arguments(self, args: Mapping[str, object]) -> tuple:
         """The launch tuple for ``args`` (parameter name -> value), in the .cu order."""
@@ -211,18 +212,15 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-_resident: Dict[Tuple[int, int, int], int] = {}
-
-
 def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
-    """Blocks of ``threads`` threads of ``k`` that fit on the whole GPU at once."""
-    key = (id(k), threads, shared_mem)  # kernels live in _kernels for the process: ids stay unique
-    n = _resident.get(key)
+    """Blocks of ``threads`` threads of ``k`` that fit on the whole GPU at once (cached on ``k``)."""
+    key = (threads, shared_mem)
+    n = k.resident.get(key)
     if n is None:
         from cupy.cuda import driver
 
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.function.kernel.ptr, threads, shared_mem)
-        n = _resident[key] = max(1, int(per_sm)) * sm_count(k.device_index)
+        n = k.resident[key] = max(1, int(per_sm)) * sm_count(k.device_index)
     return n
 
 
