@@ -18,15 +18,17 @@ they are checked:
 Inside a patched layer's call (:class:`recording`), an op that would end on the reference
 for any reason but ``forced`` (or ``cpu`` with ``enable(cpu="reference")``) raises
 :class:`FallbackRequired`: the layer then runs its stock forward and ``stats()`` counts a
-fallback with that reason. Outside a layer, the op runs its reference and, for CUDA inputs,
-warns once per (op, reason).
+fallback with that reason. The layers ask again through :func:`require` as soon as they know
+the graph (and the head shape), before any of their submodules run, so a fallback never runs
+the projections, feature dropout or submodule hooks twice. Outside a layer, the op runs its
+reference and, for CUDA inputs, warns once per (op, reason).
 """
 from __future__ import annotations
 
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -118,9 +120,34 @@ class recording:
 _warned: set = set()
 
 
-def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None, limit: Optional[str] = None) -> str:
+def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
+    """Why op ``op``'s kernels cannot take heads of shape ``heads`` = (H, D), or None."""
+    if heads is None:
+        return None
+    if op == "gatv2_attention":
+        from ..cuda import gatv2_attention as kernels
+    elif op == "dot_attention":
+        from ..cuda import dot_attention as kernels
+    else:
+        return None
+    return kernels.unsupported(*heads)
+
+
+def require(op: str, device: torch.device, dtype: torch.dtype, graph=None,
+            heads: Optional[Tuple[int, int]] = None) -> None:
+    """Inside a patched layer's call: raise :class:`FallbackRequired` now when op ``op``
+    will not run fused on this graph (and head shape); outside a layer, nothing."""
+    if getattr(_local, "call", None) is None:
+        return
+    decision = decide(device, dtype, graph, kernel_limit(op, heads))
+    if not accepted(decision):
+        raise FallbackRequired(decision.reason, decision.detail)
+
+
+def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None,
+           heads: Optional[Tuple[int, int]] = None) -> str:
     """The backend op ``op`` runs this call on (see the module docstring)."""
-    decision = decide(device, dtype, graph, limit)
+    decision = decide(device, dtype, graph, kernel_limit(op, heads))
     call = getattr(_local, "call", None)
     if call is not None:
         if not accepted(decision):

@@ -109,7 +109,7 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, k)
-    if choose("dot_attention", k.device, k.dtype, graph, kernels.unsupported(H, D)) == CUDA:
+    if choose("dot_attention", k.device, k.dtype, graph, heads=(H, D)) == CUDA:
         scale = 1.0 / math.sqrt(D) if scale is None else scale
         seed, offset = philox_seed(dropout)
         t = edge_term.contiguous() if edge_term is not None else None

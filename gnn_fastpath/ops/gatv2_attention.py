@@ -119,7 +119,7 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
     graph = graph_on(graph, x_src)
-    if choose("gatv2_attention", x_src.device, x_src.dtype, graph, kernels.unsupported(H, D)) == CUDA:
+    if choose("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, negative_slope,
                                             return_attention, dropout, seed, offset)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ... import ops
+from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like, finite_number, has_module_hooks
 from .graph import (check_device, check_graph, check_zero_in_degree,
                     features_of, graph_of)
@@ -82,6 +83,7 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
 
     G = graph_of(g)
     check_zero_in_degree(module, G)
+    require("gatv2_attention", x.device, x.dtype, G, heads=(H, D))  # before feat_drop or any fc runs
 
     if isinstance(feat, tuple):
         h_src = module.feat_drop(feat[0])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ... import ops
+from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like
 from .graph import (check_device, check_graph, check_zero_in_degree,
                     dgl_error, features_of, graph_of)
@@ -70,6 +71,7 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
 
     G = graph_of(g)
     check_zero_in_degree(module, G)
+    require("spmm", x.device, x.dtype, G)  # before any matmul runs
     if weight is not None and module.weight is not None:
         raise dgl_error(_EXTERNAL_WEIGHT_MESSAGE)
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import ops
+from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Shim, Unsupported, check_like
 from .graph import check_device, check_graph, features_of, graph_of
@@ -111,6 +112,8 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     check_device(g, features_of(g, feat))
     weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
+    feat0 = features_of(g, feat)
+    require(op_for(module), feat0.device, feat0.dtype, G)  # before feat_drop or any fc runs
 
     if isinstance(feat, tuple):
         feat_src = module.feat_drop(feat[0])

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ... import ops
+from ...ops.dispatch import require
 from ..shim import Unsupported, finite_number
 from .graph import (Looped, attention_dropout, check_inputs, check_like, check_message_passing, graph_of,
                     is_sparse, pair_features, replace_self_loops, split_pair)
@@ -110,6 +111,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     slope = finite_number("negative_slope", module.negative_slope)
 
     H, C = module.heads, module.out_channels
+    require("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, C))  # before any submodule runs
     res = None
     if x_dst is None:
         if module.res is not None:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ... import ops
+from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Unsupported
 from .graph import (append_self_loops, check_inputs, check_like, check_message_passing,
@@ -137,10 +138,12 @@ def forward(module, backend: str, x, edge_index, edge_weight=None):
         graph, weight = _normalised_sparse(module, edge_index, n, x)
     else:
         graph, weight, memoised = _normalised(module, edge_index, edge_weight, n, x)
+        require("spmm", x.device, x.dtype, graph)  # before the cache is written or lin runs
         if module.cached:
             module._cached_edge_index = (_stock_edge_index(module, edge_index, n),
                                          weight.clone() if memoised else weight)
 
+    require("spmm", x.device, x.dtype, graph)  # before lin runs
     out = ops.spmm(graph, module.lin(x), edge_weight=weight, norm="none")
     if module.bias is not None:
         out = out + module.bias

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import ops
+from ...ops.dispatch import require
 from ..shim import Unsupported, check_like
 from .graph import EdgeIndex, check_inputs, graph_of, is_sparse, pair_features, sparse_values
 
@@ -215,6 +216,7 @@ def forward(module, backend: str, x, edge_index, size=None):
     n_src, n_dst = _node_counts(edge_index, size, x_src, x_dst)
     graph = graph_of(edge_index, n_src, n_dst, x_src)
     reduce, weight, tie = _aggregation(module, reduce, edge_index, x_src)
+    require("segment_reduce" if reduce in ("max", "min") else "spmm", x_src.device, x_src.dtype, graph)
 
     if module.project and hasattr(module, "lin"):
         x_src = module.lin(x_src).relu()

@@ -29,6 +29,7 @@ import math
 import torch
 
 from ... import ops
+from ...ops.dispatch import require
 from ..shim import Unsupported
 from .graph import (attention_dropout, check_inputs, check_like, check_message_passing, graph_of, pair_features,
                     split_pair)
@@ -58,6 +59,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     want_alpha = isinstance(return_attention_weights, bool)
 
     H, C = module.heads, module.out_channels
+    require("dot_attention", x_src.device, x_src.dtype, graph, heads=(H, C))  # before any submodule runs
     query = module.lin_query(x_dst).view(-1, H, C)
     key = module.lin_key(x_src).view(-1, H, C)
     value = module.lin_value(x_src).view(-1, H, C)

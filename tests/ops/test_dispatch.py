@@ -62,12 +62,13 @@ def test_choose_warns_once_per_op_and_reason_for_cuda_inputs(kernels_here, monke
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            assert dispatch.choose("dot_attention", CUDA0, torch.float32, _graph(), "D=600") == "reference"
+            assert dispatch.choose("dot_attention", CUDA0, torch.float32, _graph(), heads=(4, 600)) == "reference"
         assert dispatch.choose("dot_attention", CPU, torch.float32) == "reference"  # CPU: silent
         with config.force_reference():
             assert dispatch.choose("spmm", CUDA0, torch.float32) == "reference"  # forced: silent
     assert [str(w.message) for w in caught] == [
-        "gnn_fastpath: dot_attention runs its reference op on CUDA tensors (kernel_limit: D=600); "
+        "gnn_fastpath: dot_attention runs its reference op on CUDA tensors (kernel_limit: head width D=600 "
+        "above 512); "
         "warned once per op and reason"]
 
 
@@ -86,3 +87,17 @@ def test_recording_inside_a_layer(kernels_here, monkeypatch):
     with dispatch.recording(), pytest.raises(dispatch.FallbackRequired, match="cpu"):
         dispatch.choose("spmm", CPU, torch.float32)
     assert getattr(dispatch._local, "call", None) is None  # closed
+
+
+def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypatch):
+    """require() raises what the op would raise, at the point the layer calls it; outside a
+    layer (a direct op call) it does nothing."""
+    dispatch.require("gatv2_attention", CUDA0, torch.float32, _graph(False), heads=(2, 64))  # no layer: nothing
+    with dispatch.recording() as ran:
+        dispatch.require("spmm", CUDA0, torch.float32, _graph())  # fits: nothing, nothing recorded
+        assert ran.backend is None
+        with pytest.raises(dispatch.FallbackRequired) as exc:
+            dispatch.require("gatv2_attention", CUDA0, torch.float32, _graph(), heads=(2, 600))
+        assert exc.value.reason == "kernel_limit"
+        with pytest.raises(dispatch.FallbackRequired, match="int32"):
+            dispatch.require("spmm", CUDA0, torch.float32, _graph(False))

@@ -96,7 +96,16 @@ def test_fallback_when_an_op_cannot_run_fused(check, layer, monkeypatch):
         return real(device, dtype, graph, limit)
 
     monkeypatch.setattr(dispatch, "decide", decide)
-    check.fallback(LAYERS[layer](), *_inputs(), reason="int32")
+    conv = LAYERS[layer]()
+    calls = []
+    for sub in conv.modules():  # every submodule (the projections) runs once per call: stock's
+        if sub is not conv:
+            sub.register_forward_hook(lambda *args: calls.append(1))
+    conv(*_inputs())  # one stock call (not enabled)
+    per_call = len(calls)
+    calls.clear()
+    check.fallback(conv, *_inputs(), reason="int32")  # 2 stock calls + 2 enabled calls (hooks deep-copied)
+    assert per_call > 0 and len(calls) == 4 * per_call  # the fused attempt ran no submodule before falling back
 
 
 @pytest.mark.cuda
