@@ -250,3 +250,29 @@ def test_cpu_graph_cuda_features(dgl, h, kind):
     in_feats = (conv._in_src_feats, conv._in_dst_feats) if pair else conv._in_src_feats
     feat = h.features(g, in_feats, pair)
     h.check_cpu_graph_cuda_features(dgl, conv, g, feat, dict(get_attention=True), KEY, "gatv2_attention")
+
+
+def test_graph_decided_fallback_runs_no_submodule_twice(dgl, monkeypatch):
+    """A fallback the dispatch decides from the graph (here a simulated int32 overflow) comes
+    before feat_drop and the projections run, so stock runs them exactly once."""
+    from dgl.nn import GATv2Conv
+
+    from gnn_fastpath.ops import dispatch
+
+    real = dispatch.decide
+    monkeypatch.setattr(dispatch, "decide", lambda device, dtype, graph=None, limit=None: (
+        dispatch.Decision(dispatch.REFERENCE, "int32", "simulated") if graph is not None
+        else real(device, dtype, graph, limit)))
+    g = dgl.add_self_loop(dgl.graph((torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])), num_nodes=3))
+    conv = GATv2Conv(4, 2, 2)
+    calls = []
+    conv.fc_src.register_forward_hook(lambda *args: calls.append("fc_src"))
+    x = torch.randn(3, 4)
+    want = conv(g, x)
+    calls.clear()
+    gnn_fastpath.reset_stats()
+    with gnn_fastpath.enabled(frameworks="dgl", cpu="reference"):
+        got = conv(g, x)
+    assert calls == ["fc_src"]  # stock's call only
+    assert gnn_fastpath.stats()["dgl.GATv2Conv"]["fallback"] == {"int32": 1}
+    torch.testing.assert_close(got, want)
