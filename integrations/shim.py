@@ -13,8 +13,6 @@ module or the framework graph.
 """
 from __future__ import annotations
 
-import math
-import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
@@ -23,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..ops import dispatch
+from ..ops._checks import check_real
 from ..stats import record_fallback, record_fused
 
 
@@ -129,11 +128,12 @@ def check_like(name: str, t, like: Tensor) -> Tensor:
 
 
 def finite_number(name: str, value) -> float:
-    """``value`` as a float when it is a finite real number; :class:`Unsupported` (reason
-    ``name``) otherwise, so stock runs with whatever the module holds."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise Unsupported(name, f"{name}={value!r} (the fused path takes a finite number)")
-    return float(value)
+    """``value`` as a float when it is a finite real number (the ops' own check); otherwise
+    :class:`Unsupported` (reason ``name``), so stock runs with whatever the module holds."""
+    try:
+        return check_real(name, value)
+    except ValueError as exc:
+        raise Unsupported(name, str(exc)) from None
 
 
 def _autocast_on(x: Tensor) -> bool:

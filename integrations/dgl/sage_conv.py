@@ -109,11 +109,11 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     """``SAGEConv.forward(graph, feat, edge_weight=None)`` on the fused ops."""
     g = graph
     n_src, n_dst, is_block = check_graph(g)
-    check_device(g, features_of(g, feat))
+    x = features_of(g, feat)
+    check_device(g, x)
     weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
-    feat0 = features_of(g, feat)
-    require(op_for(module), feat0.device, feat0.dtype, G)  # before feat_drop or any fc runs
+    require(op_for(module), x.device, x.dtype, G)  # before feat_drop or any fc runs
 
     if isinstance(feat, tuple):
         feat_src = module.feat_drop(feat[0])
