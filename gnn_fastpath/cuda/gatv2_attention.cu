@@ -170,17 +170,19 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 float mx = GF_NEG_INF;
 #pragma unroll
                 for (int u = 0; u < U; ++u) mx = gf_nan_max(mx, c[u]);
-                const float sc = gf_softmax_rescale(st, mx);
-                if (st.m != GF_NEG_INF) {  // lane-divergent, no shuffles inside
+                const float sc = gf_softmax_rescale(st, mx);  // 1 while the state is empty
+                const bool live = st.m != GF_NEG_INF;
 #pragma unroll
-                    for (int k = 0; k < KV; ++k) acc[k] *= sc;
+                for (int k = 0; k < KV; ++k) acc[k] *= sc;
 #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        float wgt = gf_softmax_add(st, c[u]);  // 0 for invalid edges
-                        if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
+                for (int u = 0; u < U; ++u) {
+                    // Weight 0 for invalid edges (zero values) and for -inf logits, also before
+                    // the state has seen a finite one: torch computes 0 * value for those
+                    // edges too, so an inf or NaN value still makes the output NaN.
+                    float wgt = live ? gf_softmax_add(st, c[u]) : 0.f;
+                    if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
 #pragma unroll
-                        for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
-                    }
+                    for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
                 }
                 if (logits != nullptr) {
 #pragma unroll
