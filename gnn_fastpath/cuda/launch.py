@@ -169,9 +169,23 @@ FAMILIES: list = []
 
 
 def template(name: str, *args) -> str:
-    """``name<a,b,...>`` with Python bools spelled as C++ ``true``/``false``."""
-    spelled = ("true" if a is True else "false" if a is False else str(int(a)) for a in args)
+    """``name<a,b,...>`` with Python bools spelled as C++ ``true``/``false``, strings (type
+    names such as :func:`ctype` gives) as they are and numbers as integers."""
+    spelled = ("true" if a is True else "false" if a is False else a if isinstance(a, str) else str(int(a))
+               for a in args)
     return f"{name}<{','.join(spelled)}>"
+
+
+#: Storage types of the kernels (common.cuh): torch dtype -> C++ type name.
+_CTYPES = {torch.float32: "float", torch.float16: "gf_half", torch.bfloat16: "gf_bf16"}
+
+
+def ctype(dtype: torch.dtype) -> str:
+    """The C++ storage type of ``dtype`` in the kernels (``float``, ``gf_half``, ``gf_bf16``)."""
+    try:
+        return _CTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"the kernels store float32, float16 and bfloat16, not {dtype}") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -207,6 +221,25 @@ def aligned16(*tensors: Optional[Tensor]) -> bool:
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
+def vector_ok(vec: int, *tensors: Optional[Tensor]) -> bool:
+    """Whether rows of ``vec`` elements of every given tensor can use common.cuh's vector
+    accesses: each base address aligned to its access size, min(16, vec * element size)
+    bytes (None counts as aligned). Row widths must be multiples of ``vec`` (the caller's)."""
+    return all(t is None or t.data_ptr() % min(16, vec * t.element_size()) == 0 for t in tensors)
+
+
+def vector_width(F: int, *tensors: Optional[Tensor]) -> int:
+    """Elements per vector access for rows of width F over ``tensors``: 16 bytes of the
+    narrowest dtype (4 floats, 8 halves) when F allows and every tensor is aligned, else
+    4 (8-byte 16-bit accesses, float4), else 1 (scalar)."""
+    sizes = [t.element_size() for t in tensors if t is not None]
+    widest = 16 // min(sizes) if sizes else 4
+    for vec in (widest, 4):
+        if F % vec == 0 and vector_ok(vec, *tensors):
+            return vec
+    return 1
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -230,14 +263,14 @@ def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
 def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1) -> Tuple[int, int, int, int]:
     """(VEC, T, CH, feature blocks) for rows of width F.
 
-    VEC = 4 (16-byte loads) when F % 4 == 0 and every tensor's base address is 16-byte
-    aligned; T lanes per row (a power of two, up to a warp); CH chunks of VEC features per
+    VEC = :func:`vector_width` (16-byte loads: 4 floats or 8 halves, when F and every
+    tensor's base address allow); T lanes per row (a power of two, up to a warp); CH chunks of VEC features per
     lane (at most ``max_chunks``, only with a full warp); one feature block
     (``blockIdx.y``) covers T * VEC * CH features. Wide rows therefore get several groups
     (F = 512, CH = 1: four warps with one 16-byte load per lane and edge), which keeps
     registers low and many rows in flight.
     """
-    vec = 4 if F % 4 == 0 and aligned16(*tensors) else 1
+    vec = vector_width(F, *tensors)
     width = F // vec
     lanes = min(32, next_pow2(max(width, 1)))
     chunks = 1

@@ -7,7 +7,7 @@ before doing any work (without a graph), so both see the same rule. Reasons, in 
 they are checked:
 
 ========== =====================================================================
-``dtype``      the input is not float32 (the kernels take float32)
+``dtype``      the input is not float32, float16 or bfloat16 (e.g. float64)
 ``forced``     :func:`gnn_fastpath.config.force_reference` is active
 ``cpu``        the input is not on a CUDA device
 ``no_kernel``  the CUDA kernels cannot run here (no CuPy, no GPU, disabled)
@@ -36,8 +36,8 @@ from .. import config, cuda
 
 CUDA = "cuda"
 REFERENCE = "reference"
-#: dtypes the CUDA kernels take.
-CUDA_DTYPES = (torch.float32,)
+#: dtypes the CUDA kernels take (features stored in these, arithmetic in float32).
+CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The ops that have CUDA kernels.
 OPS = ("gatv2_attention", "dot_attention", "spmm", "segment_reduce", "gcn_norm_values")
 
@@ -64,7 +64,7 @@ def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional
     """The backend for an op call on ``device``/``dtype`` over ``graph`` (None: not known
     yet); ``limit`` is the op kernels' own reason to refuse the call's shape, if any."""
     if dtype not in CUDA_DTYPES:
-        return Decision(REFERENCE, "dtype", f"{dtype} input (the fused path takes float32)")
+        return Decision(REFERENCE, "dtype", f"{dtype} input (the fused path takes float32, float16 and bfloat16)")
     if config.reference_forced():
         return Decision(REFERENCE, "forced", "force_reference() is active")
     if device.type != "cuda":

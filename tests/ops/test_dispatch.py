@@ -31,7 +31,7 @@ def test_fused_when_everything_fits(kernels_here):
 
 @pytest.mark.parametrize("device,dtype,graph,limit,forced,reason", [
     (CUDA0, torch.float64, _graph(), None, False, "dtype"),
-    (CUDA0, torch.float16, _graph(False), "too wide", True, "dtype"),  # dtype comes first
+    (CUDA0, torch.float64, _graph(False), "too wide", True, "dtype"),  # dtype comes first
     (CUDA0, torch.float32, _graph(False), None, True, "forced"),
     (CPU, torch.float32, _graph(False), None, False, "cpu"),
     (CUDA0, torch.float32, _graph(False), "too wide", False, "int32"),
