@@ -1,0 +1,2 @@
+"""Fixtures of the tests/cuda tests."""
+from dry_launch import launches  # noqa: F401 (the dry-launch fixture)
