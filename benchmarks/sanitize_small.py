@@ -8,7 +8,10 @@ and gradient with the reference backend, so it doubles as a quick GPU smoke test
 The graphs have what kernels get wrong: destinations without in-edges, self loops,
 duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
 "heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
-backward variants (atomic, transposed). Exit status 1 when a case raised or mismatched.
+backward variants (atomic, transposed). Every case runs per feature dtype (float32, bfloat16,
+float16; ``SANITIZE_DTYPES`` picks): 16-bit features with float32 parameters and edge weights,
+as under autocast, and the attention ops also with ``out_dtype=torch.float32``. Exit status 1
+when a case raised or mismatched.
 
     python3 benchmarks/sanitize_small.py                       # GPU, compared with the reference
     SANITIZE_DEVICE=cpu python3 benchmarks/sanitize_small.py    # dry run of the harness on the CPU
@@ -28,7 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gnn_fastpath  # noqa: E402
 from gnn_fastpath import ops as gops  # noqa: E402
 
-TOL = 1e-4
+#: Relative error (Frobenius norm) allowed against the reference op on the same inputs: the
+#: 16-bit outputs differ from it by about one rounding (unit roundoff 2**-8 bf16, 2**-11 fp16).
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+DTYPES = [getattr(torch, name) for name in os.environ.get("SANITIZE_DTYPES", "float32,bfloat16,float16").split(",")]
 #: SANITIZE_DEVICE=cpu is a dry run of this harness (reference against itself, no GPU).
 DEVICE = os.environ.get("SANITIZE_DEVICE", "cuda")
 #: SANITIZE_COMPARE=0 skips the reference comparison (under memcheck it only adds checked
@@ -59,8 +65,8 @@ def make_graph(n_src: int, n_dst: int, m: int, heavy: int, seed: int, bipartite:
     return gnn_fastpath.Graph.from_edge_index(ei, nodes)
 
 
-def rnd(*shape, scale=1.0, grad=True):
-    t = (torch.randn(*shape, device=DEVICE) * scale)
+def rnd(*shape, scale=1.0, grad=True, dtype=torch.float32):
+    t = (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
     return t.requires_grad_(grad)
 
 
@@ -83,6 +89,7 @@ def _flat(out) -> List[torch.Tensor]:
 
 
 def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], compare: bool = True) -> None:
+    tol = TOL[inputs[0].dtype]
     probe = inputs[0]
     backend = gops.backend_for(op, probe)
     if backend != "cuda" and DEVICE == "cuda":
@@ -111,14 +118,71 @@ def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], c
                     raise AssertionError("non-finite values")
                 err = float((a - b).norm() / b.norm().clamp_min(1e-12))
                 worst = max(worst, err)
-            if worst > TOL:
-                raise AssertionError(f"relative error {worst:.2e} > {TOL:.0e}")
+            if worst > tol:
+                raise AssertionError(f"relative error {worst:.2e} > {tol:.0e}")
         checked = f"max rel err {worst:.1e}" if compare and COMPARE else "ran (not compared)"
         print(f"OK   {name}: {checked} ({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)
     except Exception as exc:  # noqa: BLE001
         failures.append(name)
         print(f"FAIL {name}: {type(exc).__name__}: {exc}", flush=True)
         traceback.print_exc(limit=4)
+
+
+def run_graph(gname: str, g, dtype: torch.dtype) -> None:
+    """Every op on graph ``g`` with features of ``dtype`` (parameters, edge weights float32)."""
+    ns, nd, m = g.n_src, g.n_dst, g.num_edges
+    dt = str(dtype).replace("torch.", "")
+
+    def feat(*shape, scale=1.0):
+        return rnd(*shape, scale=scale, dtype=dtype)
+
+    for variant in ("atomic", "transposed"):
+        set_attention_variant(variant)
+        for h, d in ((2, 64), (1, 32), (4, 128), (3, 20)):
+            tag = f"{gname} {dt} H{h} D{d} bwd={variant}"
+            run_case(f"gatv2 {tag}", "gatv2_attention",
+                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a),
+                     [feat(ns, h, d), feat(nd, h, d), rnd(h, d, scale=d ** -0.5)])
+            run_case(f"dot {tag}", "dot_attention",
+                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v),
+                     [feat(nd, h, d), feat(ns, h, d), feat(ns, h, d)])
+        tag = f"{gname} {dt} H2 D64 bwd={variant}"
+        if dtype != torch.float32:  # 16-bit features, float32 results (what PyG layers get under autocast)
+            run_case(f"gatv2 out_dtype=float32 {tag}", "gatv2_attention",
+                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, return_attention=True,
+                                                                   out_dtype=torch.float32),
+                     [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)])
+            run_case(f"dot out_dtype=float32 {tag}", "dot_attention",
+                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, return_attention=True,
+                                                               out_dtype=torch.float32),
+                     [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)])
+        run_case(f"gatv2 edge_term+attention {tag}", "gatv2_attention",
+                 lambda xs, xd, a, et: gnn_fastpath.gatv2_attention(g, xs, xd, a, edge_term=et, return_attention=True),
+                 [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125), feat(m, 2, 64)])
+        run_case(f"dot edge_term+attention {tag}", "dot_attention",
+                 lambda q, k, v, et: gnn_fastpath.dot_attention(g, q, k, v, edge_term=et, return_attention=True),
+                 [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64), feat(m, 2, 64)])
+        # dropout: random streams differ from the reference, so memory checking only
+        run_case(f"gatv2 dropout {tag}", "gatv2_attention",
+                 lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, dropout=0.2, return_attention="dropped"),
+                 [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)], compare=False)
+        run_case(f"dot dropout {tag}", "dot_attention",
+                 lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, dropout=0.2),
+                 [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], compare=False)
+    set_attention_variant("atomic")
+    for f in (64, 512, 33):
+        for norm in ("none", "left", "right", "both"):
+            run_case(f"spmm {gname} {dt} F{f} norm={norm}", "spmm",
+                     lambda x: gnn_fastpath.spmm(g, x, norm=norm), [feat(ns, f)])
+        run_case(f"spmm {gname} {dt} F{f} edge_weight norm=both", "spmm",
+                 lambda x, w: gnn_fastpath.spmm(g, x, edge_weight=w, norm="both"),
+                 [feat(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
+        for reduce in ("max", "min"):
+            run_case(f"segment_reduce {gname} {dt} F{f} {reduce}", "segment_reduce",
+                     lambda x: gnn_fastpath.segment_reduce(g, x, reduce=reduce), [feat(ns, f)])
+        run_case(f"segment_reduce {gname} {dt} F{f} max edge_weight", "segment_reduce",
+                 lambda x, w: gnn_fastpath.segment_reduce(g, x, reduce="max", edge_weight=w),
+                 [feat(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
 
 
 def main() -> int:
@@ -135,46 +199,9 @@ def main() -> int:
         "bipartite": make_graph(200, 120, 1500, 400, seed=2, bipartite=True),
     }
     for gname, g in graphs.items():
-        ns, nd, m = g.n_src, g.n_dst, g.num_edges
-        print(f"graph {gname}: n_src={ns} n_dst={nd} M={m}", flush=True)
-        for variant in ("atomic", "transposed"):
-            set_attention_variant(variant)
-            for h, d in ((2, 64), (1, 32), (4, 128), (3, 20)):
-                tag = f"{gname} H{h} D{d} bwd={variant}"
-                run_case(f"gatv2 {tag}", "gatv2_attention",
-                         lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a),
-                         [rnd(ns, h, d), rnd(nd, h, d), rnd(h, d, scale=d ** -0.5)])
-                run_case(f"dot {tag}", "dot_attention",
-                         lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v),
-                         [rnd(nd, h, d), rnd(ns, h, d), rnd(ns, h, d)])
-            tag = f"{gname} H2 D64 bwd={variant}"
-            run_case(f"gatv2 edge_term+attention {tag}", "gatv2_attention",
-                     lambda xs, xd, a, et: gnn_fastpath.gatv2_attention(g, xs, xd, a, edge_term=et, return_attention=True),
-                     [rnd(ns, 2, 64), rnd(nd, 2, 64), rnd(2, 64, scale=0.125), rnd(m, 2, 64)])
-            run_case(f"dot edge_term+attention {tag}", "dot_attention",
-                     lambda q, k, v, et: gnn_fastpath.dot_attention(g, q, k, v, edge_term=et, return_attention=True),
-                     [rnd(nd, 2, 64), rnd(ns, 2, 64), rnd(ns, 2, 64), rnd(m, 2, 64)])
-            # dropout: random streams differ from the reference, so memory checking only
-            run_case(f"gatv2 dropout {tag}", "gatv2_attention",
-                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, dropout=0.2, return_attention="dropped"),
-                     [rnd(ns, 2, 64), rnd(nd, 2, 64), rnd(2, 64, scale=0.125)], compare=False)
-            run_case(f"dot dropout {tag}", "dot_attention",
-                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, dropout=0.2),
-                     [rnd(nd, 2, 64), rnd(ns, 2, 64), rnd(ns, 2, 64)], compare=False)
-        set_attention_variant("atomic")
-        for f in (64, 512, 33):
-            for norm in ("none", "left", "right", "both"):
-                run_case(f"spmm {gname} F{f} norm={norm}", "spmm",
-                         lambda x: gnn_fastpath.spmm(g, x, norm=norm), [rnd(ns, f)])
-            run_case(f"spmm {gname} F{f} edge_weight norm=both", "spmm",
-                     lambda x, w: gnn_fastpath.spmm(g, x, edge_weight=w, norm="both"),
-                     [rnd(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
-            for reduce in ("max", "min"):
-                run_case(f"segment_reduce {gname} F{f} {reduce}", "segment_reduce",
-                         lambda x: gnn_fastpath.segment_reduce(g, x, reduce=reduce), [rnd(ns, f)])
-            run_case(f"segment_reduce {gname} F{f} max edge_weight", "segment_reduce",
-                     lambda x, w: gnn_fastpath.segment_reduce(g, x, reduce="max", edge_weight=w),
-                     [rnd(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
+        print(f"graph {gname}: n_src={g.n_src} n_dst={g.n_dst} M={g.num_edges}", flush=True)
+        for dtype in DTYPES:
+            run_graph(gname, g, dtype)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     if failures:
