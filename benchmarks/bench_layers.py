@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_layers --quick
     python -m benchmarks.bench_layers --graphs pokec-like --layers gatv2
+    python -m benchmarks.bench_layers --quick --autocast off,bfloat16     # + both under bf16 autocast
 
 Each (graph, layer) builds the module once (seeded), times it stock, then times the very
 same module (same parameters, same inputs) under ``gnn_fastpath.enable()``, and records
@@ -13,6 +14,11 @@ Layers (the configurations of baselines.md): GATv2Conv(128, 64, heads=2),
 TransformerConv(512, 128, heads=4, root_weight=False), GCNConv(512, 512, cached=True),
 SAGEConv(512, 512, aggr="max"). Inputs x [N, in] require grad (a hidden layer), so
 fwd+bwd includes dx.
+
+``--autocast off,bfloat16,float16`` (default ``off``) repeats every (graph, layer) with the
+forward of both runs, stock and enabled, inside ``torch.autocast(device, dtype)`` (fp32 module
+and inputs, as AMP training runs them; backward outside, as usual); the row's ``autocast``
+column says which, and ``rel err`` compares the two under the same autocast.
 """
 from __future__ import annotations
 
@@ -20,13 +26,13 @@ import argparse
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from . import graphs as G
 from . import report
-from .timing import OOM, fmt, free_memory, is_oom, measure, measure_bandwidth
+from .timing import OOM, autocast, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
 FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
@@ -92,16 +98,17 @@ class LayerRunner:
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
-        keys = ("graph", "layer", "stock_fwd_ms", "stock_fwd_bwd_ms", "stock_peak_mb", "fused_fwd_ms",
+        keys = ("graph", "layer", "autocast", "stock_fwd_ms", "stock_fwd_bwd_ms", "stock_peak_mb", "fused_fwd_ms",
                 "fused_fwd_bwd_ms", "fused_peak_mb", "speedup_fwd", "speedup_fwd_bwd", "rel_err", "status")
         print("  " + " ".join(f"{k}={fmt(row[k]) if isinstance(row[k], float) else row[k]}"
                               for k in keys if row.get(k) is not None), flush=True)
         if self.args.json_out:
             report.write_json(self.args.json_out, self.payload())
 
-    def run_layer(self, gname: str, ei: torch.Tensor, n: int, key: str, spec: dict) -> None:
+    def run_layer(self, gname: str, ei: torch.Tensor, n: int, key: str, spec: dict, amp: str = "off") -> None:
         a = self.args
-        row = {"graph": gname, "nodes": n, "edges": int(ei.shape[1]), "layer": spec["label"], "layer_key": key}
+        row = {"graph": gname, "nodes": n, "edges": int(ei.shape[1]), "layer": spec["label"], "layer_key": key,
+               "autocast": amp}
         if self.over_budget():
             row["status"] = "skipped: time budget"
             self.add(row)
@@ -112,7 +119,11 @@ class LayerRunner:
         mod = spec["make"](self.pyg).to(self.device)
         params = [p for p in mod.parameters() if p.requires_grad]
         targets = params + ([x] if a.x_grad else [])
-        call: Callable = lambda: mod(x, ei)  # noqa: E731
+        device = self.device
+
+        def call():
+            with autocast(device, amp):
+                return mod(x, ei)
 
         stock = measure(call, targets, a.warmup, a.iters, self.device)
         for k in ("fwd_ms", "fwd_bwd_ms", "peak_mb", "error"):
@@ -182,20 +193,23 @@ class LayerRunner:
         for gname in graph_names:
             if self.over_budget():
                 for k in layer_keys:
-                    self.add({"graph": gname, "layer": specs[k]["label"], "status": "skipped: time budget"})
+                    for amp in a.autocast_modes:
+                        self.add({"graph": gname, "layer": specs[k]["label"], "autocast": amp, "status": "skipped: time budget"})
                 continue
             try:
                 bg = G.load(gname, data_dir=a.data_dir, device=self.device, seed=a.seed, scale=a.scale_for(gname))
             except FileNotFoundError as exc:
                 print(f"{gname}: {exc}", flush=True)
                 for k in layer_keys:
-                    self.add({"graph": gname, "layer": specs[k]["label"], "status": "missing data"})
+                    for amp in a.autocast_modes:
+                        self.add({"graph": gname, "layer": specs[k]["label"], "autocast": amp, "status": "missing data"})
                 continue
             self.graph_info.append(bg.meta)
             print(f"{gname}: {bg.num_nodes:,} nodes, {bg.num_edges:,} edges", flush=True)
             for k in layer_keys:
-                self.run_layer(gname, bg.edge_index, bg.num_nodes, k, specs[k])
-                free_memory()
+                for amp in a.autocast_modes:
+                    self.run_layer(gname, bg.edge_index, bg.num_nodes, k, specs[k], amp)
+                    free_memory()
             del bg
             free_memory()
 
@@ -215,9 +229,9 @@ def _fused_summary(stats) -> Optional[str]:
     return "; ".join(parts)
 
 
-COLUMNS = ["graph", "layer", "stock_fwd_ms", "fused_fwd_ms", "speedup_fwd", "stock_fwd_bwd_ms", "fused_fwd_bwd_ms",
+COLUMNS = ["graph", "layer", "autocast", "stock_fwd_ms", "fused_fwd_ms", "speedup_fwd", "stock_fwd_bwd_ms", "fused_fwd_bwd_ms",
            "speedup_fwd_bwd", "stock_peak_mb", "fused_peak_mb", "rel_err", "fused_path", "status"]
-HEADERS = ["graph", "layer", "stock fwd ms", "fused fwd ms", "x fwd", "stock f+b ms", "fused f+b ms", "x f+b",
+HEADERS = ["graph", "layer", "autocast", "stock fwd ms", "fused fwd ms", "x fwd", "stock f+b ms", "fused f+b ms", "x f+b",
            "stock peak MB", "fused peak MB", "rel err", "fused path (stats)", "status"]
 
 
@@ -229,12 +243,23 @@ def markdown(payload: dict) -> str:
               status=lambda s: "" if s == "ok" else str(s or ""))
     layer_order = [s["label"] for s in _layers().values()]
     graphs = payload["settings"].get("graphs", [])
+    amps = payload["settings"].get("autocast") or ["off"]
     rows = sorted(payload["rows"], key=lambda r: (layer_order.index(r["layer"]) if r.get("layer") in layer_order else 9,
-                                                  graphs.index(r["graph"]) if r.get("graph") in graphs else 99))
+                                                  graphs.index(r["graph"]) if r.get("graph") in graphs else 99,
+                                                  amps.index(r.get("autocast", "off")) if r.get("autocast", "off")
+                                                  in amps else 9))
     return "\n".join([
         "### Layer benchmarks (PyG stock vs gnn_fastpath.enable())", "", report.env_header(payload["environment"]), "",
         f"warm-up {payload['settings']['warmup']}, timed {payload['settings']['iters']} (median); x = stock / fused.", "",
         report.markdown_table(rows, COLUMNS, HEADERS, fm), ""])
+
+
+def parse_autocast(text: str) -> List[str]:
+    """``--autocast`` as a list: ``"off"`` (also ``none``/``float32``) first, then 16-bit dtype names."""
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    half = [t for t in items if t not in ("off", "none", "float32", "fp32")]
+    modes = ["off"] if len(half) < len(items) or not items else []
+    return modes + (parse_dtypes(",".join(half), "--autocast") if half else [])
 
 
 def parse_args(argv=None):
@@ -250,6 +275,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None)
     p.add_argument("--json-out", default=None)
     p.add_argument("--md", default=None)
+    p.add_argument("--autocast", default="off",
+                   help="comma list of off, bfloat16, float16: each (graph, layer) stock vs enabled under that autocast")
     p.add_argument("--no-x-grad", dest="x_grad", action="store_false", help="inputs without requires_grad")
     p.add_argument("--budget-s", type=float, default=None)
     p.add_argument("--bandwidth", type=float, default=None, help="GB/s to record instead of measuring")
@@ -268,6 +295,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     graph_names = [g.strip() for g in args.graphs.split(",")] if args.graphs else (QUICK_GRAPHS if args.quick else FULL_GRAPHS)
     layer_keys = [k.strip() for k in args.layers.split(",") if k.strip()]
+    args.autocast_modes = parse_autocast(args.autocast)
     bad = [k for k in layer_keys if k not in LAYERS]
     if bad:
         raise SystemExit(f"unknown layers {bad}; known: {', '.join(LAYERS)}")
@@ -291,7 +319,8 @@ def main(argv=None) -> int:
     runner = LayerRunner(args, device, pyg, gf, reason)
     runner.env = report.environment(bw)
     runner.settings = {"warmup": args.warmup, "iters": args.iters, "seed": args.seed, "scale": scale,
-                       "graphs": graph_names, "layers": layer_keys, "x_requires_grad": args.x_grad,
+                       "graphs": graph_names, "layers": layer_keys, "autocast": args.autocast_modes,
+                       "x_requires_grad": args.x_grad,
                        "device": str(device), "fastpath": reason or "enabled run included"}
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)

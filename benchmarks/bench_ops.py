@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_ops --quick                    # tolokers, arxiv-like, arxiv-skewdst, roads-like
     python -m benchmarks.bench_ops --graphs pokec-like --ops gatv2_attention
+    python -m benchmarks.bench_ops --quick --dtypes float32,bfloat16        # + the bf16 / fp32 ratio table
     python -m benchmarks.bench_ops --quick \
         --variant "GNN_FASTPATH_GATV2_BWD=atomic GNN_FASTPATH_DOT_BWD=atomic" \
         --variant "GNN_FASTPATH_GATV2_BWD=transposed GNN_FASTPATH_DOT_BWD=transposed"
@@ -13,6 +14,13 @@ each time against the floor: bytes that must move / copy bandwidth measured in t
 run (design.md section 5). Each ``--variant`` (space-separated ``NAME=VALUE`` environment
 settings) reruns the ops those variables concern in a subprocess with that environment, so
 kernel variants chosen at import time are timed side by side with the default.
+
+``--dtypes`` (default ``float32``) times every op once per dtype: features and outputs in
+that dtype (GATv2's ``att`` stays float32, a parameter as under autocast), the floor counted in
+that dtype's bytes (indices int32, saved statistics fp32), and, for each 16-bit dtype next to
+float32, a table of its time over the fp32 time with the issue-10 target (<= 0.6 where the
+features do not fit in L2: ``RATIO_GRAPHS``). The reference backend is timed in float32 only;
+16-bit CUDA rows are compared with one reference forward on the same 16-bit inputs.
 
 Without a GPU it times the reference backend on scaled-down synthetic graphs (a smoke run).
 Results: ``<out>/bench_ops.json`` and a markdown table (``--md``, default ``<out>/bench_ops.md``).
@@ -35,15 +43,18 @@ import torch
 
 from . import graphs as G
 from . import report
-from .timing import OOM, fmt, free_memory, is_oom, measure, measure_bandwidth
+from .timing import DTYPES, OOM, SHORT, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
 FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
 CPU_GRAPHS = ["arxiv-like", "roads-like"]
 CPU_SCALE = 0.01
 
-F32 = 4   # bytes per float32 value
+F32 = 4   # bytes per float32 value (saved statistics, normalised edge values)
 IDX = 4   # bytes per CSR index (int32 on the GPU while M < 2**31)
+#: Graphs whose features do not fit in the 60 MB L2: there 16-bit data must pay (issue 10).
+RATIO_GRAPHS = ("arxiv-like", "arxiv-skewdst", "pokec-like")
+RATIO_TARGET = 0.6
 
 
 # ----------------------------------------------------------------------------- byte floors
@@ -52,16 +63,18 @@ def csr_bytes(n: int, m: int) -> int:
     return (n + 1) * IDX + m * IDX
 
 
-def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1) -> Dict[str, int]:
+def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1, elem: int = F32) -> Dict[str, int]:
     """Bytes an op must move, per design.md section 5 (each input read once, each output
     written once) with every per-edge gather of a node row counted (no cache reuse).
 
     ``width`` is the feature width of one node row (H*D for attention, F otherwise); ``heads``
-    H. Returns ``fwd``, ``bwd`` (backward alone), ``fwd_bwd`` and ``fwd_min`` (the
-    compulsory bytes with every gather hitting cache: node tensors read once).
-    Homogeneous graphs (N_src = N_dst = n). fp32 features, int32 indices.
+    H; ``elem`` the bytes of one feature value (4 fp32, 2 bf16/fp16: features, outputs and their
+    gradients move in the input dtype). Returns ``fwd``, ``bwd`` (backward alone), ``fwd_bwd``
+    and ``fwd_min`` (the compulsory bytes with every gather hitting cache: node tensors read
+    once). Homogeneous graphs (N_src = N_dst = n); int32 indices and arg indices, fp32 saved
+    statistics and edge values whatever the dtype. The comments below count fp32 (elem = 4).
     """
-    row = width * F32            # one node row, bytes
+    row = width * elem           # one node row, bytes
     nodes = n * row              # one [N, width] tensor
     stat = n * heads * F32       # one per-(node, head) float, e.g. logsumexp L
     csr = csr_bytes(n, m)
@@ -95,11 +108,12 @@ def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1) -> Dict[str
     elif op == "segment_reduce":
         # fwd (max): gather x_j per edge (M*F*4), write out and the int32 arg index
         # (2*N*F*4), read the CSR.
-        fwd = m * row + 2 * nodes + csr
+        arg = n * width * IDX        # the saved arg index, int32 whatever the dtype
+        fwd = m * row + nodes + arg + csr
         # bwd: zero dX, read dY and the arg index, scatter dY into dX (one write per
         # output value): 4*N*F*4.
-        bwd = 4 * nodes
-        fwd_min = 3 * nodes + csr
+        bwd = 3 * nodes + arg
+        fwd_min = 2 * nodes + arg + csr
     else:
         raise KeyError(op)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd, "fwd_min": fwd_min}
@@ -114,17 +128,19 @@ class OpCase:
     label: str
     ref_factor: float    # reference fwd+bwd working set ~ ref_factor * M * width * 4 bytes
 
-    def inputs(self, n: int, device, seed: int) -> Tuple[List[torch.Tensor], Dict]:
-        """Fresh random inputs (requires_grad) and keyword arguments for the call."""
+    def inputs(self, n: int, device, seed: int, dtype: torch.dtype = torch.float32) -> Tuple[List[torch.Tensor], Dict]:
+        """Fresh random inputs (requires_grad) and keyword arguments for the call: features in
+        ``dtype`` (the same values, rounded, for every dtype of one seed); GATv2's ``att`` in
+        float32, a parameter as under autocast."""
         g = torch.Generator(device="cpu").manual_seed(seed)
 
-        def rnd(*shape, scale=1.0):
+        def rnd(*shape, scale=1.0, dt=dtype):
             t = torch.randn(*shape, generator=g) * scale
-            return t.to(device).requires_grad_(True)
+            return t.to(device=device, dtype=dt).requires_grad_(True)
 
         if self.name == "gatv2_attention":
             h, d = self.heads, self.width // self.heads
-            return [rnd(n, h, d), rnd(n, h, d), rnd(h, d, scale=1 / math.sqrt(d))], {}
+            return [rnd(n, h, d), rnd(n, h, d), rnd(h, d, scale=1 / math.sqrt(d), dt=torch.float32)], {}
         if self.name == "dot_attention":
             h, d = self.heads, self.width // self.heads
             return [rnd(n, h, d), rnd(n, h, d), rnd(n, h, d)], {}
@@ -181,8 +197,9 @@ class Runner:
     def over_budget(self) -> bool:
         return self.args.budget_s is not None and time.perf_counter() - self.t0 > self.args.budget_s
 
-    def floors(self, case: OpCase, n: int, m: int) -> dict:
-        b = floor_bytes(case.name, n, m, case.width, case.heads)
+    def floors(self, case: OpCase, n: int, m: int, dtype: torch.dtype = torch.float32) -> dict:
+        elem = torch.empty((), dtype=dtype).element_size()
+        b = floor_bytes(case.name, n, m, case.width, case.heads, elem=elem)
         out = {"bytes_fwd": b["fwd"], "bytes_fwd_bwd": b["fwd_bwd"], "bytes_fwd_min": b["fwd_min"]}
         if self.bw:
             to_ms = lambda nbytes: nbytes / (self.bw * 1e9) * 1e3  # noqa: E731
@@ -190,18 +207,33 @@ class Runner:
                        floor_fwd_min_ms=to_ms(b["fwd_min"]))
         return out
 
-    def run_case(self, gname: str, graph, n: int, m: int, case: OpCase) -> None:
+    def _reference_fits(self, case: OpCase, m: int) -> Optional[str]:
+        """None when the reference's [M, ...] working set fits, else why it is skipped."""
+        need = case.ref_factor * m * case.width * F32
+        free = _free_bytes(self.device)
+        if free is not None and need > 0.8 * free:
+            return f"skipped: reference needs ~{need / 1e9:.0f} GB, {free / 1e9:.0f} GB free"
+        return None
+
+    def run_case(self, gname: str, graph, n: int, m: int, case: OpCase, dtype_name: str = "float32") -> None:
+        """Time ``case`` on ``graph`` in one dtype: the CUDA backend and (float32 only) the
+        reference; a 16-bit CUDA row gets its error against one reference forward on the same
+        16-bit inputs (the reference computes in fp32 and rounds once)."""
         from gnn_fastpath import ops as gops
 
         a = self.args
+        dtype = DTYPES[dtype_name]
         fn = case.fn()
         base = {"graph": gname, "nodes": n, "edges": m, "op": case.name, "shape": case.label,
-                "variant": a.variant_label}
-        base.update(self.floors(case, n, m))
-        inputs, kwargs = case.inputs(n, self.device, a.seed)
+                "dtype": dtype_name, "variant": a.variant_label}
+        base.update(self.floors(case, n, m, dtype))
+        inputs, kwargs = case.inputs(n, self.device, a.seed, dtype)
+        call = lambda: fn(graph, *inputs, **kwargs)  # noqa: E731
         outputs = {}
         backends = [] if a.no_cuda else ["cuda"]
-        if not a.no_reference:
+        # 16-bit references would only re-time the same fp32 math; without CUDA they are the smoke run
+        time_reference = not a.no_reference and (dtype_name == "float32" or a.no_cuda)
+        if time_reference:
             backends.append("reference")
         for backend in backends:
             row = dict(base, backend=backend)
@@ -214,21 +246,19 @@ class Runner:
                 if chosen != "cuda":
                     from gnn_fastpath import cuda as gcuda
 
-                    why = gcuda.unavailable_reason() or "no CUDA kernel registered for this op"
+                    why = gcuda.unavailable_reason() or "no CUDA kernel registered for this op and dtype"
                     row["status"] = f"no CUDA path (dispatches to reference: {why})"
                     self.add(row)
                     continue
                 ctx = _nullcontext()
             else:
-                need = case.ref_factor * m * case.width * F32
-                free = _free_bytes(self.device)
-                if free is not None and need > 0.8 * free:
-                    row["status"] = f"skipped: reference needs ~{need / 1e9:.0f} GB, {free / 1e9:.0f} GB free"
+                skip = self._reference_fits(case, m)
+                if skip:
+                    row["status"] = skip
                     self.add(row)
                     continue
                 ctx = gops.force_reference()
             with ctx:
-                call = lambda: fn(graph, *inputs, **kwargs)  # noqa: E731
                 failed = None
                 try:
                     with torch.no_grad():
@@ -250,16 +280,26 @@ class Runner:
             if row.get("floor_fwd_bwd_ms") and isinstance(res["fwd_bwd_ms"], float):
                 row["x_floor_fwd_bwd"] = res["fwd_bwd_ms"] / row["floor_fwd_bwd_ms"]
             self.add(row)
+        if "cuda" in outputs and "reference" not in outputs and not a.no_reference and not time_reference \
+                and self._reference_fits(case, m) is None:
+            try:
+                with gops.force_reference(), torch.no_grad():
+                    outputs["reference"] = call().detach()
+            except Exception as exc:  # noqa: BLE001 - the error column stays empty
+                if not is_oom(exc):
+                    print(f"  reference forward for the error check failed: {type(exc).__name__}: {exc}", flush=True)
+            free_memory()
         if "cuda" in outputs and "reference" in outputs:
             for r in self.rows:
                 if r["graph"] == gname and r["op"] == case.name and r["backend"] == "cuda" \
-                        and r["variant"] == a.variant_label:
+                        and r.get("dtype", "float32") == dtype_name and r["variant"] == a.variant_label:
                     r["rel_err_vs_reference"] = rel_err(outputs["cuda"], outputs["reference"])
+            self.save()
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
         msg = " ".join(f"{k}={fmt(row.get(k)) if not isinstance(row.get(k), str) else row.get(k)}"
-                       for k in ("graph", "op", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb",
+                       for k in ("graph", "op", "dtype", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb",
                                  "x_floor_fwd", "status") if row.get(k) is not None)
         print("  " + msg, flush=True)
         self.save()
@@ -303,8 +343,9 @@ class Runner:
             print(f"{gname}: {bg.num_nodes:,} nodes, {bg.num_edges:,} edges, max in-degree {info.get('in_max')}; "
                   f"loaded in {load_s:.1f} s, Graph built in {build_ms:.0f} ms", flush=True)
             for op in op_names:
-                self.run_case(gname, graph, bg.num_nodes, bg.num_edges, OPS[op])
-                free_memory()  # run_case's inputs and outputs are gone with its frame
+                for dtype_name in a.dtype_names:
+                    self.run_case(gname, graph, bg.num_nodes, bg.num_edges, OPS[op], dtype_name)
+                    free_memory()  # run_case's inputs and outputs are gone with its frame
             del graph, bg
             free_memory()
 
@@ -340,7 +381,8 @@ def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], ba
         out = Path(tmp) / "variant.json"
         cmd = [sys.executable, "-m", "benchmarks.bench_ops", "--graphs", ",".join(graph_names),
                "--ops", ",".join(ops), "--no-reference", "--warmup", str(args.warmup), "--iters", str(args.iters),
-               "--seed", str(args.seed), "--json-out", str(out), "--md", "", "--variant-label", spec]
+               "--seed", str(args.seed), "--json-out", str(out), "--md", "", "--variant-label", spec,
+               "--dtypes", ",".join(args.dtype_names)]
         if bandwidth:
             cmd += ["--bandwidth", str(bandwidth)]
         if args.data_dir:
@@ -356,9 +398,9 @@ def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], ba
 
 
 # ----------------------------------------------------------------------------- output
-COLUMNS = ["graph", "op", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd",
+COLUMNS = ["graph", "op", "dtype", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd",
            "floor_fwd_bwd_ms", "x_floor_fwd_bwd", "rel_err_vs_reference", "status"]
-HEADERS = ["graph", "op", "backend", "variant", "fwd ms", "fwd+bwd ms", "fwd peak MB", "floor fwd ms", "x floor",
+HEADERS = ["graph", "op", "dtype", "backend", "variant", "fwd ms", "fwd+bwd ms", "fwd peak MB", "floor fwd ms", "x floor",
            "floor f+b ms", "x floor f+b", "rel err", "status"]
 
 
@@ -371,12 +413,16 @@ def markdown(payload: dict) -> str:
     ops = list(OPS)
     graphs = payload["settings"]["graphs"]
 
+    dtypes = list(DTYPES)
+
     def key(r):
         return (ops.index(r["op"]) if r.get("op") in ops else 99,
                 graphs.index(r["graph"]) if r.get("graph") in graphs else 99,
-                0 if r.get("backend") == "cuda" else 1, r.get("variant") != "default", str(r.get("variant")))
+                0 if r.get("backend") == "cuda" else 1, r.get("variant") != "default", str(r.get("variant")),
+                dtypes.index(r.get("dtype", "float32")) if r.get("dtype", "float32") in dtypes else 9)
 
     rows = sorted(payload["rows"], key=key)
+    ratio = ratio_rows(payload)
     fm = {c: fmt for c in ("fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd", "floor_fwd_bwd_ms",
                            "x_floor_fwd_bwd")}
     fm["rel_err_vs_reference"] = _err
@@ -386,7 +432,60 @@ def markdown(payload: dict) -> str:
         "### Op benchmarks", "", report.env_header(env), "",
         f"warm-up {payload['settings']['warmup']}, timed {payload['settings']['iters']} (median); floor = bytes that "
         "must move / measured copy bandwidth (benchmarks/README.md); 'x floor' = measured / floor.", "",
-        report.markdown_table(rows, COLUMNS, HEADERS, fm), ""])
+        report.markdown_table(rows, COLUMNS, HEADERS, fm), ""] + ([
+        f"#### 16-bit / fp32 time of the CUDA ops (target <= {RATIO_TARGET} on {', '.join(RATIO_GRAPHS)}: "
+        "features beyond L2)", "", report.markdown_table(ratio, RATIO_COLUMNS, RATIO_HEADERS), ""] if ratio else []))
+
+
+def _ratio(a, b) -> Optional[float]:
+    if isinstance(a, float) and isinstance(b, float) and b > 0:
+        return a / b
+    return None
+
+
+def ratio_rows(payload: dict) -> List[dict]:
+    """Per (graph, op, variant, 16-bit dtype) with a float32 CUDA row beside it: the two
+    times, their ratios (fwd, fwd+bwd) and the issue-10 verdict: ``met`` when both are
+    <= ``RATIO_TARGET`` on a ``RATIO_GRAPHS`` graph, ``missed (...)`` otherwise, ``-`` on
+    graphs whose features fit in L2 (no target there)."""
+    rows = [r for r in payload.get("rows", []) if r.get("backend") == "cuda"]
+    fp32 = {(r["graph"], r["op"], r.get("variant")): r for r in rows if r.get("dtype", "float32") == "float32"}
+    graphs = payload.get("settings", {}).get("graphs", [])
+    ops = list(OPS)
+    out = []
+    for r in rows:
+        d = r.get("dtype", "float32")
+        base = fp32.get((r["graph"], r["op"], r.get("variant")))
+        if d == "float32" or base is None:
+            continue
+        rf, rfb = _ratio(r.get("fwd_ms"), base.get("fwd_ms")), _ratio(r.get("fwd_bwd_ms"), base.get("fwd_bwd_ms"))
+        if r["graph"] not in RATIO_GRAPHS:
+            verdict = "- (fits in L2: no target)"
+        elif rf is None or rfb is None:
+            verdict = f"not measured ({SHORT[d]}: {r.get('status')}; fp32: {base.get('status')})"
+        elif rf <= RATIO_TARGET and rfb <= RATIO_TARGET:
+            verdict = "met"
+        else:
+            verdict = "missed (" + ", ".join(f"{name} {v:.2f}" for name, v in (("fwd", rf), ("f+b", rfb))
+                                             if v > RATIO_TARGET) + ")"
+        out.append({"graph": r["graph"], "op": r["op"], "dtype": SHORT[d],
+                    "variant": "" if r.get("variant") in (None, "default") else r["variant"],
+                    "fp32_fwd": fmt(base.get("fwd_ms")), "fwd": fmt(r.get("fwd_ms")),
+                    "ratio_fwd": "" if rf is None else f"{rf:.2f}",
+                    "fp32_fb": fmt(base.get("fwd_bwd_ms")), "fb": fmt(r.get("fwd_bwd_ms")),
+                    "ratio_fb": "" if rfb is None else f"{rfb:.2f}",
+                    "x_floor": fmt(r.get("x_floor_fwd")), "x_floor_fb": fmt(r.get("x_floor_fwd_bwd")),
+                    "verdict": verdict, "_key": (ops.index(r["op"]) if r["op"] in ops else 9,
+                                                 graphs.index(r["graph"]) if r["graph"] in graphs else 99,
+                                                 str(r.get("variant")), d)})
+    out.sort(key=lambda x: x.pop("_key"))
+    return out
+
+
+RATIO_COLUMNS = ["graph", "op", "dtype", "variant", "fp32_fwd", "fwd", "ratio_fwd", "fp32_fb", "fb", "ratio_fb",
+                 "x_floor", "x_floor_fb", "verdict"]
+RATIO_HEADERS = ["graph", "op", "dtype", "variant", "fp32 fwd ms", "fwd ms", "/ fp32 fwd", "fp32 f+b ms", "f+b ms",
+                 "/ fp32 f+b", "x floor (own bytes)", "x floor f+b", "target"]
 
 
 # ----------------------------------------------------------------------------- main
@@ -404,6 +503,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="results directory (default benchmarks/results/)")
     p.add_argument("--json-out", default=None, help="JSON path (default <out>/bench_ops.json)")
     p.add_argument("--md", default=None, help="markdown path (default <out>/bench_ops.md; '' for none)")
+    p.add_argument("--dtypes", default="float32",
+                   help="comma list of float32, bfloat16, float16: every op timed per dtype (default float32)")
     p.add_argument("--no-reference", action="store_true", help="skip the reference backend")
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA backend")
     p.add_argument("--variant", action="append", default=[],
@@ -424,6 +525,7 @@ def main(argv=None) -> int:
     else:
         graph_names = QUICK_GRAPHS if args.quick else FULL_GRAPHS
     op_names = [o.strip() for o in args.ops.split(",") if o.strip()]
+    args.dtype_names = parse_dtypes(args.dtypes)
     bad = [o for o in op_names if o not in OPS]
     if bad:
         raise SystemExit(f"unknown ops {bad}; known: {', '.join(OPS)}")
@@ -456,7 +558,7 @@ def main(argv=None) -> int:
     runner = Runner(args, device, bw["gb_s"] if bw else None)
     runner.env = report.environment(bw)
     runner.settings = {"warmup": args.warmup, "iters": args.iters, "seed": args.seed, "scale": scale,
-                       "graphs": graph_names, "ops": op_names, "variants": args.variant, "quick": args.quick,
+                       "graphs": graph_names, "ops": op_names, "dtypes": args.dtype_names, "variants": args.variant, "quick": args.quick,
                        "device": str(device)}
     runner.run(graph_names, op_names)
     free_memory()

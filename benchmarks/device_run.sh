@@ -7,11 +7,15 @@
 # no package registry). Expects ./.data/tolokers.npz (carry .data) and optionally DGL
 # wheels in ./.whl (carry .whl). Writes at most 8 files into $OUT (flat):
 #   summary.md  pytest_cuda.log  pytest_rest.log  sanitizer.log  bench.log
-#   bench_ops.json  bench_layers.json
-# Time budget for the whole script: quick 240 s, full 540 s (override BUDGET_S); each
+#   bench_ops.json  bench_layers.json  bench_train.json
+# (the markdown tables go into summary.md, not into files of their own: 8 is the limit).
+# Time budget for the whole script: quick 300 s, full 570 s (override BUDGET_S); each
 # stage gets at most its own cap (override PYTEST_CUDA_S, PYTEST_REST_S, SANITIZER_S,
-# OPS_S, LAYERS_S) and never more than what is left of the budget. Stages that run out of
-# time are cut, and whatever they wrote so far is kept.
+# OPS_S, LAYERS_S, TRAIN_S) and never more than what is left of the budget. Stages that run
+# out of time are cut, and whatever they wrote so far is kept.
+# Extra benchmark arguments: OPS_ARGS (default "--dtypes float32,bfloat16"), LAYERS_ARGS
+# (default "--autocast off,bfloat16"), TRAIN_ARGS (default none: every graph, layer,
+# fp32 and bf16), e.g. TRAIN_ARGS="--graphs pokec-like --dtypes float32,bfloat16,float16".
 # Set GNN_FASTPATH_COMMIT=<sha> in the command (the device copy has no .git).
 set -u
 MODE=${1:-quick}
@@ -21,17 +25,20 @@ export PYTHONUNBUFFERED=1
 START=$SECONDS
 case "$MODE" in
   quick)
-    BUDGET=${BUDGET_S:-240}
+    BUDGET=${BUDGET_S:-300}
     CAP_PYTEST_CUDA=${PYTEST_CUDA_S:-60}; CAP_PYTEST_REST=${PYTEST_REST_S:-30}; CAP_SAN=${SANITIZER_S:-45}
-    CAP_OPS=${OPS_S:-60}; CAP_LAYERS=${LAYERS_S:-40}
+    CAP_OPS=${OPS_S:-60}; CAP_LAYERS=${LAYERS_S:-40}; CAP_TRAIN=${TRAIN_S:-60}
     BENCH_FLAGS="--quick" ;;
   full)
-    BUDGET=${BUDGET_S:-540}
+    BUDGET=${BUDGET_S:-570}
     CAP_PYTEST_CUDA=${PYTEST_CUDA_S:-120}; CAP_PYTEST_REST=${PYTEST_REST_S:-60}; CAP_SAN=${SANITIZER_S:-90}
-    CAP_OPS=${OPS_S:-150}; CAP_LAYERS=${LAYERS_S:-110}
+    CAP_OPS=${OPS_S:-150}; CAP_LAYERS=${LAYERS_S:-110}; CAP_TRAIN=${TRAIN_S:-150}
     BENCH_FLAGS="" ;;
   *) echo "usage: bash benchmarks/device_run.sh [quick|full]"; exit 2 ;;
 esac
+OPS_ARGS=${OPS_ARGS---dtypes float32,bfloat16}
+LAYERS_ARGS=${LAYERS_ARGS---autocast off,bfloat16}
+TRAIN_ARGS=${TRAIN_ARGS-}
 SUMMARY=$OUT/summary.md
 STAGES=""
 
@@ -121,8 +128,8 @@ fi
 # ---------------------------------------------------------------- benchmarks
 t=$(stage_time "$CAP_OPS"); s0=$SECONDS
 if (( t > 10 )); then
-  echo "== bench_ops $BENCH_FLAGS (limit ${t} s)"
-  timeout -k 10 "$t" $PY -m benchmarks.bench_ops $BENCH_FLAGS --out /tmp/bench --json-out "$OUT/bench_ops.json" \
+  echo "== bench_ops $BENCH_FLAGS $OPS_ARGS (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_ops $BENCH_FLAGS $OPS_ARGS --out /tmp/bench --json-out "$OUT/bench_ops.json" \
     --md /tmp/bench/bench_ops.md --budget-s $(( t * 85 / 100 )) \
     --variant "GNN_FASTPATH_GATV2_BWD=atomic GNN_FASTPATH_DOT_BWD=atomic" \
     --variant "GNN_FASTPATH_GATV2_BWD=transposed GNN_FASTPATH_DOT_BWD=transposed" >>"$OUT/bench.log" 2>&1
@@ -131,11 +138,20 @@ else note_stage bench_ops "skipped: budget" 0; fi
 
 t=$(stage_time "$CAP_LAYERS"); s0=$SECONDS
 if (( t > 10 )); then
-  echo "== bench_layers $BENCH_FLAGS (limit ${t} s)"
-  timeout -k 10 "$t" $PY -m benchmarks.bench_layers $BENCH_FLAGS --out /tmp/bench --json-out "$OUT/bench_layers.json" \
-    --md /tmp/bench/bench_layers.md --budget-s $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
+  echo "== bench_layers $BENCH_FLAGS $LAYERS_ARGS (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_layers $BENCH_FLAGS $LAYERS_ARGS --out /tmp/bench \
+    --json-out "$OUT/bench_layers.json" --md /tmp/bench/bench_layers.md --budget-s $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
   rc=$?; note_stage bench_layers "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage bench_layers "skipped: budget" 0; fi
+
+# training steps: the issue-10 targets first; --time-budget starts no config after 80% of the cap
+t=$(stage_time "$CAP_TRAIN"); s0=$SECONDS
+if (( t > 10 )); then
+  echo "== bench_train $BENCH_FLAGS $TRAIN_ARGS (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_train $BENCH_FLAGS $TRAIN_ARGS --json "$OUT/bench_train.json" \
+    --markdown /tmp/bench/bench_train.md --time-budget $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
+  rc=$?; note_stage bench_train "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage bench_train "skipped: budget" 0; fi
 
 # ---------------------------------------------------------------- summary (printed last)
 last_line() {  # pytest's final count line, or why there is none
@@ -158,10 +174,10 @@ last_line() {  # pytest's final count line, or why there is none
   echo "| --- | --- | --- |"
   printf "%s" "$STAGES"
   echo
-  $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" 2>&1
+  $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" "$OUT/bench_train.json" 2>&1
   echo
   echo "## full tables"
-  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md; do [ -f "$f" ] && cat "$f" && echo; done
+  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md /tmp/bench/bench_train.md; do [ -f "$f" ] && cat "$f" && echo; done
 } >"$SUMMARY" 2>&1
 echo
 echo "================ SUMMARY (full tables in summary.md) ================"

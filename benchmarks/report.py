@@ -153,14 +153,17 @@ def _f(v, digits=2):
 def compact_ops(payload: dict) -> str:
     """One row per (graph, op, variant) of the CUDA backend, the reference beside it."""
     rows = payload.get("rows", [])
-    ref = {(r["graph"], r["op"]): r for r in rows if r.get("backend") == "reference"}
+    ref = {(r["graph"], r["op"], r.get("dtype", "float32")): r for r in rows if r.get("backend") == "reference"}
     main = "cuda" if any(r.get("backend") == "cuda" for r in rows) else "reference"
     graphs = payload.get("settings", {}).get("graphs", [])
     ops = ["gatv2_attention", "dot_attention", "spmm", "segment_reduce"]
 
+    dtypes = ["float32", "bfloat16", "float16"]
+
     def key(r):
         return (ops.index(r["op"]) if r.get("op") in ops else 9, graphs.index(r["graph"]) if r.get("graph") in graphs else 99,
-                r.get("variant") != "default", str(r.get("variant")))
+                r.get("variant") != "default", str(r.get("variant")),
+                dtypes.index(r.get("dtype", "float32")) if r.get("dtype", "float32") in dtypes else 9)
 
     out = []
     for r in sorted(rows, key=key):
@@ -169,20 +172,26 @@ def compact_ops(payload: dict) -> str:
         if main == "reference":
             rr = {}
         else:
-            rr = ref.get((r["graph"], r["op"]), {})
+            rr = ref.get((r["graph"], r["op"], r.get("dtype", "float32")), {})
         status = r.get("status") or ""
         if status.startswith("no CUDA path"):
             status = "no CUDA path"
-        out.append({"graph": r["graph"], "op": r["op"], "variant": "" if r.get("variant") == "default" else str(r.get("variant")).replace("GNN_FASTPATH_", ""),
+        out.append({"graph": r["graph"], "op": r["op"], "dtype": _short(r.get("dtype", "float32")), "variant": "" if r.get("variant") == "default" else str(r.get("variant")).replace("GNN_FASTPATH_", ""),
                     "fwd": _f(r.get("fwd_ms")), "fb": _f(r.get("fwd_bwd_ms")), "mb": _f(r.get("peak_mb")),
                     "xf": _f(r.get("x_floor_fwd")), "xfb": _f(r.get("x_floor_fwd_bwd")),
                     "rfwd": _f(rr.get("fwd_ms")) or (rr.get("status") or "")[:12], "rfb": _f(rr.get("fwd_bwd_ms")),
                     "err": "" if r.get("rel_err_vs_reference") is None else f"{r['rel_err_vs_reference']:.0e}",
                     "status": "" if status == "ok" else status[:60]})
-    cols = ["graph", "op", "variant", "fwd", "fb", "mb", "xf", "xfb", "rfwd", "rfb", "err", "status"]
-    heads = ["graph", "op", "variant", "fwd ms", "f+b ms", "peak MB", "x floor", "x floor f+b", "ref fwd", "ref f+b",
+    cols = ["graph", "op", "dtype", "variant", "fwd", "fb", "mb", "xf", "xfb", "rfwd", "rfb", "err", "status"]
+    heads = ["graph", "op", "dtype", "variant", "fwd ms", "f+b ms", "peak MB", "x floor", "x floor f+b", "ref fwd", "ref f+b",
              "err", "status"]
     return markdown_table(out, cols, heads)
+
+
+def _short(dtype_name) -> str:
+    from .timing import SHORT
+
+    return SHORT.get(dtype_name, str(dtype_name or ""))
 
 
 def compact_layers(payload: dict) -> str:
@@ -191,6 +200,7 @@ def compact_layers(payload: dict) -> str:
         sx = r.get("speedup_fwd")
         sxb = r.get("speedup_fwd_bwd")
         out.append({"graph": r.get("graph"), "layer": (r.get("layer") or "").split("(")[0],
+                    "ac": "" if r.get("autocast", "off") == "off" else _short(r.get("autocast")),
                     "sf": _f(r.get("stock_fwd_ms")), "ff": _f(r.get("fused_fwd_ms")),
                     "x": "" if sx is None else f"{sx:.2f}", "sfb": _f(r.get("stock_fwd_bwd_ms")),
                     "ffb": _f(r.get("fused_fwd_bwd_ms")), "xb": "" if sxb is None else f"{sxb:.2f}",
@@ -198,14 +208,14 @@ def compact_layers(payload: dict) -> str:
                     "err": "" if r.get("rel_err") is None else f"{r['rel_err']:.0e}",
                     "path": (r.get("fused_path") or "")[:50],
                     "status": "" if r.get("status") == "ok" else (r.get("status") or "")[:50]})
-    cols = ["graph", "layer", "sf", "ff", "x", "sfb", "ffb", "xb", "smb", "fmb", "err", "path", "status"]
-    heads = ["graph", "layer", "stock fwd", "fused fwd", "x", "stock f+b", "fused f+b", "x f+b", "stock MB",
+    cols = ["graph", "layer", "ac", "sf", "ff", "x", "sfb", "ffb", "xb", "smb", "fmb", "err", "path", "status"]
+    heads = ["graph", "layer", "autocast", "stock fwd", "fused fwd", "x", "stock f+b", "fused f+b", "x f+b", "stock MB",
              "fused MB", "err", "fused path", "status"]
     return markdown_table(out, cols, heads)
 
 
 def summarize(paths: Sequence[str]) -> str:
-    """Compact markdown of bench_ops / bench_layers JSON files (missing files are named)."""
+    """Compact markdown of bench_ops / bench_layers / bench_train JSON files (missing files are named)."""
     parts = []
     for p in paths:
         path = Path(p)
@@ -220,6 +230,16 @@ def summarize(paths: Sequence[str]) -> str:
         if payload.get("benchmark") == "ops":
             parts += [f"#### ops ({path.name}): {env_header(payload.get('environment', {}))}", "",
                       compact_ops(payload), ""]
+            from .bench_ops import RATIO_COLUMNS, RATIO_HEADERS, ratio_rows
+
+            ratio = ratio_rows(payload)
+            if ratio:
+                parts += [f"#### ops: 16-bit / fp32 ({path.name})", "",
+                          markdown_table(ratio, RATIO_COLUMNS, RATIO_HEADERS), ""]
+        elif payload.get("benchmark") == "train":
+            from .bench_train import markdown as train_markdown
+
+            parts += [f"#### training steps ({path.name})", "", train_markdown(payload, header=False), ""]
         elif payload.get("benchmark") == "layers":
             parts += [f"#### layers ({path.name})", "", compact_layers(payload), ""]
     return "\n".join(parts)

@@ -204,3 +204,36 @@ def fmt(value: Number, digits: int = 2) -> str:
     if value >= 100:
         return f"{value:.1f}"
     return f"{value:.{digits}f}" if value >= 0.1 else f"{value:.3f}"
+
+
+# ----------------------------------------------------------------------------- dtypes
+#: The dtypes the benchmarks take by name (``--dtypes float32,bfloat16``), with short labels.
+DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+
+def parse_dtypes(text: str, option: str = "--dtypes") -> List[str]:
+    """Canonical dtype names from a comma list (``fp32``/``bf16``/``fp16`` accepted too)."""
+    names: List[str] = []
+    for item in (t.strip().lower() for t in text.split(",")):
+        if not item:
+            continue
+        name = _ALIASES.get(item, item)
+        if name not in DTYPES:
+            raise SystemExit(f"{option}: unknown dtype {item!r}; known: {', '.join(DTYPES)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise SystemExit(f"{option}: no dtype given")
+    return names
+
+
+def autocast(device: torch.device, dtype_name: Optional[str]):
+    """``torch.autocast(device.type, dtype)`` for a 16-bit dtype name; a no-op context for
+    float32 / None (so one code path serves both)."""
+    import contextlib
+
+    if dtype_name in (None, "float32", "off"):
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype_name])

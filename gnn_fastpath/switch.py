@@ -113,8 +113,8 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
     * PyG: ``TransformerConv``, ``GATv2Conv``, ``GCNConv``, ``SAGEConv``
     * DGL: ``GATv2Conv``, ``GraphConv``, ``SAGEConv``
 
-    A call the fused path does not cover (CPU tensors, a dtype other than
-    float32, autocast, hooks, an argument it does not take, ...) runs the
+    A call the fused path does not cover (CPU tensors, float64, hooks, an
+    argument it does not take, ...) runs the
     stock forward instead. Every such fallback warns once per (layer,
     reason) with ``gnn_fastpath.FastpathFallbackWarning`` and is counted
     in ``gnn_fastpath.stats()`` (README, "Check it is working", lists

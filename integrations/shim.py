@@ -10,6 +10,18 @@ A fused forward reads the module's own submodules and parameters (so ``state_dic
 submodule hooks and PEFT wrappers keep working), raises :class:`Unsupported` for any
 argument value it does not cover (before doing any work), and never stores state on the
 module or the framework graph.
+
+Reduced precision. A fused forward runs for float32, float16 and bfloat16 features (float64
+on CUDA runs stock, reason ``"dtype"``), under ``torch.autocast`` and in modules converted
+with ``.to(torch.bfloat16)`` / ``.half()``, and returns exactly stock's dtypes. The rule is
+stock's own dtype flow, not a table: the shim calls the module's submodules (projections,
+bias, residual, skip, gate, normalisation) as stock does, so autocast gives them stock's
+dtypes; the op is fed the tensors stock would aggregate, in their dtypes, and its
+``out_dtype`` is the dtype of stock's aggregation result, found by :func:`result_dtype`:
+stock's message/softmax operations replayed on empty tensors under the ambient autocast
+state (memoised per state), so CUDA and CPU autocast, with their different op lists, are
+both followed. The ops compute in float32 whatever their input dtype, so the fused values
+are at least as accurate as stock's (which rounds its 16-bit intermediates).
 """
 from __future__ import annotations
 
@@ -116,11 +128,20 @@ def has_module_hooks(module: torch.nn.Module) -> bool:
     return any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS)
 
 
+def _autocast_mix(dtype: torch.dtype, like: Tensor) -> bool:
+    """Whether stock mixes ``dtype`` with ``like``'s dtype freely: under autocast for
+    ``like``'s device, float32 and the autocast dtype meet everywhere (float32 parameters and
+    edge data, 16-bit features from the previous layer) and autocast casts where it matters."""
+    low = autocast_dtype(like.device.type)
+    return low is not None and {dtype, like.dtype} <= {torch.float32, low}
+
+
 def check_like(name: str, t, like: Tensor) -> Tensor:
-    """``t`` is a tensor with ``like``'s dtype and device; :class:`Unsupported` otherwise."""
+    """``t`` is a tensor on ``like``'s device with ``like``'s dtype (or, under autocast, one
+    of float32 and the autocast dtype, as ``like``); :class:`Unsupported` otherwise."""
     if not isinstance(t, Tensor):
         raise Unsupported("input", f"{name} is a {type(t).__name__}, not a tensor")
-    if t.dtype != like.dtype:
+    if t.dtype != like.dtype and not _autocast_mix(t.dtype, like):
         raise Unsupported("dtype", f"{name} has dtype {t.dtype}, features {like.dtype}")
     if t.device != like.device:
         raise Unsupported("device", f"{name} is on {t.device}, features on {like.device}")
@@ -136,11 +157,59 @@ def finite_number(name: str, value) -> float:
         raise Unsupported(name, str(exc)) from None
 
 
-def _autocast_on(x: Tensor) -> bool:
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The lower-precision dtype of the ``torch.autocast`` active for ``device_type``, or None."""
     try:
-        return torch.is_autocast_enabled(x.device.type)
-    except TypeError:  # pragma: no cover - torch without the device_type argument
-        return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError):  # pragma: no cover - torch < 2.4: per-device functions
+        if device_type == "cuda":
+            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return None
+
+
+_result_dtypes: Dict[tuple, Tuple[torch.dtype, ...]] = {}
+
+
+def result_dtype(fn: Callable[..., Any], device: torch.device, *dtypes: torch.dtype) -> Tuple[torch.dtype, ...]:
+    """The dtypes of ``fn(*tensors)`` for empty tensors of ``dtypes`` on ``device``'s type,
+    run under the ambient autocast state: how stock's own operations (``fn`` replays them,
+    shapes aside) type their results here. ``fn`` returns a tensor or a tuple of tensors.
+
+    Memoised per (fn, device type, dtypes, autocast state), so a layer call pays one dict
+    lookup; the first evaluation runs a few zero-element operations (no kernel launches).
+    """
+    kind = device.type
+    key = (fn, kind, dtypes, autocast_dtype(kind))
+    found = _result_dtypes.get(key)
+    if found is None:
+        tensors = [torch.empty((0, 1, 1), dtype=d, device=device) for d in dtypes]
+        with torch.no_grad():
+            out = fn(*tensors)
+        found = tuple(t.dtype for t in (out if isinstance(out, tuple) else (out,)))
+        _result_dtypes[key] = found
+    return found
+
+
+def _linear(x: Tensor, weight: Tensor) -> Tensor:
+    return torch.nn.functional.linear(x.reshape(0, 1), weight.reshape(0, 1))
+
+
+def linear_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype ``torch.nn.functional.linear(x, weight)`` returns here (the autocast dtype
+    under autocast, else the common dtype): known before the submodule runs."""
+    return result_dtype(_linear, x.device, x.dtype, weight.dtype)[0]
+
+
+def out_dtype_of(name: str, compute: torch.dtype, stock: torch.dtype) -> torch.dtype:
+    """``stock`` (stock's aggregation result dtype) when an op fed ``compute`` features can
+    write it (the ops' contract: their input dtype or float32); else :class:`Unsupported`."""
+    if stock not in (compute, torch.float32):
+        raise Unsupported("dtype", f"{name}: stock aggregates {compute} features into {stock}")
+    return stock
 
 
 _class_overrides: Dict[Tuple[type, type], Optional[str]] = {}
@@ -225,15 +294,14 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
 def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
                         ) -> Tuple[Optional[str], Optional[Tuple[str, str]]]:
     """The backend the fused forward starts on, or (reason, detail) when it cannot run:
-    the dispatch's decision for the features (no graph yet), with autocast checked after the
-    dtype, as the fused path takes float32 only."""
+    the dispatch's decision for the features (no graph yet). float32, float16 and bfloat16
+    run fused, with or without autocast (see the module docstring); other dtypes (float64)
+    run stock with reason ``"dtype"``."""
     if not isinstance(x, Tensor):
         return None, ("input", f"unsupported input type {type(x).__name__}")
     decision = dispatch.decide(x.device, x.dtype)
     if decision.reason == "dtype":
         return None, (decision.reason, decision.detail)
-    if _autocast_on(x):
-        return None, ("autocast", f"autocast is active for {x.device.type} (the fused path takes float32)")
     if dispatch.accepted(decision):
         return decision.backend, None
     if decision.reason == "cpu":

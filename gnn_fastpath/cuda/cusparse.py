@@ -1,5 +1,13 @@
-"""cuSPARSE generic SpMM (int32 CSR x row-major fp32 dense) through CuPy's bindings, timed
+"""cuSPARSE generic SpMM (int32 CSR x row-major dense) through CuPy's bindings, timed
 against the package's own CSR kernel.
+
+Dtypes: B and C are float32, float16 or bfloat16, compute type always CUDA_R_32F (float32
+products and sums). cuSPARSE's SpMM takes A and B of one type with C of that type or, for
+16-bit A/B, CUDA_R_32F (its mixed-precision table); so A's values are kept as float32
+(:class:`EdgeValues`, what the own kernel reads) plus a copy in each 16-bit dtype B comes in,
+converted once and cached, and a float32 B with a 16-bit C (the backward of a float32 result
+of 16-bit inputs) goes through a float32 C that is cast once. Every cache key below includes
+(B dtype, C dtype).
 
 Zero-copy: descriptors point straight at torch tensors' memory. Stream: every call runs
 inside ``cupy.cuda.ExternalStream(torch's current stream)``. That matters because CuPy's
@@ -13,7 +21,8 @@ handle's stream anyway).
 One :class:`CsrMatrix` per graph orientation holds the cuSPARSE sparse-matrix descriptor
 (created once; its values pointer is re-pointed with ``cusparseSpMatSetValues`` before each
 call, a host-only operation, so one descriptor serves every normalisation and edge weight),
-the chosen algorithm per (operation, width), and workspaces per (operation, width, stream).
+the chosen algorithm per (operation, width, dtypes), and workspaces per (operation, width,
+stream, dtypes). One descriptor per value dtype (a descriptor's value type is fixed).
 
 Algorithm choice: on the first call for an (operation, width) the CSR algorithms
 (``CUSPARSE_SPMM_ALG_DEFAULT``, ``CSR_ALG1``, ``CSR_ALG2``, ``CSR_ALG3``, those cuSPARSE
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Tuple, Union
 
 import numpy as np
 import torch
@@ -48,6 +57,9 @@ _ALGS = {"default": 0, "alg1": 4, "alg2": 6, "alg3": 12}
 #: Pseudo-algorithm: the matrix's own kernel (``own_kernel``), timed alongside cuSPARSE's
 #: for non-transposed products.
 CUSTOM = -1
+#: Pseudo-algorithm recorded when cuSPARSE refused every algorithm for a call (so later calls
+#: of that key raise :class:`NoAlgorithm` at once instead of searching again).
+REFUSED = -2
 TIMED_RUNS = 3
 #: cusparseStatus_t values that mean "this algorithm does not take this call".
 _REFUSALS = (3, 10)  # CUSPARSE_STATUS_INVALID_VALUE, CUSPARSE_STATUS_NOT_SUPPORTED
@@ -73,17 +85,47 @@ def _cusparse():
     return cusparse
 
 
-_R32F: Optional[int] = None
+#: cudaDataType_t values (library_types.h; stable ABI): CUDA_R_32F 0, CUDA_R_16F 2,
+#: CUDA_R_16BF 14. CuPy's to_cuda_dtype goes through numpy dtypes, which have no bfloat16.
+_CUDA_TYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
+#: The compute type of every call: float32 arithmetic whatever the storage.
+_COMPUTE = _CUDA_TYPES[torch.float32]
 
 
-def _r32f() -> int:
-    """cudaDataType CUDA_R_32F, as CuPy spells it."""
-    global _R32F
-    if _R32F is None:
-        from cupy._core._dtype import to_cuda_dtype
+def _cuda_type(dtype: torch.dtype) -> int:
+    try:
+        return _CUDA_TYPES[dtype]
+    except KeyError:
+        raise ValueError(f"cuSPARSE SpMM here takes float32, float16 and bfloat16, not {dtype}") from None
 
-        _R32F = to_cuda_dtype(np.dtype(np.float32))
-    return _R32F
+
+class EdgeValues:
+    """Values of a CSR matrix in CSR order: ``fp32`` [nnz] (what the own kernel reads) and,
+    made on first use and kept, a copy in each 16-bit dtype cuSPARSE multiplies in (its A must
+    have B's type). The float32 tensor must not change afterwards."""
+
+    __slots__ = ("fp32", "_typed")
+
+    def __init__(self, fp32: Tensor):
+        self.fp32 = fp32
+        self._typed: Dict[torch.dtype, Tensor] = {torch.float32: fp32}
+
+    def typed(self, dtype: torch.dtype) -> Tensor:
+        t = self._typed.get(dtype)
+        if t is None:
+            t = self._typed[dtype] = self.fp32.to(dtype)
+        return t
+
+
+def fp32_values(values: Union[Tensor, EdgeValues]) -> Tensor:
+    """The float32 values of ``values`` (an :class:`EdgeValues` or a float32 tensor)."""
+    return values.fp32 if isinstance(values, EdgeValues) else values
+
+
+def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype) -> torch.dtype:
+    """The C type cuSPARSE writes for B of ``b_dtype`` when the caller wants ``c_dtype``:
+    ``c_dtype`` itself where cuSPARSE takes the pair, else float32 (cast afterwards)."""
+    return c_dtype if c_dtype in (b_dtype, torch.float32) else torch.float32
 
 
 #: Timed by default. CSR_ALG1 and CSR_ALG3 spread a NaN or inf of one input row into output
@@ -100,6 +142,11 @@ def algorithms(transpose: bool = False) -> Dict[str, int]:
     return algs
 
 
+class NoAlgorithm(RuntimeError):
+    """No SpMM algorithm accepted the call (e.g. a dtype combination cuSPARSE does not take
+    for a transposed product, which has no own-kernel alternative)."""
+
+
 def _refused(exc) -> bool:
     """Whether a CuSparseError is cuSPARSE refusing an algorithm for a call (not a real fault)."""
     return getattr(exc, "status", None) in _REFUSALS
@@ -109,7 +156,7 @@ class CsrMatrix:
     """An int32 CSR matrix [n_rows, n_cols] on one GPU whose values are supplied per call.
 
     ``indptr`` and ``indices`` must stay unchanged for the object's lifetime (it keeps
-    references to them). ``own_kernel(values, b, c)`` computes ``c = A @ b`` without
+    references to them). ``own_kernel(values, b, c)`` (float32 values) computes ``c = A @ b`` without
     cuSPARSE (required for multigraphs with more entries than matrix cells, which cuSPARSE
     cannot describe).
     """
@@ -124,29 +171,31 @@ class CsrMatrix:
         self.n_cols = int(n_cols)
         self.nnz = indices.numel()
         self.device = indices.device
-        self._desc = None
-        self._algs: Dict[Tuple[int, int], int] = {}
-        self._workspaces: Dict[Tuple[int, int, int], Tensor] = {}
-        self._sizes: Dict[Tuple[int, int, int], int] = {}
+        self._descs: Dict[torch.dtype, int] = {}  # value dtype -> cuSPARSE descriptor
+        self._algs: Dict[tuple, int] = {}
+        self._workspaces: Dict[tuple, Tensor] = {}
+        self._sizes: Dict[tuple, int] = {}
         self._own_kernel = own_kernel
         self._destroy = None  # cusparse.destroySpMat, kept so __del__ imports nothing at exit
 
     def __del__(self):
-        desc, self._desc = getattr(self, "_desc", None), None
-        if desc:
+        descs, self._descs = getattr(self, "_descs", None) or {}, {}
+        for desc in descs.values():
             self._destroy(desc)
 
     # ------------------------------------------------------------------ internals
     def _descriptor(self, values: Tensor) -> int:
         cs = _cusparse()
-        if self._desc is None:
+        desc = self._descs.get(values.dtype)
+        if desc is None:
             self._destroy = cs.destroySpMat
-            self._desc = cs.createCsr(self.n_rows, self.n_cols, self.nnz, self.indptr.data_ptr(),
-                                      self.indices.data_ptr(), values.data_ptr(), cs.CUSPARSE_INDEX_32I,
-                                      cs.CUSPARSE_INDEX_32I, cs.CUSPARSE_INDEX_BASE_ZERO, _r32f())
+            desc = self._descs[values.dtype] = cs.createCsr(
+                self.n_rows, self.n_cols, self.nnz, self.indptr.data_ptr(), self.indices.data_ptr(),
+                values.data_ptr(), cs.CUSPARSE_INDEX_32I, cs.CUSPARSE_INDEX_32I, cs.CUSPARSE_INDEX_BASE_ZERO,
+                _cuda_type(values.dtype))
         else:
-            cs.spMatSetValues(self._desc, values.data_ptr())
-        return self._desc
+            cs.spMatSetValues(desc, values.data_ptr())
+        return desc
 
     def _workspace(self, size: int, key) -> Tensor:
         ws = self._workspaces.get(key)
@@ -155,42 +204,47 @@ class CsrMatrix:
             self._workspaces[key] = ws
         return ws
 
-    def _run(self, handle, op: int, alg: int, desc, mat_b, mat_c, key, values, b, c) -> None:
+    def _run(self, handle, op: int, alg: int, desc, mat_b, mat_c, key, values, b, c, c_lib) -> None:
+        """One product with ``alg``: the own kernel writes ``c``; cuSPARSE writes ``c_lib``
+        (``c``, or a float32 stand-in cast into ``c`` afterwards)."""
         if alg == CUSTOM:
-            self._own_kernel(values, b, c)
+            self._own_kernel(fp32_values(values), b, c)
             return
         cs = _cusparse()
-        skey = (op, key[1], alg)
+        skey = (op, key[1], alg) + key[3:]
         size = self._sizes.get(skey)
-        if size is None:  # depends on the structure, the operation, the width and the algorithm only
+        if size is None:  # depends on the structure, the operation, the width, the dtypes and the algorithm only
             size = cs.spMM_bufferSize(handle, op, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, _ALPHA.ctypes.data, desc,
-                                      mat_b, _BETA.ctypes.data, mat_c, _r32f(), alg)
+                                      mat_b, _BETA.ctypes.data, mat_c, _COMPUTE, alg)
             self._sizes[skey] = size
         ws = self._workspace(size, key)
         cs.spMM(handle, op, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, _ALPHA.ctypes.data, desc, mat_b, _BETA.ctypes.data,
-                mat_c, _r32f(), alg, ws.data_ptr())
+                mat_c, _COMPUTE, alg, ws.data_ptr())
+        if c_lib is not c:
+            c.copy_(c_lib)
 
-    def _signature(self, op: int, F: int) -> Tuple[int, ...]:
-        """Coarse shape of a call (power-of-two buckets of nnz, rows and columns).
+    def _signature(self, op: int, F: int, dtypes: tuple) -> tuple:
+        """Coarse shape of a call (power-of-two buckets of nnz, rows and columns) and its
+        (B, C) dtypes.
 
         Mini-batch training builds a new graph every step; timing every algorithm for each
         would cost a dozen host syncs per layer per step. Graphs of one signature share the
         first one's choice instead (any algorithm gives the same result, only speed differs).
         """
-        return (op, F, self.nnz.bit_length(), self.n_rows.bit_length(), self.n_cols.bit_length())
+        return (op, F, self.nnz.bit_length(), self.n_rows.bit_length(), self.n_cols.bit_length()) + dtypes
 
-    def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, transpose: bool) -> int:
+    def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, c_lib, transpose: bool) -> int:
         """Time each algorithm that accepts this call; return the fastest."""
         global search_count
         cs = _cusparse()
         best, best_ms, errors = None, float("inf"), []
         for name, alg in algorithms(transpose).items():
             try:
-                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)  # warm-up (and workspace)
+                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)  # warm-up (and workspace)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 for _ in range(TIMED_RUNS):
-                    self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
+                    self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)
                 end.record()
                 end.synchronize()
                 ms = start.elapsed_time(end)
@@ -204,16 +258,18 @@ class CsrMatrix:
         with _lock:
             search_count += 1
         if best is None:
-            raise RuntimeError("no SpMM algorithm accepted the call: " + "; ".join(errors))
+            raise NoAlgorithm("no SpMM algorithm accepted the call: " + "; ".join(errors))
         return best
 
     # ------------------------------------------------------------------ public
-    def matmul(self, values: Tensor, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
-        """c = op(A) @ b with A's values ``values`` (fp32 [nnz], CSR order); returns c.
+    def matmul(self, values: Union[Tensor, EdgeValues], b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
+        """c = op(A) @ b with A's values ``values`` (:class:`EdgeValues`, or a float32 [nnz]
+        tensor in CSR order, converted per call for 16-bit ``b``); returns c.
 
         ``b`` [n_cols, F] (or [n_rows, F] when ``transpose``) and ``c`` [n_rows, F] (or
-        [n_cols, F]) are contiguous row-major fp32 tensors on this matrix's device. Every
-        entry of c is written (rows without entries get 0).
+        [n_cols, F]) are contiguous row-major tensors on this matrix's device, each float32,
+        float16 or bfloat16 (float32 arithmetic whatever they are). Every entry of c is
+        written (rows without entries get 0).
         """
         import cupy
 
@@ -231,7 +287,8 @@ class CsrMatrix:
             return c.zero_()
         cs = _cusparse()
         op = cs.CUSPARSE_OPERATION_TRANSPOSE if transpose else cs.CUSPARSE_OPERATION_NON_TRANSPOSE
-        akey = (op, F)
+        dtypes = (b.dtype, c.dtype)
+        akey = (op, F) + dtypes
         alg = self._algs.get(akey)
         if self.nnz > self.n_rows * self.n_cols:
             # A multigraph can hold more edges than matrix entries (duplicate edges); cuSPARSE
@@ -241,44 +298,55 @@ class CsrMatrix:
                                  "use the explicit transposed matrix (GNN_FASTPATH_SPMM_BWD=transposed)")
             alg = self._algs[akey] = CUSTOM
         if alg == CUSTOM:  # no cuSPARSE state needed
-            self._own_kernel(values, b, c)
+            self._own_kernel(fp32_values(values), b, c)
             return c
+        if alg == REFUSED:
+            raise NoAlgorithm(f"cuSPARSE refused every SpMM algorithm for {akey}")
+        if not isinstance(values, EdgeValues):
+            values = EdgeValues(values)
+        typed = values.typed(b.dtype)  # cuSPARSE: A has B's type
+        c_type = _c_dtype(b.dtype, c.dtype)
+        c_lib = c if c_type == c.dtype else torch.empty(c.shape, dtype=c_type, device=c.device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         stream = torch.cuda.current_stream(index)
-        key = (op, F, stream.cuda_stream)
+        key = (op, F, stream.cuda_stream) + dtypes
         # CuPy's current device is the CUDA runtime's, i.e. torch's: enter it only when the
         # matrix lives elsewhere (the context manager costs host time on every call)
         device_ctx = contextlib.nullcontext() if torch.cuda.current_device() == index else cupy.cuda.Device(index)
         with device_ctx, cupy_stream(self.device):
             handle = cupy.cuda.device.get_cusparse_handle()
             cs.setPointerMode(handle, cs.CUSPARSE_POINTER_MODE_HOST)
-            desc = self._descriptor(values)
-            mat_b = cs.createDnMat(rows_b, F, F, b.data_ptr(), _r32f(), cs.CUSPARSE_ORDER_ROW)
-            mat_c = cs.createDnMat(rows_c, F, F, c.data_ptr(), _r32f(), cs.CUSPARSE_ORDER_ROW)
+            desc = self._descriptor(typed)
+            mat_b = cs.createDnMat(rows_b, F, F, b.data_ptr(), _cuda_type(b.dtype), cs.CUSPARSE_ORDER_ROW)
+            mat_c = cs.createDnMat(rows_c, F, F, c_lib.data_ptr(), _cuda_type(c_type), cs.CUSPARSE_ORDER_ROW)
             try:
                 if alg is None:
                     forced = {**_ALGS, **algorithms(transpose)}.get(config.setting("GNN_FASTPATH_SPMM_ALG") or "")
-                    signature = self._signature(op, F)
+                    signature = self._signature(op, F, dtypes)
                     # the forced algorithm, else the one timed for a similar matrix (no search,
                     # no host sync), unless cuSPARSE refuses it for this call
                     for candidate in (forced, _shared_choices.get(signature)):
                         if candidate is None:
                             continue
                         try:
-                            self._run(handle, op, candidate, desc, mat_b, mat_c, key, values, b, c)
+                            self._run(handle, op, candidate, desc, mat_b, mat_c, key, values, b, c, c_lib)
                             self._algs[akey] = candidate
                             return c
                         except cs.CuSparseError as exc:
                             if not _refused(exc):
                                 raise
-                    alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, transpose)
+                    try:
+                        alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, c_lib, transpose)
+                    except NoAlgorithm:
+                        self._algs[akey] = REFUSED
+                        raise
                     self._algs[akey] = _shared_choices[signature] = alg
-                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c)
+                self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)
             finally:
                 cs.destroyDnMat(mat_b)
                 cs.destroyDnMat(mat_c)
         return c
 
-    def chosen_algorithms(self) -> Dict[Tuple[int, int], int]:
-        """(operation, width) -> algorithm enum value chosen so far."""
+    def chosen_algorithms(self) -> Dict[tuple, int]:
+        """(operation, width, B dtype, C dtype) -> algorithm enum value chosen so far."""
         return dict(self._algs)

@@ -22,10 +22,17 @@
 // Rows read or written once (q, O, dO, edge terms, outputs) use cache-streaming hints so the
 // gathered k/v (or q/dO) rows keep the L2.
 //
-// Template parameters: VEC (4: float4 loads, every row 16-byte aligned; 1: scalar), LPH, NV,
-// NH, EXACT (D == VEC * LPH * NV known at compile time; otherwise the runtime D masks the
+// Template parameters: TI, the storage type of q, k, v, edge_term and of their gradients, and
+// TO, that of out and the attention weights (and so of grad_out and grad_alpha): "float",
+// "gf_half" or "gf_bf16" (common.cuh), TO either TI or float. Every logit, softmax state,
+// accumulator and saved statistic (lse, delta) is float whatever TI is; rows are converted to
+// float as they are loaded and rounded once when stored. VEC elements per vector access (float:
+// 4 = float4, every row 16-byte aligned; 16-bit: 8 = 16 bytes, 4 = 8 bytes; 1: scalar), LPH,
+// NV, NH, EXACT (D == VEC * LPH * NV known at compile time; otherwise the runtime D masks the
 // tail). All index arithmetic on feature rows is 64-bit (M * H * D may exceed 2**31); CSR
-// indices are int32.
+// indices are int32. Gradients summed with atomics (dk, dv in the atomic backward) go into
+// float buffers: the launcher casts them to TI once (adding into 16-bit memory would round at
+// every atomic).
 
 #include "attention_common.cuh"
 
@@ -54,7 +61,8 @@
 #define DOT_MIN_BLOCKS_SRC 3
 #endif
 
-// Where one lane's floats live inside a node row of H * D floats. A group of LPH lanes owns
+// Where one lane's elements live inside a node row of H * D elements (of any storage type;
+// registers hold them as float). A group of LPH lanes owns
 // NH heads of the row; lane `sub` of the group holds, per head, NV vectors of VEC floats
 // (vector j at position j * LPH + sub of the head, so a group's loads are contiguous). A
 // warp holds HPW = 32 / LPH groups, i.e. HPB = HPW * NH heads of one row. Register arrays of
@@ -91,9 +99,9 @@ struct DotLanes {
         }
     }
 
-    // MODE 0: plain read-only load; 1: streaming (row read once).
-    template <int MODE = 0>
-    __device__ __forceinline__ void load(float* r, const float* __restrict__ row) const {
+    // MODE 0: plain read-only load; 1: streaming (row read once). T: the row's storage type.
+    template <int MODE = 0, typename T>
+    __device__ __forceinline__ void load(float* r, const T* __restrict__ row) const {
 #pragma unroll
         for (int n = 0; n < NH; ++n)
 #pragma unroll
@@ -111,8 +119,9 @@ struct DotLanes {
             }
     }
 
-    template <bool STREAM = false>
-    __device__ __forceinline__ void store(float* row, const float* r) const {
+    // Rounds to the row's storage type T.
+    template <bool STREAM = false, typename T>
+    __device__ __forceinline__ void store(T* row, const float* r) const {
 #pragma unroll
         for (int n = 0; n < NH; ++n)
 #pragma unroll
@@ -171,11 +180,11 @@ __device__ __forceinline__ long long dot_warp_id() {
 }
 
 // Gathers one batch of edge rows: x[u] = base[row u] (+ t[cid u] when t is given) and y[u]
-// likewise from base2; zeros for dead slots.
-template <class L, int UB>
+// likewise from base2; zeros for dead slots. The three may have different storage types.
+template <class L, int UB, typename TA, typename TB, typename TE>
 __device__ __forceinline__ void dot_gather(const L& ln, float (*x)[L::R], float (*y)[L::R],
-                                           const float* __restrict__ base, const float* __restrict__ base2,
-                                           const float* __restrict__ edge_term, const int* rows, const int* cid,
+                                           const TA* __restrict__ base, const TB* __restrict__ base2,
+                                           const TE* __restrict__ edge_term, const int* rows, const int* cid,
                                            const bool* live, long long HD) {
 #pragma unroll
     for (int u = 0; u < UB; ++u) {
@@ -203,16 +212,16 @@ __device__ __forceinline__ void dot_gather(const L& ln, float (*x)[L::R], float 
 }
 
 // ---------------------------------------------------------------------------------------
-// Forward: one warp per (chunk, head block). Writes out (normalised) and lse for whole rows,
-// or (m, l, acc) partials for chunks of split rows; optionally the raw logits e_ij at
-// logits[caller edge, head] (normalised later by dot_alpha_finalize).
+// Forward: one warp per (chunk, head block). Writes out (normalised, in TO) and lse for whole
+// rows, or float (m, l, acc) partials for chunks of split rows; optionally the raw float
+// logits e_ij at logits[caller edge, head] (normalised later by dot_alpha_from_logits).
 
-template <int VEC, int LPH, int NV, int NH, bool EXACT>
+template <typename TI, typename TO, int VEC, int LPH, int NV, int NH, bool EXACT>
 __global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_FWD)
 dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
         const int4* __restrict__ items, long long n_work, int head_blocks,
-        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-        const float* __restrict__ edge_term, float* __restrict__ out, float* __restrict__ lse,
+        const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
+        const TI* __restrict__ edge_term, TO* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_acc, float* __restrict__ part_ml, float* __restrict__ logits, int H, int D_rt,
         float scale, float p, unsigned long long seed, unsigned long long offset) {
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
@@ -326,22 +335,24 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
 // uses delta_i = <O_i, dO_i> (+ delta_alpha_i = sum_j A_ij dA_ij when the returned attention
 // has a gradient) and accumulates dq in registers. Per edge it also writes d_edge_term (caller order, no
 // atomics: every edge is visited once) and, in atomic mode (dk != nullptr), adds the source
-// gradients with vector atomics. In transposed mode it writes Delta (+ G) for dot_bwd_src.
+// gradients with vector atomics into float dk, dv (the real gradients for float TI, scratch
+// buffers cast once by the launcher otherwise). In transposed mode it writes Delta (+ G) for
+// dot_bwd_src.
 //
 //   alpha~ = alpha * s;  dalpha = s <dO_i, v_j + t_ij> (+ dA' );  de = alpha (dalpha - Delta_i)
 //   dq_i += scale de (k_j + t_ij);  dk_j += scale de q_i;  dv_j += alpha~ dO_i;
 //   dt_ij = alpha~ dO_i + scale de q_i
 // where dA' = dA (return_attention True) or s dA ("dropped").
 
-template <int VEC, int LPH, int NV, int NH, bool EXACT>
+template <typename TI, typename TO, int VEC, int LPH, int NV, int NH, bool EXACT>
 __global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_DST)
 dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
             const int4* __restrict__ items, long long n_work, int head_blocks,
-            const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-            const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ grad_out,
-            const float* __restrict__ lse, const float* __restrict__ grad_alpha, const float* __restrict__ delta_alpha,
-            int grad_alpha_dropped, float* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
-            float* __restrict__ d_edge_term, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
+            const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
+            const TI* __restrict__ edge_term, const TO* __restrict__ out, const TO* __restrict__ grad_out,
+            const float* __restrict__ lse, const TO* __restrict__ grad_alpha, const float* __restrict__ delta_alpha,
+            int grad_alpha_dropped, TI* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
+            TI* __restrict__ d_edge_term, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
             unsigned long long seed, unsigned long long offset) {
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
@@ -392,7 +403,7 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
                                            : 1.f;
             my_da[n] = 0.f;
             if (grad_alpha != nullptr && my_live && ln.head_ok[n]) {
-                my_da[n] = grad_alpha[(long long)my_cid * H + ln.h[n]];
+                my_da[n] = gf_to_float(grad_alpha[(long long)my_cid * H + ln.h[n]]);
                 if (grad_alpha_dropped) my_da[n] *= my_s[n];
             }
         }
@@ -471,14 +482,14 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
 // in registers; dk_j and dv_j accumulate in registers, no atomics. Needs lse and Delta (+ G)
 // per (destination, head), written by dot_bwd_dst.
 
-template <int VEC, int LPH, int NV, int NH, bool EXACT>
+template <typename TI, typename TO, int VEC, int LPH, int NV, int NH, bool EXACT>
 __global__ void __launch_bounds__(DOT_THREADS, DOT_MIN_BLOCKS_SRC)
 dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
             const int4* __restrict__ items, long long n_work, int head_blocks,
-            const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-            const float* __restrict__ edge_term, const float* __restrict__ grad_out, const float* __restrict__ lse,
-            const float* __restrict__ delta, const float* __restrict__ grad_alpha, int grad_alpha_dropped,
-            float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part_dk,
+            const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
+            const TI* __restrict__ edge_term, const TO* __restrict__ grad_out, const float* __restrict__ lse,
+            const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped,
+            TI* __restrict__ dk, TI* __restrict__ dv, float* __restrict__ part_dk,
             float* __restrict__ part_dv, int H, int D_rt, float scale, float p, unsigned long long seed,
             unsigned long long offset) {
     typedef DotLanes<VEC, LPH, NV, NH, EXACT, DOT_EDGE_FLOATS_SRC> L;
@@ -525,7 +536,7 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
                 my_l[n] = lse[ih];
                 my_delta[n] = delta[ih];
                 if (grad_alpha != nullptr) {
-                    my_da[n] = grad_alpha[(long long)my_cid * H + ln.h[n]];
+                    my_da[n] = gf_to_float(grad_alpha[(long long)my_cid * H + ln.h[n]]);
                     if (grad_alpha_dropped) my_da[n] *= my_s[n];
                 }
             }
@@ -549,7 +560,7 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
                 live[u] = b + u < nwin;
             }
             float qi[UB][R], gi[UB][R];
-            dot_gather<L, UB>(ln, qi, gi, q, grad_out, nullptr, dst, cid, live, HD);
+            dot_gather<L, UB>(ln, qi, gi, q, grad_out, static_cast<const TI*>(nullptr), dst, cid, live, HD);
             float lg[UB][NH], dd[UB][NH];
             if (edge_term != nullptr) {  // <q_i, k_j + t> and <dO_i, v_j + t>
 #pragma unroll
@@ -608,11 +619,12 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
 // ---------------------------------------------------------------------------------------
 // Merges of split rows: split[r] = (row, first slot, number of slots, 0) (worklist.py).
 
-// Forward: combine the (m, l, acc) partials of split rows into out and lse. One thread per
+// Forward: combine the (m, l, acc) partials of split rows into out (TO) and lse. One thread per
 // (split row, head, d).
-extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
-                                         const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                         float* __restrict__ out, float* __restrict__ lse, int H, int D) {
+template <typename TO>
+__global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
+                              const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                              TO* __restrict__ out, float* __restrict__ lse, int H, int D) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_split * H * D) return;
     const int d = (int)(idx % D);
@@ -633,15 +645,15 @@ extern "C" __global__ void dot_fwd_merge(const int4* __restrict__ split, long lo
         }
     }
     const long long row = sp.x;
-    out[(row * H + h) * D + d] = l != 0.f ? a / l : 0.f;
+    gf_st(out + (row * H + h) * D + d, l != 0.f ? a / l : 0.f);
     if (d == 0) lse[row * H + h] = l != 0.f ? mx + logf(l) : GF_NEG_INF;
 }
 
-// Backward: sum the partial gradient rows of split rows into dst. One thread per (split
-// row, element of a row).
-extern "C" __global__ void dot_sum_partials(const int4* __restrict__ split, long long n_split,
-                                            const float* __restrict__ part, float* __restrict__ dst,
-                                            long long row_len) {
+// Backward: sum the float partial gradient rows of split rows into dst (storage type T,
+// rounded once). One thread per (split row, element of a row).
+template <typename T>
+__global__ void dot_sum_partials(const int4* __restrict__ split, long long n_split,
+                                 const float* __restrict__ part, T* __restrict__ dst, long long row_len) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_split * row_len) return;
     const long long r = idx / row_len;
@@ -649,17 +661,21 @@ extern "C" __global__ void dot_sum_partials(const int4* __restrict__ split, long
     const int4 sp = split[r];
     float a = 0.f;
     for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
-    dst[(long long)sp.x * row_len + x] = a;
+    gf_st(dst + (long long)sp.x * row_len + x, a);
 }
 
 // ---------------------------------------------------------------------------------------
-// Attention weights: turn the raw logits written by dot_fwd (caller order [M, H]) into
-// alpha = exp(e - lse) (times the dropout multiplier for "dropped"). One warp per chunk of
-// the destination work list, lanes over (edge, head) pairs.
-extern "C" __global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* __restrict__ items,
-                                              long long n_items, const float* __restrict__ lse,
-                                              float* __restrict__ alpha, int H, int dropped, float p,
-                                              unsigned long long seed, unsigned long long offset) {
+// Attention weights: turn the raw float logits written by dot_fwd (caller order [M, H]) into
+// alpha = exp(e - lse) (times the dropout multiplier for "dropped"), stored in TO. For float TO
+// the launcher passes one buffer as both (in place: each element is read, then written, by one
+// thread; hence no __restrict__); a 16-bit alpha gets its own float logits buffer, so logits
+// are never rounded to 16 bits. One warp per chunk of the destination work list, lanes over
+// (edge, head) pairs.
+template <typename TO>
+__global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* __restrict__ items,
+                                      long long n_items, const float* __restrict__ lse, const float* logits,
+                                      TO* alpha, int H, int dropped, float p, unsigned long long seed,
+                                      unsigned long long offset) {
     const long long w = dot_warp_id();
     if (w >= n_items) return;
     const int lane = threadIdx.x & 31;
@@ -669,19 +685,20 @@ extern "C" __global__ void dot_alpha_from_logits(const int* __restrict__ perm, c
         const long long e = ch.e0 + i / H;
         const int h = (int)(i % H);
         const long long at = (long long)perm[e] * H + h;
-        float a = expf(alpha[at] - lse[(long long)ch.row * H + h]);
+        float a = expf(logits[at] - lse[(long long)ch.row * H + h]);
         if (dropped) a *= gf_dropout_scale(p, seed, offset, (unsigned)perm[e], (unsigned)h);
-        alpha[at] = a;
+        gf_st(alpha + at, a);
     }
 }
 
 // delta_alpha_i = sum_j A_ij dA_ij per (destination, head), A the returned attention (alpha
-// or alpha~), dA its gradient, both caller order [M, H]. delta_alpha must be zeroed: split rows add
-// one partial per chunk. One warp per chunk, lanes over edges, a loop over heads.
-extern "C" __global__ void dot_delta_alpha(const int* __restrict__ perm, const int4* __restrict__ items,
-                                                 long long n_items, const float* __restrict__ alpha,
-                                                 const float* __restrict__ grad_alpha, float* __restrict__ delta_alpha,
-                                                 int H) {
+// or alpha~), dA its gradient, both caller order [M, H] in TO; delta_alpha is float. delta_alpha
+// must be zeroed: split rows add one partial per chunk. One warp per chunk, lanes over edges, a
+// loop over heads.
+template <typename TO>
+__global__ void dot_delta_alpha(const int* __restrict__ perm, const int4* __restrict__ items, long long n_items,
+                                const TO* __restrict__ alpha, const TO* __restrict__ grad_alpha,
+                                float* __restrict__ delta_alpha, int H) {
     const long long w = dot_warp_id();
     if (w >= n_items) return;
     const int lane = threadIdx.x & 31;
@@ -691,7 +708,7 @@ extern "C" __global__ void dot_delta_alpha(const int* __restrict__ perm, const i
         float s = 0.f;
         for (long long e = ch.e0 + lane; e < ch.e1; e += 32) {
             const long long at = (long long)perm[e] * H + h;
-            s = fmaf(alpha[at], grad_alpha[at], s);
+            s = fmaf(gf_to_float(alpha[at]), gf_to_float(grad_alpha[at]), s);
         }
         s = gf_group_sum<32>(s);
         if (lane == 0) atomicAdd(delta_alpha + (long long)ch.row * H + h, s);

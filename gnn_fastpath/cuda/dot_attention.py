@@ -5,6 +5,11 @@ configuration, fetch the cached work lists, allocate outputs and launch on torch
 stream. The autograd Function and the design note are in
 :mod:`gnn_fastpath.ops.dot_attention`.
 
+Storage types: q, k, v, edge_term and their gradients share one dtype TI (float32, float16 or
+bfloat16); out and the attention weights (and so grad_out, grad_alpha) have dtype TO, TI or
+float32. The kernels are instantiated for the pair (:func:`launch.ctype` names); statistics
+(lse, delta), partial states and atomic accumulators are float32 whatever TI is.
+
 Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_DOT_BWD`` (``atomic``
 or ``transposed`` dk/dv; unset: by the graph's mean out-degree).
 """
@@ -26,7 +31,7 @@ KERNELS = launch.Family(SOURCE, {"DOT_THREADS": THREADS})
 #: Rows longer than this are cut into chunks of this many edges, each run by its own warp
 #: and merged afterwards (super-node load balance).
 CHUNK_EDGES = 256
-#: Most floats of a node row one lane may hold per kernel. A lane group takes NH heads of a
+#: Most elements of a node row one lane may hold (as floats in registers) per kernel. A lane group takes NH heads of a
 #: row (NH = 1, 2, 4) within this budget, so a warp covers 32 / LPH * NH heads. NH=2 pays on
 #: graphs of low mean in-degree (fewer, fuller warps), NH=1 on dense ones (more gathers in
 #: flight); benchmarks/results has the measurements.
@@ -34,7 +39,7 @@ MAX_ROW_FLOATS = {"dot_fwd": 4, "dot_bwd_dst": 4, "dot_bwd_src": 4}
 MAX_ROW_FLOATS_LOW_DEGREE = {"dot_fwd": 8, "dot_bwd_dst": 4, "dot_bwd_src": 4}
 #: Mean in-degree below which a graph counts as low-degree for the choice above.
 LOW_DEGREE = 16.0
-#: Most floats one lane may hold per head (NH = 1); wider heads fall back to the reference.
+#: Most elements one lane may hold per head (NH = 1); wider heads fall back to the reference.
 MAX_FLOATS_PER_LANE = 16
 #: Mean out-degree from which the source-major backward wins over atomics (when
 #: ``GNN_FASTPATH_DOT_BWD`` is unset).
@@ -44,9 +49,9 @@ _TEMPLATES = tuple(MAX_ROW_FLOATS)
 
 @dataclass(frozen=True)
 class Config:
-    """How the kernels map a head onto lanes: VEC floats per load, LPH lanes per head, NV
-    vectors per lane, EXACT when the head width D is exactly VEC * LPH * NV (no tail
-    masking); ``nh`` maps each templated kernel to its heads per lane group."""
+    """How the kernels map a head onto lanes: VEC elements per vector access, LPH lanes per
+    head, NV vectors per lane, EXACT when the head width D is exactly VEC * LPH * NV (no tail
+    masking); ``nh`` maps each row kernel to its heads per lane group."""
 
     vec: int
     lph: int
@@ -58,18 +63,19 @@ class Config:
         return 32 // self.lph * dict(self.nh)[kernel]
 
     def args(self, kernel: str) -> tuple:
-        """Template arguments of ``kernel``'s instantiation."""
+        """Template arguments of ``kernel``'s instantiation after its storage types."""
         return (self.vec, self.lph, self.nv, dict(self.nh)[kernel], self.exact)
 
 
 @functools.lru_cache(maxsize=256)
-def config_for(head_dim: int, aligned: bool, heads: int = 1, low_degree: bool = False) -> Optional[Config]:
+def config_for(head_dim: int, vec: int, heads: int = 1, low_degree: bool = False) -> Optional[Config]:
     """The kernel variant for ``heads`` heads of width ``head_dim``; None when no variant
-    serves it. ``aligned``: every feature row starts on a 16-byte boundary; ``low_degree``:
-    the graph's mean in-degree is below :data:`LOW_DEGREE`."""
-    if head_dim < 1 or heads < 1:
+    serves it. ``vec``: elements per vector access, a divisor of ``head_dim`` the rows'
+    alignment allows (:func:`launch.vector_width`: 4 for aligned float32, 8 for aligned
+    16-bit rows, 1 for scalar accesses); ``low_degree``: the graph's mean in-degree is below
+    :data:`LOW_DEGREE`."""
+    if head_dim < 1 or heads < 1 or head_dim % vec:
         return None
-    vec = 4 if aligned and head_dim % 4 == 0 else 1
     nvec = head_dim // vec
     lph = min(32, launch.next_pow2(nvec))
     nv = launch.cdiv(nvec, lph)
@@ -91,7 +97,7 @@ def unsupported(H: int, D: int) -> Optional[str]:
     """Why the kernels cannot take heads of this shape, or None when they can."""
     if H < 1 or D < 1:
         return f"empty heads (H={H}, D={D})"
-    if config_for(D, False) is None:
+    if config_for(D, 1) is None:
         return f"head width D={D} above {MAX_FLOATS_PER_LANE * 32}"
     return None
 
@@ -104,10 +110,12 @@ def backward_mode(graph) -> str:
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
-def _kernel(cfg: Config, name: str, device: torch.device) -> launch.Kernel:
-    """A templated kernel (instantiated for ``cfg``, one small module per instantiation) or
-    an extern "C" helper kernel of the source."""
-    return KERNELS.kernel(device, name, *cfg.args(name)) if name in _TEMPLATES else KERNELS.kernel(device, name)
+def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype) -> launch.Kernel:
+    """Kernel ``name`` for storage types ``dtypes`` (row kernels: TI, TO; helpers: their one
+    type), instantiated for ``cfg`` when it is a row kernel; one small module per
+    instantiation."""
+    types = tuple(launch.ctype(d) for d in dtypes)
+    return KERNELS.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
 
 
 def _blocks(n_threads: int) -> int:
@@ -119,52 +127,60 @@ def _work(graph, source_major: bool = False) -> worklist.RowChunks:
 
 
 def _config(graph, *tensors: Optional[Tensor]) -> Config:
+    """The variant for these [*, H, D] rows: vector width from their dtypes and alignment
+    (float32 alone: float4 when aligned, as before 16-bit support; 16-bit: 16-byte accesses)."""
     H, D = tensors[0].shape[1:]
     low_degree = graph.degree_stats().mean < LOW_DEGREE
-    cfg = config_for(D, launch.aligned16(*tensors), H, low_degree)
+    cfg = config_for(D, launch.vector_width(D, *tensors), H, low_degree)
     assert cfg is not None, "unsupported head width reached the kernels"  # unsupported() guards
     return cfg
 
 
 def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], scale: float, p: float,
-            seed: int, offset: int, return_attention) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Fused forward. Returns ``(out [N_dst, H, D], lse [N_dst, H], alpha)``; ``alpha``
-    [M, H] in caller order (softmax weights, or after dropout for ``"dropped"``) only when
-    ``return_attention``, else None."""
+            seed: int, offset: int, return_attention,
+            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Fused forward. Returns ``(out [N_dst, H, D], lse [N_dst, H] float32, alpha)``; out and
+    ``alpha`` in ``out_dtype`` (default q's dtype); ``alpha`` [M, H] in caller order (softmax
+    weights, or after dropout for ``"dropped"``) only when ``return_attention``, else None."""
     device = q.device
     n_dst, H, D = q.shape
+    ti, to = q.dtype, out_dtype or q.dtype
     f32 = dict(dtype=torch.float32, device=device)
-    out = torch.empty((n_dst, H, D), **f32)
+    out = torch.empty((n_dst, H, D), dtype=to, device=device)
     lse = torch.empty((n_dst, H), **f32)
-    alpha = torch.empty((graph.num_edges, H), **f32) if return_attention else None
+    alpha = torch.empty((graph.num_edges, H), dtype=to, device=device) if return_attention else None
     if n_dst == 0:
         return out, lse, alpha
+    # raw logits: in place in a float32 alpha, else their own float32 buffer (never rounded)
+    logits = None if alpha is None else alpha if to == torch.float32 else torch.empty((graph.num_edges, H), **f32)
     kc = graph.kernel_csr()
     work = _work(graph)
-    cfg = _config(graph, q, k, v, edge_term)
+    cfg = _config(graph, q, k, v, edge_term, out)
     part_acc = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
     part_ml = torch.empty((work.n_slots, H, 2), **f32) if work.n_slots else None
     head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_fwd"))
     n_work = work.n_items * head_blocks
-    _kernel(cfg, "dot_fwd", device).launch(
+    _kernel(cfg, "dot_fwd", device, ti, to).launch(
         _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
         head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, lse=lse, part_acc=part_acc,
-        part_ml=part_ml, logits=alpha, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+        part_ml=part_ml, logits=logits, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
     if work.n_split:
-        _kernel(cfg, "dot_fwd_merge", device).launch(
+        _kernel(cfg, "dot_fwd_merge", device, to).launch(
             _blocks(work.n_split * H * D), THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc,
             part_ml=part_ml, out=out, lse=lse, H=H, D=D)
     if return_attention and alpha.numel():
-        _kernel(cfg, "dot_alpha_from_logits", device).launch(
+        _kernel(cfg, "dot_alpha_from_logits", device, to).launch(
             _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items, lse=lse,
-            alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed, offset=offset)
+            logits=logits, alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed,
+            offset=offset)
     return out, lse, alpha
 
 
 def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tensor) -> None:
+    """Split rows of ``dst`` (any storage dtype) = sums of their float32 partial rows."""
     row_len = dst[0].numel() if dst.numel() else 0
     if work.n_split and row_len:
-        _kernel(cfg, "dot_sum_partials", dst.device).launch(
+        _kernel(cfg, "dot_sum_partials", dst.device, dst.dtype).launch(
             _blocks(work.n_split * row_len), THREADS, split=work.split, n_split=work.n_split, part=part, dst=dst,
             row_len=row_len)
 
@@ -172,36 +188,41 @@ def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tens
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,
              grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor], alpha_dropped: bool,
              scale: float, p: float, seed: int, offset: int, need_d_edge_term: bool):
-    """Gradients ``(dq, dk, dv, d_edge_term)`` (d_edge_term None unless ``need_d_edge_term``).
+    """Gradients ``(dq, dk, dv, d_edge_term)`` in q's dtype (d_edge_term None unless
+    ``need_d_edge_term``).
 
-    ``grad_alpha`` is the gradient of the returned attention ``alpha`` (None when there is
-    none). dk, dv come from atomics in the destination pass or from a source-major pass
-    (:func:`backward_mode`).
+    ``grad_out`` [N_dst, H, D] (and ``grad_alpha``, the gradient of the returned attention
+    ``alpha``, None when there is none) have out's dtype. dk, dv come from atomics in the
+    destination pass or from a source-major pass (:func:`backward_mode`); the atomics add
+    into float32 (for 16-bit q: zeroed float32 buffers cast once at the end).
     """
     device = q.device
     n_dst, H, D = q.shape
+    ti, to = q.dtype, out.dtype
     f32 = dict(dtype=torch.float32, device=device)
     kc = graph.kernel_csr()
     work = _work(graph)
     cfg = _config(graph, q, k, v, edge_term, out, grad_out)
     transposed = backward_mode(graph) == "transposed"
     dq = torch.empty_like(q)
-    dk = torch.empty_like(k) if transposed else torch.zeros_like(k)
-    dv = torch.empty_like(v) if transposed else torch.zeros_like(v)
+    if transposed:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+    else:  # atomic targets: float32 (the gradients themselves for float32 inputs)
+        dk, dv = torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
     d_edge_term = torch.empty_like(edge_term) if (need_d_edge_term and edge_term is not None) else None
     delta = torch.empty((n_dst, H), **f32) if transposed else None
     delta_alpha = None
     if grad_alpha is not None:
         delta_alpha = torch.zeros((n_dst, H), **f32)
         if alpha.numel():
-            _kernel(cfg, "dot_delta_alpha", device).launch(
+            _kernel(cfg, "dot_delta_alpha", device, to).launch(
                 _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items,
                 alpha=alpha, grad_alpha=grad_alpha, delta_alpha=delta_alpha, H=H)
     if n_dst:
         head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_dst"))
         part_dq = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
         n_work = work.n_items * head_blocks
-        _kernel(cfg, "dot_bwd_dst", device).launch(
+        _kernel(cfg, "dot_bwd_dst", device, ti, to).launch(
             _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
             head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, grad_out=grad_out, lse=lse,
             grad_alpha=grad_alpha, delta_alpha=delta_alpha, grad_alpha_dropped=int(alpha_dropped), dq=dq,
@@ -216,7 +237,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         part_dv = torch.empty((swork.n_slots, H, D), **f32) if swork.n_slots else None
         head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_src"))
         n_work = swork.n_items * head_blocks
-        _kernel(cfg, "dot_bwd_src", device).launch(
+        _kernel(cfg, "dot_bwd_src", device, ti, to).launch(
             _blocks(n_work * 32), THREADS, s_indices=scsr.indices, s_perm=scsr.perm, items=swork.items,
             n_work=n_work, head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, grad_out=grad_out,
             lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), dk=dk, dv=dv,
@@ -224,4 +245,6 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         if part_dk is not None:
             _sum_partials(cfg, swork, part_dk, dk)
             _sum_partials(cfg, swork, part_dv, dv)
+    if not transposed and ti != torch.float32:
+        dk, dv = dk.to(ti), dv.to(ti)  # the one rounding of the float32 sums
     return dq, dk, dv, d_edge_term

@@ -11,10 +11,19 @@
 // several chunk items with slot >= 0 (their partial results go to a workspace or through
 // atomics and are merged afterwards). Items come from gnn_fastpath/cuda/worklist.py.
 //
+// Storage types (template <TI, TO, ...>). x_src, x_dst and edge_term are stored as TI (float,
+// gf_half or gf_bf16), att as float (the op converts it: it is [H, D]); out and alpha
+// are written as TO (TI or float), and the backward reads grad_out, the saved out and
+// grad_alpha as TO. Everything else is float: every arithmetic operation and accumulator, lse,
+// delta, the raw logits, the chunk workspaces and every buffer atomics add into (gradients of
+// 16-bit tensors accumulate in float scratch and the launcher casts them once: adding into
+// 16-bit memory would round at every atomic). Stores to TI/TO round once, to nearest even.
+//
 // Lane mapping (template <VW, LH, K, DC, U>). One warp per (item, head tile). A head's D
 // columns are covered by LH lanes (a power of two); lane l of a head holds K vectors of VW
-// floats (VW = 4: float4 loads, needs 16-byte aligned rows; VW = 1: scalar path for any D),
-// at columns (l + LH * k) * VW. DC is the compile-time D of a specialised path (0: runtime
+// elements (float: VW = 4, float4 loads, or VW = 1, the scalar path for any D; 16-bit: VW = 8,
+// 16-byte loads, down to 4/2/1 as D and the alignment allow), at columns (l + LH * k) * VW.
+// D is a multiple of VW, so a vector is either wholly inside the row or wholly masked. DC is the compile-time D of a specialised path (0: runtime
 // D, columns past D masked). The warp holds G = 32 / LH lane groups; with HT = min(H, G)
 // heads per tile, the G groups form ES = G / HT edge slots that walk interleaved edges of
 // the same row (small H*D rows still use the whole warp), and rows with H > G are covered
@@ -40,9 +49,9 @@ struct Gatv2Row {
     __device__ static __forceinline__ int col(int l, int k) { return (l + LH * k) * VW; }
     __device__ static __forceinline__ bool ok(int l, int k, int D) { return DC > 0 || col(l, k) < D; }
 
-    // r <- base[columns of lane l] (zeros where masked or when !on).
-    __device__ static __forceinline__ void load(float (&r)[KV], const float* __restrict__ base, int l, int D,
-                                                bool on) {
+    // r <- base[columns of lane l] as float (zeros where masked or when !on).
+    template <typename T>
+    __device__ static __forceinline__ void load(float (&r)[KV], const T* __restrict__ base, int l, int D, bool on) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             if (on && ok(l, k, D)) {
@@ -54,7 +63,9 @@ struct Gatv2Row {
         }
     }
 
-    __device__ static __forceinline__ void store(float* __restrict__ base, const float (&r)[KV], int l, int D) {
+    // base[columns of lane l] <- r, rounded once to T.
+    template <typename T>
+    __device__ static __forceinline__ void store(T* __restrict__ base, const float (&r)[KV], int l, int D) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             if (ok(l, k, D)) gf_store<VW>(base + col(l, k), r + VW * k);
@@ -70,6 +81,17 @@ struct Gatv2Row {
 };
 
 __device__ __forceinline__ float gatv2_lrelu(float z, float slope) { return z > 0.f ? z : z * slope; }
+
+// Whether storage type T is float (then gradients of split rows are added into the output
+// itself; 16-bit outputs get a float scratch instead). NVRTC has no <type_traits>.
+template <typename T>
+struct Gatv2IsFloat {
+    static constexpr bool value = false;
+};
+template <>
+struct Gatv2IsFloat<float> {
+    static constexpr bool value = true;
+};
 
 // Lane roles inside the warp for one head tile (see the header comment).
 struct Gatv2Lane {
@@ -103,15 +125,17 @@ __device__ __forceinline__ int gatv2_slot_src(const Gatv2Lane& ln, int t, int LH
 // Forward: one streaming pass per item, online softmax, weighted sum of x_src rows.
 // Unsplit rows write out and lse directly; chunks of split rows write their unnormalised
 // state (acc, m, l) to workspace slot `slot`, merged by gatv2_fwd_merge. When `logits` is
-// given, raw logits go to logits[caller edge, head] (normalised later by gatv2_alpha_from_logits).
-template <int VW, int LH, int K, int DC, int U, bool ET>
+// given, raw float logits go to logits[caller edge, head] (gatv2_alpha_from_logits turns them
+// into alpha; kept in float whatever TO is, so that exp(logit - lse) is not computed from a
+// rounded logit).
+template <typename TI, typename TO, int VW, int LH, int K, int DC, int U, bool ET>
 __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
           const int* __restrict__ indices, const int* __restrict__ perm,
-          const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
-          const float* __restrict__ edge_term, int H, int D_rt, float slope,
+          const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
+          const TI* __restrict__ edge_term, int H, int D_rt, float slope,
           float p, unsigned long long seed, unsigned long long offset,
-          float* __restrict__ out, float* __restrict__ lse,
+          TO* __restrict__ out, float* __restrict__ lse,
           float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
           float* __restrict__ logits) {
     using R = Gatv2Row<VW, LH, K, DC>;
@@ -247,10 +271,11 @@ __device__ __forceinline__ void gatv2_fold(GfSoftmaxState& st, float& acc, float
     acc = acc * f1 + acc2 * f2;
 }
 
-extern "C" __global__ void __launch_bounds__(GATV2_MERGE_THREADS)
+template <typename TO>
+__global__ void __launch_bounds__(GATV2_MERGE_THREADS)
 gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __restrict__ part_acc,
                 const float* __restrict__ part_m, const float* __restrict__ part_l, int H, int D,
-                float* __restrict__ out, float* __restrict__ lse) {
+                TO* __restrict__ out, float* __restrict__ lse) {
     __shared__ float sm_m[GATV2_MERGE_WARPS][32], sm_l[GATV2_MERGE_WARPS][32], sm_a[GATV2_MERGE_WARPS][32];
     const int HD = H * D;
     const int n_ctiles = (HD + 31) / 32;
@@ -286,7 +311,7 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
                 for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
                 // split rows have edges: l == 0 means every logit was -inf (torch: NaN)
                 const float nan = __int_as_float(0x7fc00000);
-                out[(long long)row * HD + c] = st.l != 0.f ? acc / st.l : nan;
+                gf_st(out + (long long)row * HD + c, st.l != 0.f ? acc / st.l : nan);
                 if (c == h * D) lse[(long long)row * H + h] = st.l != 0.f ? gf_softmax_lse(st) : nan;
             }
             __syncthreads();
@@ -294,13 +319,16 @@ gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __rest
     }
 }
 
-// alpha[caller edge, h] <- exp(logit - lse[row, h]) (times the dropout multiplier when
-// `dropped`), in place over the raw logits gatv2_fwd wrote. One warp per work item.
-extern "C" __global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long long n_items,
-                                                   const int* __restrict__ perm, const float* __restrict__ lse,
-                                                   int H, float p, unsigned long long seed,
-                                                   unsigned long long offset, int dropped,
-                                                   float* __restrict__ alpha) {
+// alpha[caller edge, h] <- exp(logits[caller edge, h] - lse[row, h]) (times the dropout
+// multiplier when `dropped`), from the raw logits gatv2_fwd wrote. For TO = float the
+// launcher passes one buffer as both (in place: each element is read, then written, by one
+// thread), hence no __restrict__ on them. One warp per work item.
+template <typename TO>
+__global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long long n_items,
+                                        const int* __restrict__ perm, const float* __restrict__ lse,
+                                        int H, float p, unsigned long long seed,
+                                        unsigned long long offset, int dropped, const float* logits,
+                                        TO* alpha) {
     const int lane = threadIdx.x & 31;
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
@@ -309,9 +337,9 @@ extern "C" __global__ void gatv2_alpha_from_logits(const int4* __restrict__ item
             const int pe = perm[e];
             for (int h = 0; h < H; ++h) {
                 const long long o = (long long)pe * H + h;
-                float v = __expf(alpha[o] - lse[(long long)it.x * H + h]);
+                float v = __expf(logits[o] - lse[(long long)it.x * H + h]);
                 if (dropped) v *= gf_dropout_scale(p, seed, offset, (unsigned)pe, (unsigned)h);
-                alpha[o] = v;
+                gf_st(alpha + o, v);
             }
         }
     }
@@ -320,10 +348,10 @@ extern "C" __global__ void gatv2_alpha_from_logits(const int4* __restrict__ item
 // delta_alpha[row, h] = sum over the row's edges of alpha_out[e, h] * grad_alpha[e, h] (caller order):
 // the softmax-gradient term contributed by a gradient on the returned attention. Rows
 // split into chunks accumulate with atomics (delta_alpha must be zeroed). One warp per work item.
-extern "C" __global__ void gatv2_delta_alpha(const int4* __restrict__ items, long long n_items,
-                                             const int* __restrict__ perm, const float* __restrict__ alpha,
-                                             const float* __restrict__ grad_alpha, int H,
-                                             float* __restrict__ delta_alpha) {
+template <typename TO>
+__global__ void gatv2_delta_alpha(const int4* __restrict__ items, long long n_items,
+                                  const int* __restrict__ perm, const TO* __restrict__ alpha,
+                                  const TO* __restrict__ grad_alpha, int H, float* __restrict__ delta_alpha) {
     const int lane = threadIdx.x & 31;
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
@@ -332,7 +360,7 @@ extern "C" __global__ void gatv2_delta_alpha(const int4* __restrict__ items, lon
             float sum = 0.f;
             for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
                 const long long o = (long long)perm[e] * H + h;
-                sum = fmaf(alpha[o], grad_alpha[o], sum);
+                sum = fmaf(gf_to_float(alpha[o]), gf_to_float(grad_alpha[o]), sum);
             }
             sum = gf_group_sum<32>(sum);
             if (lane == 0 && it.z > it.y) {
@@ -347,21 +375,27 @@ extern "C" __global__ void gatv2_delta_alpha(const int4* __restrict__ items, lon
 // Backward, destination-major. Per item: delta = <dO_i, O_i> (+ delta_alpha_i), then per edge
 //   alpha = exp(e - L_i), dalpha = ds <dO_i, x_j> (+ grad_alpha * (ds if dropped)),
 //   de = alpha (dalpha - delta), dz = de * att * LeakyReLU'(z),
-//   dx_dst_i += dz (registers; atomics only for split rows), d_edge_term[perm] = dz,
+//   dx_dst_i += dz (registers; atomics only for split rows, into dx_dst_acc: see below),
+//   d_edge_term[perm] = dz,
 //   datt += de * LeakyReLU(z) (registers -> shared -> one global atomic per block/column),
 //   dx_src_j += alpha ds dO_i + dz (atomics, only when dx_src is given: the "atomic"
 //   variant; the "transposed" variant leaves dx_src to gatv2_bwd_src and writes delta).
 // Persistent grid (resident blocks only, warps striding over the items) so the datt atomics
 // stay few.
-template <int VW, int LH, int K, int DC, int U, bool ET>
+// Split rows: whole rows store dx_dst (TI) directly; chunks of split rows add into dx_dst
+// itself when TI is float (its split rows zeroed by the launcher), else into the float
+// buffer dx_dst_acc at row acc_index[slot] (a zeroed [n_split, H, D] scratch the launcher
+// casts into dx_dst). dx_src (atomic variant) and datt are float accumulators.
+template <typename TI, typename TO, int VW, int LH, int K, int DC, int U, bool ET>
 __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
               const int* __restrict__ indptr, const int* __restrict__ indices, const int* __restrict__ perm,
-              const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
-              const float* __restrict__ edge_term, const float* __restrict__ out, const float* __restrict__ grad_out,
-              const float* __restrict__ lse, const float* __restrict__ delta_alpha, const float* __restrict__ grad_alpha,
+              const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
+              const TI* __restrict__ edge_term, const TO* __restrict__ out, const TO* __restrict__ grad_out,
+              const float* __restrict__ lse, const float* __restrict__ delta_alpha, const TO* __restrict__ grad_alpha,
               int grad_alpha_dropped, int H, int D_rt, float slope, float p, unsigned long long seed,
-              unsigned long long offset, float* dx_src, float* dx_dst, float* __restrict__ d_edge_term,
+              unsigned long long offset, float* dx_src, TI* dx_dst, float* dx_dst_acc,
+              const int* __restrict__ acc_index, TI* __restrict__ d_edge_term,
               float* datt, int datt_smem, float* __restrict__ delta_out) {
     using R = Gatv2Row<VW, LH, K, DC>;
     constexpr int KV = R::KV;
@@ -426,7 +460,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(xs[u], x_src + (long long)jj[u] * HD + hoff, l, D, v[u]);
                     if constexpr (ET) R::load(et[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
-                    gav[u] = (grad_alpha != nullptr && v[u]) ? __ldg(grad_alpha + (long long)pe[u] * H + ln.head) : 0.f;
+                    gav[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + ln.head) : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -483,8 +517,12 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 
         if (ln.on && s == 0) {
             if (dx_dst != nullptr) {
-                if (slot < 0) R::store(dx_dst + (long long)row * HD + hoff, gd, l, D);
-                else R::atomic_add(dx_dst + (long long)row * HD + hoff, gd, l, D);
+                if (slot < 0) {
+                    R::store(dx_dst + (long long)row * HD + hoff, gd, l, D);
+                } else {
+                    if constexpr (Gatv2IsFloat<TI>::value) R::atomic_add(dx_dst + (long long)row * HD + hoff, gd, l, D);
+                    else R::atomic_add(dx_dst_acc + (long long)acc_index[slot] * HD + hoff, gd, l, D);
+                }
             }
             if (datt != nullptr && end > start) {
 #pragma unroll
@@ -515,15 +553,18 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 // Backward, source-major ("transposed" variant): dx_src_j = sum over out-edges (j -> i) of
 // alpha~_ij dO_i + dz_ij, with no atomics except for split source rows. Reads the
 // transposed CSR (s_indices = destination ids, s_perm = caller edge ids) and delta (with delta_alpha
-// folded in) from gatv2_bwd_dst.
-template <int VW, int LH, int K, int DC, int U, bool ET>
+// folded in) from gatv2_bwd_dst. Split source rows as dx_dst in gatv2_bwd_dst: whole rows
+// store dx_src (TI), chunks add into dx_src itself (TI = float) or into the float scratch
+// dx_src_acc at row acc_index[slot].
+template <typename TI, typename TO, int VW, int LH, int K, int DC, int U, bool ET>
 __global__ void __launch_bounds__(GATV2_THREADS)
 gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
               const int* __restrict__ s_indices, const int* __restrict__ s_perm,
-              const float* __restrict__ x_src, const float* __restrict__ x_dst, const float* __restrict__ att,
-              const float* __restrict__ edge_term, const float* __restrict__ grad_out, const float* __restrict__ lse,
-              const float* __restrict__ delta, const float* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
-              float slope, float p, unsigned long long seed, unsigned long long offset, float* dx_src) {
+              const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
+              const TI* __restrict__ edge_term, const TO* __restrict__ grad_out, const float* __restrict__ lse,
+              const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
+              float slope, float p, unsigned long long seed, unsigned long long offset, TI* dx_src,
+              float* dx_src_acc, const int* __restrict__ acc_index) {
     using R = Gatv2Row<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -568,7 +609,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const long long ih = (long long)i * H + hc;
                     Lv[u] = v[u] ? __ldg(lse + ih) : 0.f;
                     delta_v[u] = v[u] ? __ldg(delta + ih) : 0.f;
-                    gav[u] = (grad_alpha != nullptr && v[u]) ? __ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
+                    gav[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -608,8 +649,12 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
             }
         }
         if (ln.on && s == 0) {
-            if (slot < 0) R::store(dx_src + (long long)row * HD + hoff, acc, l, D);
-            else R::atomic_add(dx_src + (long long)row * HD + hoff, acc, l, D);
+            if (slot < 0) {
+                R::store(dx_src + (long long)row * HD + hoff, acc, l, D);
+            } else {
+                if constexpr (Gatv2IsFloat<TI>::value) R::atomic_add(dx_src + (long long)row * HD + hoff, acc, l, D);
+                else R::atomic_add(dx_src_acc + (long long)acc_index[slot] * HD + hoff, acc, l, D);
+            }
         }
     }
 }

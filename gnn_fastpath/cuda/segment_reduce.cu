@@ -2,12 +2,19 @@
 //
 //   out[i, f] = max_{k in row i} m_k,f     with m_k,f = w[perm[k]] * x[indices[k], f]
 //
+// Storage types (template parameters TX, TO): x is read as TX and out written as TO, each
+// float, gf_half or gf_bf16 (common.cuh); weights are float (the launcher converts them),
+// every comparison and product is float. TO is promote_types(x, w) as torch computes w * x.
+//
 // Min runs as max with sign = -1: every kernel works on s_k,f = (sign * w) * x and writes
 // sign * max, which is exact (negation is exact) and keeps ties identical.
 //
-// Every message is canonicalised as fl(fl(sw * x) + 0.0f): one rounded product (no FMA
-// contraction, so forward and backward agree bit for bit) with -0 turned into +0 (so the
-// float compare of the light path and the integer key of the heavy path see the same ties).
+// Every message is canonicalised as fl(round_TO(fl(sw * x)) + 0.0f): one rounded product
+// (no FMA contraction, so forward and backward agree bit for bit), rounded once more to the
+// output type when that is 16-bit (what torch's w * x in that dtype computes; the max of
+// values of TO is then stored exactly, and the backward finds the same ties), with -0 turned
+// into +0 (so the float compare of the light path and the integer key of the heavy path see
+// the same ties). Without weights (sw = +-1) both roundings are exact.
 //
 // Tie rules (MODE, a template parameter): SR_MODE_COUNT = count the tied edges (gradient
 // split; aux = tie count), SR_MODE_FIRST = first tied edge in caller edge order (aux = its
@@ -56,9 +63,11 @@ __device__ __forceinline__ float sr_order_key_decode(unsigned int k) {
 
 // One canonical message (see the header). Under SR_KEEP every NaN becomes the positive quiet
 // NaN, whose order key is above every other value's, so the heavy path lets it win too.
-template <int NF>
+template <int NF, typename TO>
 __device__ __forceinline__ float sr_message(float sw, float xv) {
-    const float v = __fadd_rn(__fmul_rn(sw, xv), 0.0f);
+    float p = __fmul_rn(sw, xv);
+    if constexpr (sizeof(TO) == 2) p = gf_to_float(gf_cast<TO>(p));
+    const float v = __fadd_rn(p, 0.0f);
     return (NF == SR_KEEP && v != v) ? __int_as_float(0x7fc00000) : v;
 }
 
@@ -101,13 +110,35 @@ __device__ __forceinline__ int sr_init_aux() {
     return MODE == SR_MODE_COUNT ? 0 : (MODE == SR_MODE_FIRST ? GF_INT_MAX : -1);
 }
 
+// aux rows (int32) of VEC elements: 16-byte accesses for every VEC multiple of 4 (16-bit x
+// gives VEC = 8; common.cuh's int accesses vectorise VEC = 4 only). Same alignment as the
+// float rows the launcher checked (F % VEC == 0, 16-byte aligned base).
+template <int VEC>
+__device__ __forceinline__ void sr_store_aux(int* p, const int* r) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < VEC; i += 4) gf_store<4>(p + i, r + i);
+    } else {
+        gf_store<VEC>(p, r);
+    }
+}
+template <int VEC>
+__device__ __forceinline__ void sr_load_aux(int* r, const int* p) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < VEC; i += 4) gf_load<4>(r + i, p + i);
+    } else {
+        gf_load<VEC>(r, p);
+    }
+}
+
 // Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
 // T edges at a time, one per lane, then broadcast; rows are loaded U = 4/CH edges at a time
 // so 4 loads of VEC floats per lane are in flight together.
-template <int VEC, int T, int CH, int MODE, int NF>
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
-                                                const float* __restrict__ x, const float* __restrict__ w,
+                                                const TX* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC]) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
@@ -143,7 +174,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF>(ww[u], v[u][c][j]), pp[u]);
+                            sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF, TO>(ww[u], v[u][c][j]), pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
@@ -155,7 +186,8 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     float v0[VEC];
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF>(w0, v0[j]), p0);
+                    for (int j = 0; j < VEC; ++j)
+                        sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF, TO>(w0, v0[j]), p0);
                 }
             }
         }
@@ -165,11 +197,11 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
 // out [n_dst, F]; aux [n_dst, F] (tie count or caller edge id; 0 / -1 for empty rows),
 // unused with MODE 3.
-template <int VEC, int T, int CH, int MODE, int NF>
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
-                            const int* __restrict__ perm, const float* __restrict__ x,
+                            const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, float* __restrict__ out, int* __restrict__ aux) {
+                            int F, float sign, TO* __restrict__ out, int* __restrict__ aux) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
@@ -185,7 +217,7 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
     const bool empty = start == end;
 #pragma unroll
@@ -206,7 +238,7 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
                 q[j] = v;
             }
             gf_store<VEC>(out + o, r);
-            if (MODE != SR_MODE_VALUE) gf_store<VEC>(aux + o, q);
+            if (MODE != SR_MODE_VALUE) sr_store_aux<VEC>(aux + o, q);
         }
     }
 }
@@ -227,9 +259,9 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
 // (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
 // MODE 3 merges like MODE 2.
-template <int VEC, int T, int CH, int MODE, int NF>
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
-                              const float* __restrict__ x, const float* __restrict__ w,
+                              const TX* __restrict__ x, const float* __restrict__ w,
                               const int4* __restrict__ items, int n_items, int F, float sign,
                               unsigned long long* __restrict__ packed) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
@@ -247,7 +279,7 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
 
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -270,10 +302,12 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 }
 
 // Writes out/aux of the split rows (split[h] = (row, first chunk, chunks, 0)) from packed.
-extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
-                                         const int4* __restrict__ split, int n_split, int F, float sign,
-                                         int mode, int non_finite, float* __restrict__ out,
-                                         int* __restrict__ aux) {
+// The packed key holds a message value of TO exactly, so the store is exact.
+template <typename TO>
+__global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
+                              const int4* __restrict__ split, int n_split, int F, float sign,
+                              int mode, int non_finite, TO* __restrict__ out,
+                              int* __restrict__ aux) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= (long long)n_split * F) return;
     const int h = (int)(idx / F), f = (int)(idx % F);
@@ -284,7 +318,7 @@ extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ 
     float r = sign * sr_order_key_decode(key);
     const bool no_winner = non_finite == SR_DROP ? !sr_finite(r) : r != r;
     if (non_finite == SR_DROP && !sr_finite(r)) r = 0.f;
-    out[o] = r;
+    gf_st(out + o, r);
     if (aux != nullptr) {
         int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
         if (mode != SR_MODE_COUNT && (no_winner || v < 0 || v == GF_INT_MAX)) v = -1;
@@ -294,20 +328,23 @@ extern "C" __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ 
 
 // Backward of the single-edge rules: total = n_dst * F elements; arg [n_dst, F] caller edge
 // ids (-1: empty row); src_of [M] source id per caller edge. dx [n_src, F] and dw [M] are
-// zero-initialised accumulators (either may be null).
-extern "C" __global__ void sr_bwd_arg(const int* __restrict__ arg, const float* __restrict__ grad_out,
-                                      const int* __restrict__ src_of, const float* __restrict__ w,
-                                      const float* __restrict__ x, long long total, int F,
+// zero-initialised float accumulators (either may be null; for 16-bit x or weights they are
+// float scratch buffers the launcher casts once: atomics into 16-bit memory would round at
+// every add). grad_out is read as TO (the output's type), x as TX.
+template <typename TX, typename TO>
+__global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
+                           const int* __restrict__ src_of, const float* __restrict__ w,
+                           const TX* __restrict__ x, long long total, int F,
                                       float* __restrict__ dx, float* __restrict__ dw) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
     const int e = __ldg(arg + idx);
     if (e < 0) return;
     const int f = (int)(idx % F);
-    const float g = __ldg(grad_out + idx);
+    const float g = gf_ldg(grad_out + idx);
     const long long xo = (long long)__ldg(src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
-    if (dw != nullptr) atomicAdd(dw + e, g * __ldg(x + xo));
+    if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
 }
 
 // Backward of the counting tie rules (non-finite rule SR_KEEP) over the work items: items [n_items] = (row, edge
@@ -315,12 +352,14 @@ extern "C" __global__ void sr_bwd_arg(const int* __restrict__ arg, const float* 
 // chunks). A group keeps its row's extreme and gradient share in registers, walks the item's
 // edges (metadata T at a time, U = 4/CH rows' loads in flight) and, for each message equal
 // to the extreme, adds share * w to dx[src] and share * x to dw (reduced over the group).
-template <int VEC, int T, int CH>
+// x is read as TX, out and grad_out as TO; dx and dw are float (scratch buffers for 16-bit
+// tensors, see sr_bwd_arg).
+template <typename TX, typename TO, int VEC, int T, int CH>
 __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
-                            const int* __restrict__ perm, const float* __restrict__ x,
+                            const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
-                            const float* __restrict__ out, const int* __restrict__ cnt,
-                            const float* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
+                            const TO* __restrict__ out, const int* __restrict__ cnt,
+                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -341,7 +380,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
             int n[VEC];
             gf_load<VEC>(o, out + ro);
             gf_load<VEC>(g, grad_out + ro);
-            gf_load<VEC>(n, cnt + ro);
+            sr_load_aux<VEC>(n, cnt + ro);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 mo[c][j] = sign * o[j];
@@ -393,7 +432,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                     if (f < F) {
 #pragma unroll
                         for (int j = 0; j < VEC; ++j) {
-                            if (sr_message<SR_KEEP>(sw, v[u][c][j]) == mo[c][j] || share[c][j] != share[c][j]) {
+                            if (sr_message<SR_KEEP, TO>(sw, v[u][c][j]) == mo[c][j] || share[c][j] != share[c][j]) {
                                 if (dx != nullptr) atomicAdd(dx + (long long)ss[u] * F + f + j, share[c][j] * wu[u]);
                                 dwp += share[c][j] * v[u][c][j];
                             }

@@ -6,6 +6,12 @@ with 64-bit atomics (the row-chunk work list, built once per graph and shared wi
 SpMM kernel); the other rows get a lane group each. Nothing here synchronises with the host
 except building the work list on a graph's first use.
 
+Dtypes: x is float32, float16 or bfloat16 (read as such: 16-byte loads are 8 halves), the
+output ``out`` float32 or x's dtype (promote_types(x, w) as the op decides), weights float32
+(the op converts them), aux int32. Gradients accumulate with float atomics: into dx / dw
+directly when those are float32, else into float32 scratch buffers cast once at the end
+(adding into 16-bit memory would round at every atomic).
+
 Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
 chunks of 4 floats per lane).
 """
@@ -48,10 +54,12 @@ def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
 
 def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
             need_aux: bool, out: Tensor) -> Optional[Tensor]:
-    """``out`` [n_dst, F] = sign * max_k (sign * w_k) * x[src_k] per row; returns aux.
+    """``out`` [n_dst, F] = sign * max_k round_out((sign * w_k) * x[src_k]) per row; returns aux.
 
-    aux int32 [n_dst, F] is what the backward needs for the tie rule (tie counts, or the
-    winning caller edge id); None without ``need_aux`` (value only).
+    ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
+    or x's dtype (messages are rounded to it, see segment_reduce.cu). aux int32 [n_dst, F]
+    is what the backward needs for the tie rule (tie counts, or the winning caller edge id);
+    None without ``need_aux`` (value only).
     """
     F = x.size(1)
     device = x.device
@@ -65,18 +73,19 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
+    tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
-        KERNELS.kernel(device, "sr_fwd_rows", *fcfg[:3], mode, nf).launch(
+        KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
             perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        KERNELS.kernel(device, "sr_fwd_chunks", *fcfg[:3], mode, nf).launch(
+        KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
             perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed)
-        KERNELS.kernel(device, "sr_fwd_unpack").launch(
+        KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, out=out, aux=aux)
     return aux
@@ -84,26 +93,36 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
 
 def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, aux: Tensor,
              grad_out: Tensor, need_dx: bool, need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used."""
+    """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used.
+
+    ``out`` and ``grad_out`` in the output's dtype, ``x`` in its own, ``w`` float32. dx comes
+    back in x's dtype; dw float32 (the op casts it to the weight's dtype).
+    """
+    device = x.device
+    # float32 accumulators (the result itself for float32 x, else scratch cast once below)
+    dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
+    dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
+    if aux.numel() != 0:
+        _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw)
+    return (None if dx is None else dx.to(x.dtype)), dw
+
+
+def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
     F = x.size(1)
     device = x.device
-    dx = torch.zeros_like(x) if need_dx else None
-    dw = torch.zeros(graph.num_edges, dtype=x.dtype, device=device) if need_dw else None
-    if aux.numel() == 0:
-        return dx, dw
+    tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     kc = graph.kernel_csr()
     if MODES[tie_break] != MODE_COUNT:  # one winning edge per element: scatter along it
         src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
         total = aux.numel()
-        KERNELS.kernel(device, "sr_bwd_arg").launch(
+        KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
             launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
             dx=dx, dw=dw)
-        return dx, dw
+        return
     work = row_chunks(graph)
     fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
     vec, lanes, chunks, fblocks = fcfg
-    KERNELS.kernel(device, "sr_bwd_ties", *fcfg[:3]).launch(
+    KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
         launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
         count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)
-    return dx, dw

@@ -10,9 +10,15 @@
 // Feature mapping of the templated kernels: a group of T lanes (T a power of two <= 32,
 // never straddling a warp) serves one row (or one edge range); each lane owns CH chunks of
 // VEC consecutive features, chunk c covering features fb + c*T*VEC + lane*VEC .. +VEC-1,
-// where fb = blockIdx.y * T*VEC*CH is the feature block. VEC = 4 uses 16-byte loads and
-// needs F % 4 == 0 and 16-byte aligned rows. Edge metadata is loaded T edges at a time and
-// broadcast; U = 4/CH rows' loads are in flight per lane.
+// where fb = blockIdx.y * T*VEC*CH is the feature block. VEC is common.cuh's vector width
+// (16-byte loads: 4 floats or 8 halves; the launcher checks F and the alignment). Edge
+// metadata is loaded T edges at a time and broadcast; U = 4/CH rows' loads are in flight per
+// lane.
+//
+// Storage types: dense inputs are read as TX and outputs written as TO (float, gf_half or
+// gf_bf16, common.cuh); edge values, products and sums are float. Atomic partial sums go to
+// float memory only: the output itself when TO is float, else a float scratch row per split
+// row that spmm_split_store casts once (adding into 16-bit memory would round at every add).
 #include "common.cuh"
 
 // Degree-scale codes come from the launcher (-D defines), so Python and CUDA agree on them.
@@ -42,9 +48,9 @@ __device__ __forceinline__ float spmm_degree_scale(int degree, int mode) {
 // SpMM, row-major CSR x row-major dense: short rows written whole (spmm_rows); long rows
 // arrive as chunk items (worklist.py) whose partial sums are added atomically into rows the
 // caller zeroed first (spmm_chunks).
-template <int VEC, int T, int CH>
+template <typename TX, int VEC, int T, int CH>
 __device__ __forceinline__ void spmm_sum_range(const int* __restrict__ indices, const float* __restrict__ values,
-                                             const float* __restrict__ x, int start, int end, int F, int f0,
+                                             const TX* __restrict__ x, int start, int end, int F, int f0,
                                              unsigned int mask, int lane, float (&acc)[CH][VEC]) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     for (int e0 = start; e0 < end; e0 += T) {
@@ -94,10 +100,10 @@ __device__ __forceinline__ void spmm_sum_range(const int* __restrict__ indices, 
 }
 
 // One group per row of `rows` (row = group id when rows is null); writes the whole row.
-template <int VEC, int T, int CH>
+template <typename TX, typename TO, int VEC, int T, int CH>
 __global__ void spmm_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                                  const float* __restrict__ values, const int* __restrict__ rows, int n_rows,
-                                 const float* __restrict__ x, int F, float* __restrict__ out) {
+                                 const TX* __restrict__ x, int F, TO* __restrict__ out) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;
@@ -109,8 +115,8 @@ __global__ void spmm_rows(const int* __restrict__ indptr, const int* __restrict_
     for (int c = 0; c < CH; ++c)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[c][j] = 0.f;
-    spmm_sum_range<VEC, T, CH>(indices, values, x, __ldg(indptr + row), __ldg(indptr + row + 1), F, f0, mask, lane,
-                             acc);
+    spmm_sum_range<TX, VEC, T, CH>(indices, values, x, __ldg(indptr + row), __ldg(indptr + row + 1), F, f0, mask,
+                                   lane, acc);
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
@@ -118,25 +124,27 @@ __global__ void spmm_rows(const int* __restrict__ indptr, const int* __restrict_
     }
 }
 
-// Chunks of long rows: items [n_items] = (row, edge start, edge end, tag); those rows of out
-// pre-zeroed.
-template <int VEC, int T, int CH>
+// Chunks of long rows: items [n_items] = (row, edge start, edge end, split row index);
+// partial sums added atomically into row `row` of out (SLOT false: a float output whose split
+// rows the caller zeroed) or into row `split row index` of a zeroed float scratch (SLOT
+// true: 16-bit outputs, finished by spmm_split_store).
+template <typename TX, int VEC, int T, int CH, bool SLOT>
 __global__ void spmm_chunks(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
-                                  const float* __restrict__ values, const float* __restrict__ x, int F,
+                                  const float* __restrict__ values, const TX* __restrict__ x, int F,
                                   float* __restrict__ out) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_items) return;
     const unsigned int mask = gf_group_mask<T>();
     const int4 it = __ldg(items + gid);
-    const int row = it.x, start = it.y, end = it.z;
+    const int row = SLOT ? it.w : it.x, start = it.y, end = it.z;
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
     float acc[CH][VEC];
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[c][j] = 0.f;
-    spmm_sum_range<VEC, T, CH>(indices, values, x, start, end, F, f0, mask, lane, acc);
+    spmm_sum_range<TX, VEC, T, CH>(indices, values, x, start, end, F, f0, mask, lane, acc);
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
@@ -145,6 +153,17 @@ __global__ void spmm_chunks(const int4* __restrict__ items, int n_items, const i
             for (int j = 0; j < VEC; ++j) atomicAdd(out + (long long)row * F + f + j, acc[c][j]);
         }
     }
+}
+
+// out[split[h].x, :] = scratch[h, :] for the n_split split rows (split[h] = (row, first chunk,
+// chunks, 0)): the one cast of the float partial sums of spmm_chunks<..., SLOT = true>.
+template <typename TO>
+__global__ void spmm_split_store(const float* __restrict__ scratch, const int4* __restrict__ split, int n_split,
+                                 int F, TO* __restrict__ out) {
+    const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (idx >= (long long)n_split * F) return;
+    const int h = (int)(idx / F), f = (int)(idx % F);
+    gf_st(out + (long long)__ldg(split + h).x * F + f, scratch[idx]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -172,11 +191,12 @@ extern "C" __global__ void spmm_edge_values(const int* __restrict__ indptr, cons
 // group of T lanes walking the edge range [gid*epg, (gid+1)*epg) with its row's grad_out in
 // registers. With several feature blocks (gridDim.y > 1) dw must be zeroed and `accumulate`
 // set (partial dot products are atomically added); otherwise each edge is written once.
-template <int VEC, int T, int CH>
+// grad_out is read as TG (the output's type), x as TX; dw is float (cast by the launcher).
+template <typename TG, typename TX, int VEC, int T, int CH>
 __global__ void spmm_edge_grad(const int* __restrict__ indptr, const int* __restrict__ indices,
                                   const int* __restrict__ perm, const int* __restrict__ out_deg, int n_rows,
-                                  int n_edges, int src_mode, int dst_mode, const float* __restrict__ grad_out,
-                                  const float* __restrict__ x, int F, int epg, int accumulate,
+                                  int n_edges, int src_mode, int dst_mode, const TG* __restrict__ grad_out,
+                                  const TX* __restrict__ x, int F, int epg, int accumulate,
                                   float* __restrict__ dw) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -200,7 +220,7 @@ __global__ void spmm_edge_grad(const int* __restrict__ indptr, const int* __rest
         if (load) {
             load = false;
             c_dst = spmm_degree_scale(row_end - __ldg(indptr + row), dst_mode);
-            const float* dr = grad_out + (long long)row * F + fb;
+            const TG* dr = grad_out + (long long)row * F + fb;
 #pragma unroll
             for (int c = 0; c < CH; ++c) {
                 const int f = c * T * VEC + lane * VEC;
@@ -208,7 +228,7 @@ __global__ void spmm_edge_grad(const int* __restrict__ indptr, const int* __rest
             }
         }
         const int s = __ldg(indices + k);
-        const float* xr = x + (long long)s * F + fb;
+        const TX* xr = x + (long long)s * F + fb;
         float dot = 0.f;
 #pragma unroll
         for (int c = 0; c < CH; ++c) {

@@ -22,6 +22,14 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
 The gradient w.r.t. the edge weights is the SDDMM
 ``dw_e = c_dst[row] c_src[col] <dY[row], X[col]>`` (``spmm_edge_grad``), in caller order.
 PyG's gcn_norm edge values (``spmm_gcn_degree``, ``spmm_gcn_values``) live here too.
+
+Dtypes: X float32, float16 or bfloat16; the result in X's dtype or float32 (the op's
+``out_dtype``); dY in the result's dtype and dX in X's; edge weights are read as float32 and
+the normalised values stay float32 for the own kernel (cuSPARSE gets a cached copy in X's
+dtype, :class:`gnn_fastpath.cuda.cusparse.EdgeValues`); the SDDMM returns float32. Every
+product and sum is float32; atomically merged partial sums of long rows go to float32 memory
+(a scratch row per split row when the output is 16-bit, cast once: adding into 16-bit memory
+would round at every atomic).
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ from torch import Tensor
 
 from .. import config
 from . import launch, segment_reduce
-from .cusparse import CsrMatrix
+from .cusparse import CsrMatrix, EdgeValues, NoAlgorithm, fp32_values
 
 SOURCE = "spmm.cu"
 #: Threads per block of the lane-group kernels.
@@ -55,36 +63,51 @@ build_counts: Counter = Counter()
 MEMO_KEY = "spmm"
 
 
-def own_spmm(indices: Tensor, indptr: Tensor, work, values: Tensor, b: Tensor, c: Tensor) -> None:
+def own_spmm(indices: Tensor, indptr: Tensor, work, values, b: Tensor, c: Tensor) -> None:
     """c = A @ b with the own kernels: short rows whole (``spmm_rows``), the chunks of long
-    rows (``work``: row chunks of A's rows) added atomically into zeroed rows."""
+    rows (``work``: row chunks of A's rows) added atomically into zeroed float32 rows (c's own
+    when c is float32, else a scratch cast into c by ``spmm_split_store``). ``values``:
+    float32 (or :class:`EdgeValues`); b and c float32/float16/bfloat16."""
+    values = fp32_values(values)
     F = b.size(1)
     device = b.device
+    tb, tc = launch.ctype(b.dtype), launch.ctype(c.dtype)
     fcfg = launch.lane_groups(F, b, c, max_chunks=2)
     vec, lanes, chunks, fblocks = fcfg
     n_rows = indptr.numel() - 1 - work.n_split
     if n_rows:
-        KERNELS.kernel(device, "spmm_rows", *fcfg[:3]).launch(
+        KERNELS.kernel(device, "spmm_rows", tb, tc, *fcfg[:3]).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=indptr, indices=indices,
             values=values, rows=work.whole_rows if work.n_split else None, n_rows=n_rows, x=b, F=F, out=c)
     if work.n_split:
-        c.index_fill_(0, work.split_rows, 0.0)
-        KERNELS.kernel(device, "spmm_chunks", *fcfg[:3]).launch(
-            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, items=work.items,
-            n_items=work.n_split_items, indices=indices, values=values, x=b, F=F, out=c)
+        grid = launch.group_grid(work.n_split_items, lanes, fblocks, THREADS)
+        if c.dtype == torch.float32:
+            c.index_fill_(0, work.split_rows, 0.0)
+            KERNELS.kernel(device, "spmm_chunks", tb, *fcfg[:3], False).launch(
+                grid, THREADS, items=work.items, n_items=work.n_split_items, indices=indices, values=values, x=b,
+                F=F, out=c)
+        else:
+            scratch = torch.zeros(work.n_split, F, dtype=torch.float32, device=device)
+            KERNELS.kernel(device, "spmm_chunks", tb, *fcfg[:3], True).launch(
+                grid, THREADS, items=work.items, n_items=work.n_split_items, indices=indices, values=values, x=b,
+                F=F, out=scratch)
+            KERNELS.kernel(device, "spmm_split_store", tc).launch(
+                launch.cdiv(work.n_split * F, 256), 256, scratch=scratch, split=work.split, n_split=work.n_split,
+                F=F, out=c)
 
 
 class _Values:
-    """Normalised edge values of one (norm, weight) and, lazily, their transposed order."""
+    """Normalised edge values of one (norm, weight) (float32, plus the 16-bit copies cuSPARSE
+    asks for) and, lazily, their transposed order."""
 
     def __init__(self, values: Tensor, ref=None):
-        self.values = values
+        self.values = EdgeValues(values)
         self.ref = ref
-        self._transposed: Optional[Tensor] = None
+        self._transposed: Optional[EdgeValues] = None
 
-    def transposed(self, cache: "SpmmCache") -> Tensor:
+    def transposed(self, cache: "SpmmCache") -> EdgeValues:
         if self._transposed is None:
-            self._transposed = self.values.index_select(0, cache.transposed_positions())
+            self._transposed = EdgeValues(self.values.fp32.index_select(0, cache.transposed_positions()))
             build_counts["values_t"] += 1
         return self._transposed
 
@@ -110,7 +133,7 @@ class SpmmCache:
         return graph.memo(("spmm", "out_degree_int32"), lambda: graph.out_degree().to(torch.int32))
 
     def edge_values(self, norm: str, w: Optional[Tensor]) -> Tensor:
-        """values [M] in CSR order: c_dst[row] * w[perm] * c_src[col]."""
+        """values [M] float32 in CSR order: c_dst[row] * w[perm] * c_src[col] (w float32)."""
         src_mode, dst_mode = SCALES[norm]
         m = self.kc.indices.numel()
         values = torch.empty(m, dtype=torch.float32, device=self.kc.indices.device)
@@ -134,7 +157,8 @@ class SpmmCache:
         if entry is not None and entry.ref() is edge_weight:
             lru.move_to_end(key)
             return entry
-        entry = _Values(self.edge_values(norm, edge_weight.detach().contiguous()), weakref.ref(edge_weight))
+        w = edge_weight.detach().to(torch.float32).contiguous()  # the kernels read weights as float32
+        entry = _Values(self.edge_values(norm, w), weakref.ref(edge_weight))
         lru[key] = entry
         lru.move_to_end(key)
         while len(lru) > WEIGHTED_ENTRIES:
@@ -163,8 +187,8 @@ def cache_of(graph) -> SpmmCache:
 
 
 def forward(graph, x: Tensor, edge_weight: Optional[Tensor], norm: str, out: Tensor):
-    """out [n_dst, F] = A x for contiguous fp32 x [n_src, F]; returns the values entry used
-    (the backward needs it)."""
+    """out [n_dst, F] = A x for contiguous x [n_src, F] (float32/float16/bfloat16) into
+    ``out`` (x's dtype or float32); returns the values entry used (the backward needs it)."""
     cache = cache_of(graph)
     entry = cache.values(norm, edge_weight)
     cache.csr.matmul(entry.values, x, out)
@@ -172,26 +196,32 @@ def forward(graph, x: Tensor, edge_weight: Optional[Tensor], norm: str, out: Ten
 
 
 def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Tensor, need_dx: bool,
-             need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """(dx [n_src, F] or None, dw [M] caller order or None); ``x`` is needed for dw only."""
+             need_dw: bool, dx_dtype: Optional[torch.dtype] = None) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(dx [n_src, F] in ``dx_dtype`` (x's; default grad_out's) or None, dw [M] float32 in
+    caller order or None); ``x`` is needed for dw only."""
     cache = cache_of(graph)
     dx = dw = None
     if need_dx:
-        dx = torch.empty(cache.n_src, grad_out.size(1), dtype=grad_out.dtype, device=grad_out.device)
+        dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
         # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
         # those always take the explicit transposed matrix (run by the own kernel).
-        if (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
-                or cache.csr.nnz > cache.n_src * cache.n_dst):
+        transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
+                      or cache.csr.nnz > cache.n_src * cache.n_dst)
+        if not transposed:
+            try:
+                cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
+            except NoAlgorithm:  # cuSPARSE takes no transposed product of these dtypes
+                transposed = True
+        if transposed:
             cache.transposed().matmul(entry.transposed(cache), grad_out, dx)
-        else:
-            cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
     if need_dw:
         dw = edge_weight_grad(cache, norm, grad_out, x)
     return dx, dw
 
 
 def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -> Tensor:
-    """dw [M] in caller order: c_dst[row] * c_src[col] * <grad_out[row], x[col]>."""
+    """dw [M] float32 in caller order: c_dst[row] * c_src[col] * <grad_out[row], x[col]>
+    (grad_out and x in their own dtypes, float32 products and sums)."""
     src_mode, dst_mode = SCALES[norm]
     kc = cache.kc
     m = kc.indices.numel()
@@ -203,7 +233,7 @@ def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -
     if m == 0 or F == 0:
         return dw
     groups = launch.cdiv(m, EDGES_PER_GROUP)
-    KERNELS.kernel(x.device, "spmm_edge_grad", *fcfg[:3]).launch(
+    KERNELS.kernel(x.device, "spmm_edge_grad", launch.ctype(grad_out.dtype), launch.ctype(x.dtype), *fcfg[:3]).launch(
         launch.group_grid(groups, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
         perm=kc.perm, out_deg=cache.out_degree() if src_mode != SCALE_NONE else None, n_rows=cache.n_dst,
         n_edges=m, src_mode=src_mode, dst_mode=dst_mode, grad_out=grad_out, x=x, F=F, epg=EDGES_PER_GROUP,
@@ -212,7 +242,8 @@ def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -
 
 
 def gcn_norm(graph, w: Optional[Tensor], fill: float) -> Tensor:
-    """PyG gcn_norm edge values [M] in caller order (see ops.gcn_norm_values); fp32."""
+    """PyG gcn_norm edge values [M] in caller order (see ops.gcn_norm_values); float32 from
+    float32 weights ``w`` (or None)."""
     kc = graph.kernel_csr()
     n, m = graph.n_dst, graph.num_edges
     device = kc.indices.device

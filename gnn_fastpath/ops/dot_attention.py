@@ -51,6 +51,19 @@ Design
   (``MAX_ROW_FLOATS*`` in the launcher); registers capped at 80 per thread
   (``__launch_bounds__(DOT_THREADS, 3)``); batch depth 4 edges for D <= 128
   (``DOT_EDGE_FLOATS``).
+- Reduced precision: the kernels are templated on the storage type TI of q, k, v, edge_term
+  (float32, float16, bfloat16) and TO of out and alpha (TI or float32, ``out_dtype``). Rows
+  are read as TI with 16-byte vector loads (8 halves per lane access when rows are aligned),
+  converted to float32 in registers; logits, the online-softmax state, the accumulators and
+  the saved ``lse`` / ``delta`` are float32, and out / alpha are rounded to TO once when
+  written (raw logits for a 16-bit alpha go to a float32 [M, H] buffer first). So the only
+  rounding errors beyond float32 arithmetic are the final roundings to TO and, in the
+  backward, that out and grad_out are read in TO. Gradients come back in TI: dq and
+  d_edge_term are summed in registers (split rows: float32 partials) and rounded once; dk and
+  dv either likewise (transposed pass) or, in the atomic mode, summed by float32 atomics into
+  zeroed float32 buffers and cast to TI once at the end: atomics straight into 16-bit memory
+  (or packed half2 / bf16x2 atomics) would round the running sum at every addition, an error
+  growing with the source's out-degree, and bf16 has only 8 significant bits.
 """
 from __future__ import annotations
 
@@ -69,8 +82,19 @@ from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
 
 
+def _check_out_dtype(out_dtype, dtype: torch.dtype) -> torch.dtype:
+    """``out_dtype`` resolved against the inputs' dtype: None -> ``dtype``; else it must be
+    ``dtype`` or torch.float32 (ValueError naming ``out_dtype``)."""
+    if out_dtype is None:
+        return dtype
+    if out_dtype not in (dtype, torch.float32):
+        raise ValueError(f"out_dtype must be None, the inputs' dtype ({dtype}) or torch.float32, got {out_dtype!r}")
+    return out_dtype
+
+
 def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
-                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0,
+                  out_dtype: Optional[torch.dtype] = None):
     r"""Dot-product (Graph Transformer) attention over each destination's in-edges.
 
     .. math::
@@ -79,6 +103,13 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         \qquad o_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}\,(v_j + t_{ij})
 
     per head (PyG ``TransformerConv`` semantics). Destinations without in-edges get 0.
+
+    Dtypes: q, k, v and edge_term share one floating dtype T. float32, float16 and bfloat16
+    run the fused kernels on CUDA: values are stored in T, but every logit, softmax statistic,
+    sum and gradient sum is computed in float32, and the results are rounded once to
+    ``out_dtype`` (gradients to T). Other dtypes (float64) run the reference, in that dtype.
+    The reference computes 16-bit inputs in float32 too. An ambient ``torch.autocast``
+    changes neither backend.
 
     Args:
         graph (Graph): the graph (any device; copied once to the features' device).
@@ -93,9 +124,12 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
         return_attention (bool or str): also return alpha [M, H] in caller edge order
             (``True``: softmax weights; ``"dropped"``: after attention dropout).
         dropout (float): attention dropout probability.
+        out_dtype (torch.dtype, optional): dtype of out and alpha: T (the default, None) or
+            torch.float32 (a float32 result of 16-bit inputs, never rounded to 16 bits).
 
     Returns:
-        out [N_dst, H, D], or ``(out, alpha)`` when ``return_attention``.
+        out [N_dst, H, D], or ``(out, alpha)`` when ``return_attention``, both in
+        ``out_dtype``. Gradients flow back in T (grad_out arrives in ``out_dtype``).
     """
     graph = check_graph(graph)
     check_devices(("q", q), ("k", k), ("v", v), ("edge_term", edge_term))
@@ -108,28 +142,32 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     scale = check_real("scale", scale, allow_none=True)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
+    out_dtype = _check_out_dtype(out_dtype, k.dtype)
     graph = graph_on(graph, k)
     if choose("dot_attention", k.device, k.dtype, graph, heads=(H, D)) == CUDA:
         scale = 1.0 / math.sqrt(D) if scale is None else scale
         seed, offset = philox_seed(dropout)
         t = edge_term.contiguous() if edge_term is not None else None
         return DotAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), t, graph, scale,
-                                          return_attention, dropout, seed, offset)
-    return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
+                                          return_attention, dropout, seed, offset, out_dtype)
+    return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout, out_dtype)
 
 
 class DotAttentionFunction(torch.autograd.Function):
-    """Fused dot-product attention (see the module docstring): saves ``lse`` [N_dst, H] and
-    the inputs, recomputes alpha in the backward.
+    """Fused dot-product attention (see the module docstring): saves ``lse`` [N_dst, H]
+    (float32) and the inputs, recomputes alpha in the backward.
 
-    ``apply(q, k, v, edge_term, graph, scale, return_attention, dropout, seed, offset)``
-    (q, k, v, edge_term contiguous fp32 CUDA); returns ``out`` or ``(out, alpha)``.
+    ``apply(q, k, v, edge_term, graph, scale, return_attention, dropout, seed, offset,
+    out_dtype=None)`` (q, k, v, edge_term contiguous CUDA tensors of one dtype T in float32,
+    float16, bfloat16; ``out_dtype`` T, float32 or None for T); returns ``out`` or
+    ``(out, alpha)`` in ``out_dtype``; the gradients are in T.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, edge_term, graph, scale: float, return_attention, dropout: float, seed: int,
-                offset: int):
-        out, lse, alpha = kernels.forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention)
+                offset: int, out_dtype: Optional[torch.dtype] = None):
+        out, lse, alpha = kernels.forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention,
+                                          out_dtype)
         ctx.save_for_backward(q, k, v, edge_term, out, lse, alpha)
         ctx.scale = scale
         keep(ctx, graph, dropout, seed, offset, return_attention)
@@ -145,4 +183,4 @@ class DotAttentionFunction(torch.autograd.Function):
             ctx.graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.scale,
             ctx.dropout, ctx.seed, ctx.offset, need_d_edge_term=need[3])
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                d_edge_term if need[3] else None, None, None, None, None, None, None)
+                d_edge_term if need[3] else None, None, None, None, None, None, None, None)

@@ -13,7 +13,11 @@ tile. A head's D columns are spread over LH lanes (a power of two), K vectors pe
 for D = 32/64/128/256 the width is a template constant and rows are read with 16-byte
 ``float4`` loads (LH = 8/16/32/32, K = 1/1/1/2); any other D <= 512 takes the generic
 scalar instantiation (LH = next power of two of D up to 32, K columns per lane, masked
-tail), as does a specialised D whose rows are not 16-byte aligned. The warp's 32/LH lane
+tail), as does a specialised D whose rows are not 16-byte aligned. 16-bit features use
+16-byte vectors of 8 elements (LH = 4/8/16/32, K = 1: half the lanes per head, so a warp
+covers twice the heads or edge slots with the same registers per lane); a D that is not
+specialised, or rows not 16-byte aligned, take the generic instantiation with the widest of
+8/4/2/1-element vectors (16/8/4/2 bytes) that D and the alignment allow. The warp's 32/LH lane
 groups cover min(H, 32/LH) heads; when that is fewer groups than the warp has, the spare
 groups become extra *edge slots* that walk interleaved edges of the same row (H=1, D=32
 uses four slots) and are merged by shuffles at the end; when H exceeds it, the heads are
@@ -21,8 +25,8 @@ split into tiles, each its own warp. Per step a slot loads U (2-4) edges' rows b
 any (memory-level parallelism); the per-head logit is a shuffle sum over the head's lanes.
 Each x_src row is gathered once per edge in the forward (the bandwidth floor), indices are
 read 32 at a time coalesced and broadcast by shuffles, edge_term is read in place through
-``perm``. Templates: ``<VW, LH, K, DC, U, has_edge_term>``, compiled per shape on first use
-(CuPy ``name_expressions``).
+``perm``. Templates: ``<TI, TO, VW, LH, K, DC, U, has_edge_term>`` (storage types: see
+*Dtypes* below), compiled per shape and dtype on first use (CuPy ``name_expressions``).
 
 *Forward.* Online softmax per (row, head) in registers: for each step of U logits the
 running max m grows once, the accumulator and running sum are rescaled once. Output out =
@@ -63,6 +67,25 @@ or [M, H, D] is allocated except the requested outputs (alpha, d edge_term).
 *Gradient through the returned attention.* Also supported: with a gradient grad_alpha on
 alpha, dalpha gains grad_alpha (times ds for "dropped") and delta gains delta_alpha_i =
 sum_j alpha_out_ij grad_alpha_ij, computed by one small pre-pass.
+
+*Dtypes (reduced precision).* The features x_src, x_dst, edge_term share one storage dtype
+T (float32, float16 or bfloat16: template type TI of the kernels); ``att`` may have its own
+floating dtype (under autocast it stays a float32 parameter) and is read as float32 (the op
+converts the [H, D] tensor). out and the returned alpha are written in ``out_dtype`` (TO: T
+or float32), so a float32 result of 16-bit inputs is never rounded to T. Every arithmetic
+operation and accumulator is float32: logits, the online-softmax state, the weighted sums,
+the dot products of the backward, every gradient sum; the saved lse and delta and the raw
+logits behind alpha are float32. Each value written in 16 bits is rounded once, to nearest
+even. The backward reads grad_out, the saved out and grad_alpha in out_dtype. Gradients
+come back in the dtype of their tensor: dx_src, dx_dst and d_edge_term in T, datt in att's
+dtype. Where the backward adds with atomics (dx_src in the ``atomic`` variant, chunks of
+split rows for dx_dst and, ``transposed``, dx_src; datt) it adds into float32 buffers and
+casts once at the end: atomics on 16-bit memory would round the running sum at every add
+(a row of a 100k-edge super node would lose all precision; packed bf16x2/half2 atomics
+round the same way), while the float32 scratch costs one [N, H, D] float32 buffer (dx_src,
+atomic variant; for split rows only [n_split, H, D]) and one cast. Rows without split chunks
+store their gradient straight in T. 16-bit rows are read with 16-byte vectors (8 elements
+per lane; 8/4/2-byte vectors or scalars where D or the alignment do not allow it).
 """
 from __future__ import annotations
 
@@ -81,7 +104,8 @@ from .dispatch import CUDA, choose
 
 
 def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float = 0.2,
-                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
+                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0,
+                    out_dtype: Optional[torch.dtype] = None):
     r"""GATv2 attention aggregated over each destination's in-edges.
 
     .. math::
@@ -94,36 +118,54 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     Args:
         graph (Graph): the graph (any device; copied once to the features' device).
             The tensor arguments must all be on one device.
-        x_src (Tensor): [N_src, H, D], source features (values and left logit term).
-        x_dst (Tensor): [N_dst, H, D], destination features (right logit term).
-        att (Tensor): [H, D], attention vector.
+        x_src (Tensor): [N_src, H, D], source features (values and left logit term), of
+            dtype T: float32, float16 or bfloat16 on the kernels (any floating dtype on the
+            reference; float64 runs the reference).
+        x_dst (Tensor): [N_dst, H, D], destination features (right logit term), dtype T.
+        att (Tensor): [H, D], attention vector, any floating dtype (read as float32 by the
+            kernels; its gradient comes back in its own dtype).
         negative_slope (float): LeakyReLU slope, a finite real number.
         edge_term (Tensor, optional): [M, H, D] in the caller's edge order, added inside the
-            LeakyReLU (GATv2 ``lin_edge(edge_attr)``).
+            LeakyReLU (GATv2 ``lin_edge(edge_attr)``), dtype T.
         return_attention (bool or str): also return alpha [M, H] in the caller's edge order:
             ``True`` the softmax weights, ``"dropped"`` the weights after attention dropout.
         dropout (float): attention dropout probability (inverted scaling); pass 0 in eval.
+        out_dtype (torch.dtype, optional): dtype of out and alpha: T (the default) or
+            torch.float32 (written directly by the kernels, never rounded through T).
+            Arithmetic is float32 either way (float64 for float64 inputs).
 
     Returns:
-        out [N_dst, H, D] (contiguous), or ``(out, alpha)`` when ``return_attention``.
+        out [N_dst, H, D] (contiguous), or ``(out, alpha)`` when ``return_attention``, in
+        ``out_dtype``. Gradients: x_src, x_dst, edge_term in T, att in att's dtype.
     """
     graph = check_graph(graph)
     check_devices(("x_src", x_src), ("x_dst", x_dst), ("att", att), ("edge_term", edge_term))
     check_tensor("x_src", x_src, (graph.n_src, None, None))
     H, D = x_src.shape[1:]
     check_tensor("x_dst", x_dst, (graph.n_dst, H, D), like=x_src)
-    check_tensor("att", att, (H, D), like=x_src)
+    check_tensor("att", att, (H, D))  # a parameter: its own floating dtype
     if edge_term is not None:
         check_tensor("edge_term", edge_term, (graph.num_edges, H, D), like=x_src)
     negative_slope = check_real("negative_slope", negative_slope)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
+    out_dtype = _check_out_dtype(out_dtype, x_src.dtype)
     graph = graph_on(graph, x_src)
     if choose("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, negative_slope,
-                                            return_attention, dropout, seed, offset)
-    return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout)
+                                            return_attention, dropout, seed, offset, out_dtype)
+    return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
+                                     out_dtype=out_dtype)
+
+
+def _check_out_dtype(out_dtype, dtype: torch.dtype) -> torch.dtype:
+    """``out_dtype`` resolved: None -> the features' dtype; else that dtype or float32."""
+    if out_dtype is None:
+        return dtype
+    if out_dtype not in (dtype, torch.float32):
+        raise ValueError(f"out_dtype must be None, the features' dtype ({dtype}) or torch.float32; got {out_dtype!r}")
+    return out_dtype
 
 
 class GATv2AttentionFunction(torch.autograd.Function):
@@ -131,16 +173,20 @@ class GATv2AttentionFunction(torch.autograd.Function):
     inputs, recomputes alpha in the backward.
 
     ``apply(x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout,
-    seed, offset)``; returns ``out`` or ``(out, alpha)``.
+    seed, offset, out_dtype=None)``; returns ``out`` or ``(out, alpha)`` in ``out_dtype``
+    (None: x_src's dtype). Dtypes as :func:`gatv2_attention`'s.
     """
 
     @staticmethod
-    def forward(ctx, x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout, seed, offset):
-        x_src, x_dst, att = x_src.contiguous(), x_dst.contiguous(), att.contiguous()
+    def forward(ctx, x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout, seed, offset,
+                out_dtype=None):
+        x_src, x_dst = x_src.contiguous(), x_dst.contiguous()
+        ctx.att_dtype = att.dtype
+        att = att.to(torch.float32).contiguous()  # [H, D]: the kernels read it as float32
         if edge_term is not None:
             edge_term = edge_term.contiguous()
         out, lse, alpha = kernels.forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed,
-                                          offset, return_attention)
+                                          offset, return_attention, out_dtype)
         ctx.save_for_backward(x_src, x_dst, att, edge_term, out, lse, alpha)
         ctx.negative_slope = negative_slope
         keep(ctx, graph, dropout, seed, offset, return_attention)
@@ -151,11 +197,13 @@ class GATv2AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_alpha=None):
         x_src, x_dst, att, edge_term, out, lse, alpha = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:4])
-        none = (None,) * 6
+        none = (None,) * 7
         if (grad_out is None and grad_alpha is None) or not any(needs):
             return (None, None, None, None) + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         dx_src, dx_dst, datt, d_edge_term = kernels.backward(
             ctx.graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped,
             ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset, needs)
+        if datt is not None:
+            datt = datt.to(ctx.att_dtype)  # summed in float32, cast once
         return (dx_src, dx_dst, datt, d_edge_term) + none

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..cuda import spmm as kernels
+from ..reference._segment import compute_dtype, no_autocast
 from ._checks import check_bool, check_graph, check_tensor, graph_on
 from .dispatch import CUDA, choose
 
@@ -53,7 +54,9 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
             see above for when PyG applies it). ``True`` or ``False``; anything else is a
             ValueError (a truthy ``"no"`` must not silently mean True).
         dtype (torch.dtype, optional): result dtype without ``edge_weight``
-            (default float32); with it, ``edge_weight.dtype``.
+            (default float32); with it, ``edge_weight.dtype``. float16 and bfloat16 are
+            computed in float32 and rounded once at the end (degree sums in 16 bits would
+            round at every addition); float64 is computed in float64 (reference backend).
 
     Returns:
         [M] normalised weights in the caller's edge order, on ``edge_weight``'s device (or
@@ -76,19 +79,21 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
     fill = 2.0 if improved else 1.0
     needs_grad = edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled()
     if choose("gcn_norm_values", graph.device, dtype, graph) == CUDA and not needs_grad:
-        w = None if edge_weight is None else edge_weight.contiguous()
-        return kernels.gcn_norm(graph, w, fill)
-    return _gcn_norm_torch(graph, edge_weight, fill, dtype)
+        w = None if edge_weight is None else edge_weight.to(torch.float32).contiguous()  # kernels read float32
+        return kernels.gcn_norm(graph, w, fill).to(dtype)
+    with no_autocast(graph.device):
+        return _gcn_norm_torch(graph, edge_weight, fill, compute_dtype(dtype)).to(dtype)
 
 
 def _gcn_norm_torch(graph, edge_weight, fill: float, dtype) -> Tensor:
+    """The values in ``dtype`` (float32 or float64; a weight is converted to it)."""
     n = graph.n_dst
     src, dst = graph.caller_coo()  # caller order, as PyG sees the edges
     if edge_weight is None:
         w = torch.where(src == dst, torch.tensor(fill, dtype=dtype, device=src.device),
                         torch.tensor(1.0, dtype=dtype, device=src.device))
     else:
-        w = edge_weight
+        w = edge_weight.to(dtype)
     deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, dst, w)
     dinv = deg.pow(-0.5)
     dinv = dinv.masked_fill(dinv == float("inf"), 0.0)

@@ -9,6 +9,15 @@ What the forward saves depends on the tie rule: ``"first"``/``"last"`` save the 
 caller edge id per output element (int32 [N_dst, F]); ``"split"``/``"even"`` save the
 number of tied edges per output element (int32 [N_dst, F]) and the backward re-walks the
 edges to find them. Nothing is saved when no input needs a gradient.
+
+Dtypes (the reduced-precision contract): ``x`` float32, float16 or bfloat16 is read as it is;
+the result has ``promote_types(x.dtype, edge_weight.dtype)`` (x's dtype without weights),
+which is what ``w * x`` in torch gives; weights are read as float32 whatever their dtype.
+Max/min only compare, so the 16-bit path is exact: each message is the float32 product
+rounded once to the result dtype (torch's ``w * x`` in that dtype) and the extreme is one of
+them. The gradients come back in the dtype of x and of the weights; the backward adds them
+with float32 atomics into float32 scratch buffers cast once at the end, because adding into
+16-bit memory would round at every atomic (and packed bf16x2 atomics would too).
 """
 from __future__ import annotations
 
@@ -20,8 +29,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import segment_reduce as kernels
-from ._checks import check_choice, check_features, check_graph, graph_on, row_width
-from .dispatch import CUDA, choose
+from ._checks import check_choice, check_devices, check_features, check_graph, check_tensor, graph_on, row_width
+from .dispatch import CUDA, CUDA_DTYPES, choose
 
 REDUCES = ("max", "min")
 TIE_BREAKS = reference.aggregation.TIE_BREAKS
@@ -65,42 +74,72 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
         graph (Graph): the graph.
         x (Tensor): [N_src, F] (or [N_src, *]) source features.
         reduce (str): ``"max"`` or ``"min"``.
-        edge_weight (Tensor, optional): [M] per-edge multiplier in the caller's edge order.
+        edge_weight (Tensor, optional): [M] per-edge multiplier in the caller's edge order,
+            any floating dtype (may differ from ``x``'s: a float32 parameter with bf16
+            features under autocast).
         tie_break (str): ``"split"``, ``"even"``, ``"first"`` or ``"last"`` (see above).
         non_finite (str): ``"keep"`` or ``"drop"`` (see above).
 
     Returns:
-        [N_dst, F] (same trailing shape as ``x``).
+        [N_dst, F] (same trailing shape as ``x``), dtype ``promote_types(x.dtype,
+        edge_weight.dtype)`` (``x.dtype`` without weights).
     """
     graph = check_graph(graph)
-    check_features(graph, x, edge_weight)
+    check_inputs(graph, x, edge_weight)
     check_choice("reduce", reduce, REDUCES)
     check_choice("tie_break", tie_break, TIE_BREAKS)
     check_choice("non_finite", non_finite, NON_FINITE)
     if non_finite == "drop" and tie_break not in ("first", "last"):
         raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
-    if choose("segment_reduce", x.device, x.dtype, graph) == CUDA:
+    out_dtype = result_dtype(x, edge_weight)
+    # a result the kernels cannot store (float64 from a float64 weight) runs the reference
+    if choose("segment_reduce", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
         return SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break, non_finite)
     return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
 
 
+def check_inputs(graph, x, edge_weight) -> None:
+    """``x`` [N_src, F...] features and an optional floating [M] ``edge_weight`` on x's device,
+    of any floating dtype (the weight's dtype may differ from x's)."""
+    check_features(graph, x, None)
+    if edge_weight is not None:
+        check_devices(("x", x), ("edge_weight", edge_weight))
+        check_tensor("edge_weight", edge_weight, (graph.num_edges,))
+
+
+def result_dtype(x: Tensor, edge_weight: Optional[Tensor]) -> torch.dtype:
+    """torch's dtype of ``edge_weight * x``: ``x.dtype`` without a weight."""
+    return x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
+
+
+def weight_fp32(edge_weight: Optional[Tensor]) -> Optional[Tensor]:
+    """The weights as the kernels read them: detached, contiguous float32 (a copy only when
+    the dtype differs)."""
+    return None if edge_weight is None else edge_weight.detach().to(torch.float32).contiguous()
+
+
 class SegmentReduceFunction(torch.autograd.Function):
-    """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break, non_finite)``."""
+    """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break, non_finite)``.
+
+    The result has :func:`result_dtype`; dx comes back in x's dtype, dw in the weight's.
+    """
 
     @staticmethod
     def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, reduce: str, tie_break: str,
                 non_finite: str = "keep"):
         x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-        w = None if edge_weight is None else edge_weight.detach().contiguous()
+        w = weight_fp32(edge_weight)
         sign = 1.0 if reduce == "max" else -1.0  # min runs as max of the negated messages
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # allocated in its final shape so the op returns a fresh tensor, not a view
-        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=x2.dtype, device=x2.device)
+        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=result_dtype(x, edge_weight),
+                             device=x2.device)
         aux = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
                               result.view(graph.n_dst, x2.size(1)))
         if need_grad:
             ctx.graph, ctx.sign, ctx.tie_break, ctx.x_shape = graph, sign, tie_break, x.shape
+            ctx.w_dtype = None if edge_weight is None else edge_weight.dtype
             ctx.save_for_backward(x2, w, result, aux)
         return result
 
@@ -109,9 +148,11 @@ class SegmentReduceFunction(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         x2, w, result, aux = ctx.saved_tensors
         graph = ctx.graph
-        grad_out = grad_out.reshape(graph.n_dst, x2.size(1)).contiguous()
+        grad_out = grad_out.reshape(graph.n_dst, x2.size(1)).to(result.dtype).contiguous()
         dx, dw = kernels.backward(graph, x2, w, ctx.sign, ctx.tie_break, result.view(graph.n_dst, x2.size(1)), aux,
                                   grad_out, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         if dx is not None:
             dx = dx.view(ctx.x_shape)
+        if dw is not None:
+            dw = dw.to(ctx.w_dtype)
         return dx, dw, None, None, None, None

@@ -1,4 +1,9 @@
-"""Sum and min/max neighbourhood aggregation in plain PyTorch (CPU path and oracle)."""
+"""Sum and min/max neighbourhood aggregation in plain PyTorch (CPU path and oracle).
+
+Dtypes (the reduced-precision contract): any floating inputs; 16-bit ones are computed in
+float32, float64 ones in float64, with autocast off; the result is returned in its dtype
+(``out_dtype`` for spmm) and each gradient in the dtype of its input.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..graph import Graph
-from ._segment import expand_rows, route_gradient, segment_sum
+from ._segment import compute_dtype, expand_rows, no_autocast, round_to, route_gradient, segment_sum
 
 
 def degree_norms(graph: Graph, norm: str, dtype: torch.dtype):
@@ -35,8 +40,29 @@ def _broadcast(w: Tensor, like: Tensor) -> Tensor:
     return w.view(-1, *([1] * (like.dim() - 1)))
 
 
-def spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "none") -> Tensor:
+def spmm_out_dtype(x: Tensor, edge_weight: Optional[Tensor], out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype of spmm's result: by default torch's dtype of ``edge_weight * x`` (x's
+    without weights); ``out_dtype`` may name that, x's dtype or float32 (anything else is a
+    ValueError)."""
+    default = x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
+    if out_dtype is None:
+        return default
+    if out_dtype not in (x.dtype, torch.float32, default):
+        raise ValueError(f"out_dtype must be None, x's dtype ({x.dtype}) or torch.float32; got {out_dtype!r}")
+    return out_dtype
+
+
+def spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "none",
+         out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """Reference sparse-dense product; see :func:`gnn_fastpath.ops.spmm`."""
+    out_dtype = spmm_out_dtype(x, edge_weight, out_dtype)
+    dtype = compute_dtype(x.dtype, out_dtype, *(() if edge_weight is None else (edge_weight.dtype,)))
+    with no_autocast(x.device):
+        w = None if edge_weight is None else edge_weight.to(dtype)
+        return _spmm(graph, x.to(dtype), w, norm).to(out_dtype)
+
+
+def _spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor], norm: str) -> Tensor:
     src_scale, dst_scale = degree_norms(graph, norm, x.dtype)
     if src_scale is not None:
         x = x * _broadcast(src_scale, x)
@@ -64,16 +90,30 @@ def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Op
     differs. ``"split"`` (with ``non_finite="keep"``) is literally torch's
     ``scatter_reduce(..., include_self=False)`` on a zero tensor (what PyG runs); the other
     rules route the gradient to the messages through fixed per-edge coefficients.
+
+    The result has ``promote_types(x.dtype, edge_weight.dtype)`` (x's dtype without
+    weights); each message ``w * x`` is rounded once to it, as torch's product in that dtype
+    is (computed in float32 for 16-bit inputs, so the comparisons and the gradient
+    arithmetic are float32).
     """
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {', '.join(map(repr, TIE_BREAKS))}; got {tie_break!r}")
     if non_finite not in NON_FINITE:
         raise ValueError(f"non_finite must be one of {', '.join(map(repr, NON_FINITE))}; got {non_finite!r}")
+    out_dtype = x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
+    dtype = compute_dtype(out_dtype)
+    with no_autocast(x.device):
+        w = None if edge_weight is None else edge_weight.to(dtype)
+        return _segment_reduce(graph, x.to(dtype), reduce, w, tie_break, non_finite, out_dtype).to(out_dtype)
+
+
+def _segment_reduce(graph: Graph, x: Tensor, reduce: str, edge_weight: Optional[Tensor], tie_break: str,
+                    non_finite: str, out_dtype: torch.dtype) -> Tensor:
     drop = non_finite == "drop"
     messages = x[graph.indices]
     w = _edge_weight_csr(graph, edge_weight)
     if w is not None:
-        messages = messages * _broadcast(w, messages)
+        messages = round_to(messages * _broadcast(w, messages), out_dtype)
     dst = graph.dst_index()
     idx = expand_rows(dst, messages)
     op = "amax" if reduce == "max" else "amin"

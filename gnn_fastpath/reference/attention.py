@@ -32,28 +32,71 @@ def _finish(graph: Graph, alpha: Tensor, messages: Tensor, dropout: float, retur
 
 
 def gatv2_attention(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float = 0.2,
-                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
-    """Reference GATv2 attention; see :func:`gnn_fastpath.ops.gatv2_attention`."""
-    src, dst = graph.indices, graph.dst_index()
-    xj = x_src[src]
-    z = xj + x_dst[dst]
-    if edge_term is not None:
-        z = z + edge_term[graph.perm]
-    logits = (F.leaky_relu(z, negative_slope) * att).sum(-1)
-    alpha = segment_softmax(logits, dst, graph.n_dst)
-    return _finish(graph, alpha, xj, dropout, return_attention)
+                    edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0,
+                    out_dtype=None):
+    """Reference GATv2 attention; see :func:`gnn_fastpath.ops.gatv2_attention`.
+
+    Any floating dtypes: computed in float32 for 16-bit features (as the kernels do), else in
+    the features' dtype, promoted with att's (a float32 ``att`` of bf16 features stays
+    float32), with autocast off; out and alpha come back in ``out_dtype`` (default x_src's
+    dtype), gradients in each input's own dtype (through the casts).
+    """
+    from contextlib import nullcontext  # local: the module header is shared with dot_attention
+
+    import torch
+
+    out_dtype = out_dtype or x_src.dtype
+    compute = torch.float32 if x_src.dtype in (torch.float16, torch.bfloat16) else x_src.dtype
+    compute = torch.promote_types(compute, att.dtype)
+    x_src, x_dst, att = x_src.to(compute), x_dst.to(compute), att.to(compute)
+    edge_term = edge_term.to(compute) if edge_term is not None else None
+    # an ambient autocast must not change what the reference computes (contract of the ops)
+    dev = x_src.device.type
+    no_autocast = torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else nullcontext()
+    with no_autocast:
+        src, dst = graph.indices, graph.dst_index()
+        xj = x_src[src]
+        z = xj + x_dst[dst]
+        if edge_term is not None:
+            z = z + edge_term[graph.perm]
+        logits = (F.leaky_relu(z, negative_slope) * att).sum(-1)
+        alpha = segment_softmax(logits, dst, graph.n_dst)
+        res = _finish(graph, alpha, xj, dropout, return_attention)
+    if return_attention:
+        return res[0].to(out_dtype), res[1].to(out_dtype)
+    return res.to(out_dtype)
 
 
 def dot_attention(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
-                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0):
-    """Reference dot-product attention; see :func:`gnn_fastpath.ops.dot_attention`."""
+                  edge_term: Optional[Tensor] = None, return_attention=False, dropout: float = 0.0,
+                  out_dtype=None):
+    """Reference dot-product attention; see :func:`gnn_fastpath.ops.dot_attention`.
+
+    Any floating dtype: 16-bit inputs are computed in float32 (as the kernels do), others in
+    their own dtype, with autocast off; out and alpha come back in ``out_dtype`` (default
+    q's dtype), gradients in the inputs' dtypes.
+    """
+    from contextlib import nullcontext  # local: the module header is shared with gatv2_attention
+
+    import torch
+
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
-    src, dst = graph.indices, graph.dst_index()
-    kj, vj = k[src], v[src]
-    if edge_term is not None:
-        e = edge_term[graph.perm]
-        kj, vj = kj + e, vj + e
-    logits = (q[dst] * kj).sum(-1) * scale
-    alpha = segment_softmax(logits, dst, graph.n_dst)
-    return _finish(graph, alpha, vj, dropout, return_attention)
+    out_dtype = out_dtype or q.dtype
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    edge_term = edge_term.to(compute) if edge_term is not None else None
+    # an ambient autocast must not change what the reference computes (contract of the ops)
+    no_autocast = torch.autocast(q.device.type, enabled=False) if q.device.type in ("cpu", "cuda") else nullcontext()
+    with no_autocast:
+        src, dst = graph.indices, graph.dst_index()
+        kj, vj = k[src], v[src]
+        if edge_term is not None:
+            e = edge_term[graph.perm]
+            kj, vj = kj + e, vj + e
+        logits = (q[dst] * kj).sum(-1) * scale
+        alpha = segment_softmax(logits, dst, graph.n_dst)
+        res = _finish(graph, alpha, vj, dropout, return_attention)
+    if return_attention:
+        return res[0].to(out_dtype), res[1].to(out_dtype)
+    return res.to(out_dtype)

@@ -12,6 +12,17 @@ submodule: ``nn.Linear`` or DGL's ``Identity``) and ``activation``. The bias liv
 What differs from stock: attention dropout with p > 0 in training draws its own random
 numbers (same keep probability 1 - p and scale 1 / (1 - p)); stock and fused agree exactly
 at p = 0 and in eval mode.
+
+Reduced precision, derived from DGL 2.1's code (stock DGL's PyPI build cannot run CUDA
+features): under CUDA autocast ``fc_src``/``fc_dst`` give 16-bit projections; ``u_add_v``
+(gsddmm) keeps them 16-bit; ``(e * attn).sum(-1)`` is float32 (float32 ``attn``);
+``edge_softmax`` casts the logits back to the autocast dtype A and runs with autocast off, so
+the attention ``a`` is A; ``u_mul_e`` + ``sum`` (gspmm) aggregate A features with A weights
+into A. So the op gets the projections cast as DGL casts them (:func:`.graph.sparse_cast`),
+writes A (its default: the features' dtype) and returns the attention in A, as stock's
+``get_attention``; ``res_fc`` and ``activation`` then run as in stock (an ``Identity``
+residual adds the float32 input: float32 output, as stock). In a half module everything is
+the module's dtype. Under CPU autocast the layer runs stock (:func:`.graph.check_precision`).
 """
 from __future__ import annotations
 
@@ -20,8 +31,8 @@ from torch import Tensor, nn
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like, finite_number, has_module_hooks
-from .graph import (check_device, check_graph, check_zero_in_degree,
-                    features_of, graph_of)
+from .graph import (check_device, check_graph, check_precision, check_zero_in_degree,
+                    features_of, graph_of, sparse_cast)
 
 
 def _check_module(module, x: Tensor):
@@ -78,6 +89,7 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
     n_src, n_dst, is_block = check_graph(g)
     x = features_of(g, feat)
     check_device(g, x)
+    check_precision(x)
     H, D, att, negative_slope, p = _check_module(module, x)
     _check_features(g, feat, n_src, n_dst, is_block)
 
@@ -102,6 +114,7 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
         else:
             feat_dst = module.fc_dst(h_dst).view(-1, H, D)
 
+    feat_src, feat_dst = sparse_cast(feat_src, feat_dst)
     result = ops.gatv2_attention(G, feat_src, feat_dst, att, negative_slope,
                                  return_attention="dropped" if get_attention else False, dropout=p)
     rst, alpha = result if get_attention else (result, None)

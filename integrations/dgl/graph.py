@@ -11,13 +11,13 @@ copy). A graph on a GPU with features elsewhere is left to stock DGL, which repo
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Tuple
+from typing import Callable, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ...graph import Graph
-from ..shim import Unsupported
+from ..shim import Unsupported, autocast_dtype
 
 #: Stock DGL's message for zero in-degree destinations (GATv2Conv, GraphConv, ... in 2.1.0).
 ZERO_IN_DEGREE_MESSAGE = (
@@ -52,6 +52,30 @@ def check_graph(g) -> Tuple[int, int, bool]:
     if len(etypes) != 1:
         raise Unsupported("heterograph", f"{len(etypes)} edge types (the fused path takes one)")
     return int(g.num_src_nodes()), int(g.num_dst_nodes()), bool(g.is_block)
+
+
+def check_precision(x: Tensor) -> None:
+    """Unsupported where stock DGL cannot run the features' precision on the CPU: under CPU
+    autocast (DGL's sparse ops cast their inputs only under *CUDA* autocast, so stock feeds
+    them 16-bit node and float32 edge data and raises a DGLError in most layers; stock runs
+    and decides) and for float16 CPU features (DGL 2.1 has no float16 CPU kernels)."""
+    if x.device.type != "cpu":
+        return
+    if autocast_dtype("cpu") is not None:
+        raise Unsupported("autocast", "CPU autocast: DGL's sparse ops do not cast under it (stock mixes dtypes)")
+    if x.dtype == torch.float16:
+        raise Unsupported("dtype", "float16 features on the CPU (DGL 2.1 has no float16 CPU kernels)")
+
+
+def sparse_cast(*tensors: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+    """DGL's ``_cast_if_autocast_enabled`` (``dgl/backend/pytorch/sparse.py``), applied by stock
+    to the inputs of every ``gspmm``/``gsddmm``/``edge_softmax``: under CUDA autocast, floating
+    CUDA tensors other than float64 become the autocast dtype; otherwise nothing changes."""
+    dtype = autocast_dtype("cuda")
+    if dtype is None:
+        return tensors
+    return tuple(t.to(dtype) if t is not None and t.is_cuda and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
 
 
 def check_device(g, x: Tensor) -> None:

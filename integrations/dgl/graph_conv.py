@@ -11,6 +11,21 @@ destination features, a pair ``(feat_src, feat_dst)`` is taken as given.
 The source and destination degree scales are applied inside the op (one pass), so where
 stock scales before or after the matmul with W the fused path may scale on the other side
 of it: the same product, rounded in another order (differences around 1e-7 relative).
+
+Reduced precision, derived from DGL 2.1's code (stock DGL's PyPI build cannot run CUDA
+features). Under CUDA autocast (A the autocast dtype): the source scale of ``"left"``/
+``"both"`` is float32 (``pow`` autocasts to float32, ``1.0 / degs`` keeps the dtype of the
+features, float32 from the user); ``matmul`` with W gives A; ``update_all`` (gspmm) casts
+features and ``edge_weight`` to A and aggregates into A; the destination scale of
+``"right"``/``"both"`` is computed the same way from ``feat_dst`` (float32 for float32
+features; ``"right"`` on 16-bit features, e.g. a previous layer's output, gives A), so
+``rst * norm`` is float32 for float32 features; the float32 ``bias`` keeps float32. The op gets
+the features and the edge weight cast as DGL casts them (:func:`.graph.sparse_cast`) and
+writes stock's dtype: A for ``"none"``/``"left"``, float32 for ``"right"``/``"both"`` (when W
+comes after the aggregation, the op writes A, ``matmul`` gives A and the result is cast to
+stock's float32 once, where stock multiplies by the float32 scale). In a half module
+everything is the module's dtype. Under CPU autocast the layer runs stock
+(:func:`.graph.check_precision`).
 """
 from __future__ import annotations
 
@@ -18,9 +33,9 @@ import torch
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Shim, Unsupported, check_like
-from .graph import (check_device, check_graph, check_zero_in_degree,
-                    dgl_error, features_of, graph_of)
+from ..shim import Shim, Unsupported, check_like, out_dtype_of, result_dtype
+from .graph import (check_device, check_graph, check_precision, check_zero_in_degree,
+                    dgl_error, features_of, graph_of, sparse_cast)
 
 _NORMS = ("none", "both", "right", "left")
 _EXTERNAL_WEIGHT_MESSAGE = (
@@ -61,12 +76,30 @@ def _check_inputs(module, g, feat, weight, edge_weight, n_src: int, n_dst: int, 
     return feat_src, w
 
 
+def _both_scale(degs):
+    return torch.pow(degs.clamp(min=1), -0.5)
+
+
+def _right_scale(degs):
+    return 1.0 / degs.clamp(min=1)
+
+
+def _stock_dtype(norm: str, aggregated: torch.dtype, like: torch.Tensor) -> torch.dtype:
+    """The dtype of stock's result before ``bias``: the aggregate (after W where W comes
+    after) times the destination scale, computed in the dtype of ``feat_dst`` (``like``)."""
+    if norm not in ("right", "both"):
+        return aggregated
+    scale = _both_scale if norm == "both" else _right_scale
+    return torch.promote_types(aggregated, result_dtype(scale, like.device, like.dtype)[0])
+
+
 def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
     """``GraphConv.forward(graph, feat, weight=None, edge_weight=None)`` on the fused op."""
     g = graph
     n_src, n_dst, is_block = check_graph(g)
     x = features_of(g, feat)
     check_device(g, x)
+    check_precision(x)
     feat_src, w = _check_inputs(module, g, feat, weight, edge_weight, n_src, n_dst, is_block)
 
     G = graph_of(g)
@@ -76,15 +109,22 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
         raise dgl_error(_EXTERNAL_WEIGHT_MESSAGE)
 
     norm = module._norm
+    dst_like = feat[1] if isinstance(feat, tuple) else x  # stock's degree scale takes feat_dst's dtype
     if module._in_feats > module._out_feats:
         # multiply by W first to shrink the features that are aggregated (as stock)
         if w is not None:
             feat_src = torch.matmul(feat_src, w)
-        rst = ops.spmm(G, feat_src, edge_weight, norm)
+        feat_src, edge_weight = sparse_cast(feat_src, edge_weight)
+        out_dtype = out_dtype_of("GraphConv", feat_src.dtype, _stock_dtype(norm, feat_src.dtype, dst_like))
+        rst = ops.spmm(G, feat_src, edge_weight, norm, out_dtype=out_dtype)
     else:
-        rst = ops.spmm(G, feat_src, edge_weight, norm)
-        if w is not None:
-            rst = torch.matmul(rst, w)
+        feat_src, edge_weight = sparse_cast(feat_src, edge_weight)
+        if w is None:
+            out_dtype = out_dtype_of("GraphConv", feat_src.dtype, _stock_dtype(norm, feat_src.dtype, dst_like))
+            rst = ops.spmm(G, feat_src, edge_weight, norm, out_dtype=out_dtype)
+        else:
+            rst = torch.matmul(ops.spmm(G, feat_src, edge_weight, norm), w)
+            rst = rst.to(_stock_dtype(norm, rst.dtype, dst_like))  # no-op unless autocast (see above)
     if module.bias is not None:
         rst = rst + module.bias
     if module._activation is not None:

@@ -32,6 +32,17 @@ broadcasts), a ``"gcn"`` pair of different widths (stock raises), ``edge_weight`
 one float per edge (``[M]`` or ``[M, 1]``), and ``"pool"`` on a graph without edges (DGL 2.1's
 max then returns zeros but sends every destination's gradient to source node 0; no rule to
 copy). ``"mean"``/``"gcn"`` on a graph without edges are fused (0 aggregated, as stock).
+
+Reduced precision, derived from DGL 2.1's code (stock DGL's PyPI build cannot run CUDA
+features). Under CUDA autocast (A the autocast dtype) every ``update_all`` (gspmm) casts its
+features and ``edge_weight`` to A and aggregates into A; the ``fc_*`` give A. So the ops get
+the aggregated features and the edge weight cast as DGL casts them
+(:func:`.graph.sparse_cast`) and write A (their default): ``"mean"`` and ``"pool"`` give A
+(``fc_self(h_self) + h_neigh``: A); ``"gcn"`` adds the *uncast* destination features (float32
+when ``fc_neigh`` comes after) and divides by ``in_degree + 1`` in ``feat_dst``'s dtype
+(float32), so its ``h_neigh`` is float32 before ``fc_neigh`` (A after it) and its output is
+float32 through the float32 ``bias``, as stock's. In a half module everything is the
+module's dtype. Under CPU autocast the layer runs stock (:func:`.graph.check_precision`).
 """
 from __future__ import annotations
 
@@ -44,7 +55,7 @@ from ... import ops
 from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Shim, Unsupported, check_like
-from .graph import check_device, check_graph, features_of, graph_of
+from .graph import check_device, check_graph, check_precision, features_of, graph_of, sparse_cast
 
 _AGGREGATORS = ("mean", "gcn", "pool")
 
@@ -111,6 +122,7 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     n_src, n_dst, is_block = check_graph(g)
     x = features_of(g, feat)
     check_device(g, x)
+    check_precision(x)
     weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
     require(op_for(module), x.device, x.dtype, G)  # before feat_drop or any fc runs
@@ -128,7 +140,7 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
 
     if aggr == "mean":
         h = module.fc_neigh(feat_src) if lin_before else feat_src
-        h_neigh = ops.spmm(G, h, edge_weight=weight, norm="right")
+        h_neigh = ops.spmm(G, *sparse_cast(h, weight), norm="right")
         if not lin_before:
             h_neigh = module.fc_neigh(h_neigh)
     elif aggr == "gcn":
@@ -136,15 +148,16 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
         if isinstance(feat, tuple):
             h_dst = module.fc_neigh(feat_dst) if lin_before else feat_dst
         else:
-            h_dst = h[:n_dst] if is_block else h
-        total = ops.spmm(G, h, edge_weight=weight, norm="none") + h_dst
-        h_neigh = total / _gcn_denominator(G, total)
+            h_dst = h[:n_dst] if is_block else h  # uncast, as stock's dstdata["h"]
+        total = ops.spmm(G, *sparse_cast(h, weight), norm="none") + h_dst
+        h_neigh = total / _gcn_denominator(G, h_self)  # stock's degrees are in feat_dst's dtype
         if not lin_before:
             h_neigh = module.fc_neigh(h_neigh)
     else:  # pool
         h = F.relu(module.fc_pool(feat_src))
         tie = "last" if weight is None else "first"
-        h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=weight, tie_break=tie,
+        h, pool_weight = sparse_cast(h, weight)
+        h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=pool_weight, tie_break=tie,
                                                      non_finite="drop"))
 
     if aggr == "gcn":

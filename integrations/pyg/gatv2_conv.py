@@ -23,6 +23,14 @@ What differs from stock: attention dropout with p > 0 in training draws its own 
 numbers (same keep probability 1 - p and scale 1 / (1 - p)); stock and fused agree exactly
 at p = 0 and in eval mode.
 
+Reduced precision (see :mod:`..shim`): the op gets stock's projections as they come (bf16
+or fp16 from ``lin_l``/``lin_r``/``lin_edge`` under autocast, the module dtype in a half
+module) and ``att`` in its own dtype; its ``out_dtype`` is the dtype of stock's messages
+``x_j * softmax((leaky_relu(x_i + x_j [+ e]) * att).sum(-1))``, replayed by
+:func:`..shim.result_dtype`. Under CUDA autocast that is float32 (float32 ``att`` promotes
+the logits, and the softmax's ``exp`` runs in float32), so the output and the returned
+attention weights are float32, as stock's; in a half module everything stays in its dtype.
+
 Falls back (Unsupported) for: ``aggr`` other than sum, ``flow="target_to_source"``, a
 torch.sparse adjacency with ``add_self_loops=True`` (stock rebuilds and coalesces the
 adjacency, merging duplicate edges), ``edge_attr`` without ``edge_dim`` (stock asserts), a
@@ -35,13 +43,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Unsupported, finite_number
+from ..shim import Unsupported, finite_number, out_dtype_of, result_dtype
 from .graph import (Looped, attention_dropout, check_inputs, check_like, check_message_passing, graph_of,
-                    is_sparse, pair_features, replace_self_loops, split_pair)
+                    is_sparse, pair_features, pyg_softmax, replace_self_loops, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
@@ -79,6 +88,13 @@ def _loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
     from torch_geometric.utils import scatter
 
     return scatter(edge_attr, looped.kept_dst, 0, looped.num_loops, fill)
+
+
+def _stock_dtypes(x: Tensor, att: Tensor):
+    """(alpha, message) as stock's ``edge_update`` and ``message`` type them."""
+    logits = (F.leaky_relu(x + x) * att).sum(dim=-1)
+    alpha = pyg_softmax(logits)
+    return alpha, x * alpha.unsqueeze(-1)
 
 
 def forward(module, backend: str, x, edge_index, edge_attr=None, return_attention_weights=None):
@@ -133,9 +149,13 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
             edge_attr = edge_attr.view(-1, 1)
         edge_term = module.lin_edge(edge_attr).view(-1, H, C)
 
+    alpha_dtype, message_dtype = result_dtype(_stock_dtypes, x_l.device, x_l.dtype, module.att.dtype)
+    out_dtype = out_dtype_of("GATv2Conv", x_l.dtype, message_dtype)
+    if alpha_dtype != out_dtype:
+        raise Unsupported("dtype", f"stock's attention weights ({alpha_dtype}) and messages ({out_dtype}) differ")
     # Stock returns alpha after dropout ("dropped"): its edge_update applies the dropout.
     out = ops.gatv2_attention(graph, x_l, x_r, module.att.view(H, C), negative_slope=slope,
-                              edge_term=edge_term, dropout=p,
+                              edge_term=edge_term, dropout=p, out_dtype=out_dtype,
                               return_attention="dropped" if return_attention_weights else False)
     if return_attention_weights:
         out, alpha = out

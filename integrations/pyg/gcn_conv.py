@@ -29,6 +29,14 @@ stores (the looped ``edge_index`` PyG builds, the normalised weights), so switch
 a torch.sparse adjacency runs stock (reason ``cached_sparse``) so stock builds the sparse
 tensor it caches; later calls read that cache on the fused path.
 
+Reduced precision (see :mod:`..shim`): ``spmm`` gets ``lin(x)`` as it comes (16-bit under
+autocast) and the normalised weights in the input's dtype (float32 under autocast); its
+default result dtype is torch's promotion of stock's ``w * x_j``: float32 under autocast
+with ``normalize`` or an ``edge_weight``, the features' 16-bit dtype for an unweighted
+``normalize=False`` (then the float32 ``bias`` makes the output float32, as stock's). A
+torch.sparse adjacency whose values' dtype differs from ``lin(x)``'s runs stock, as does a
+16-bit one on the CPU (stock raises there).
+
 Falls back (Unsupported) for: bipartite (tuple) x (stock raises), x not 2-D, ``aggr`` other
 than sum, ``flow="target_to_source"``, ``edge_weight`` not a float [M] tensor, a
 torch.sparse adjacency whose values require grad, and the graph inputs listed in
@@ -44,8 +52,8 @@ from torch import Tensor
 from ... import ops
 from ...ops.dispatch import require
 from ...graph import Graph
-from ..shim import Unsupported
-from .graph import (append_self_loops, check_inputs, check_like, check_message_passing,
+from ..shim import Unsupported, linear_dtype
+from .graph import (append_self_loops, check_inputs, check_like, check_message_passing, check_sparse_product,
                     edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values)
 
 
@@ -67,24 +75,26 @@ def gcn_weights(graph: Graph, weight: Optional[Tensor], dtype: torch.dtype) -> T
     return ops.gcn_norm_values(graph, weight)
 
 
-def _sparse_values(adj: Tensor, x: Tensor) -> Tensor:
+def _sparse_values(module, adj: Tensor, x: Tensor) -> Tensor:
+    """The adjacency's values, which stock's ``torch.sparse.mm`` multiplies by ``lin(x)``."""
     values = check_like("adjacency values", sparse_values(adj), x)
     if values.requires_grad:
         raise Unsupported("sparse_grad", "the adjacency's values require grad")
+    check_sparse_product(values, linear_dtype(x, module.lin.weight), "sum")
     return values
 
 
-def _as_given(edge_index, edge_weight, n: int, x: Tensor) -> Tuple[Graph, Optional[Tensor]]:
+def _as_given(module, edge_index, edge_weight, n: int, x: Tensor) -> Tuple[Graph, Optional[Tensor]]:
     """Graph and weights for propagating over ``edge_index`` as it is (normalised already)."""
     graph = graph_of(edge_index, n, n, x)
     if is_sparse(edge_index):  # stock's message_and_aggregate reads the adjacency's values only
-        return graph, _sparse_values(edge_index, x)
+        return graph, _sparse_values(module, edge_index, x)
     return graph, edge_weight_of("edge_weight", edge_weight, graph, x)
 
 
 def _normalised_sparse(module, adj: Tensor, n: int, x: Tensor) -> Tuple[Graph, Tensor]:
     graph = graph_of(adj, n, n, x)
-    values = _sparse_values(adj, x)
+    values = _sparse_values(module, adj, x)
     if module.add_self_loops:
         graph = append_self_loops(graph, n).graph
         values = torch.cat([values, values.new_full((n,), 2.0 if module.improved else 1.0)])
@@ -127,10 +137,10 @@ def forward(module, backend: str, x, edge_index, edge_weight=None):
         raise Unsupported("edge_index", f"edge_index is a {type(edge_index).__name__}")
     n = x.size(0)
     if not module.normalize:
-        graph, weight = _as_given(edge_index, edge_weight, n, x)
+        graph, weight = _as_given(module, edge_index, edge_weight, n, x)
     elif module._cached_edge_index is not None:
         cached_index, cached_weight = module._cached_edge_index
-        graph, weight = _as_given(cached_index, cached_weight, n, x)
+        graph, weight = _as_given(module, cached_index, cached_weight, n, x)
     elif is_sparse(edge_index):
         if module.cached:
             raise Unsupported("cached_sparse", "first cached=True call on a torch.sparse adjacency "

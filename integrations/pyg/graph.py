@@ -51,6 +51,26 @@ def pair_features(x, *args, **kwargs) -> Tensor:
     return x
 
 
+def pyg_softmax(logits: Tensor) -> Tensor:
+    """The operations of ``torch_geometric.utils.softmax`` (shift by the group maximum,
+    ``exp``, divide by the group sum + 1e-16), elementwise, for :func:`..shim.result_dtype`
+    to see how stock types the attention weights under the ambient autocast."""
+    e = (logits - logits.detach()).exp()
+    return e / (e + 1e-16)
+
+
+def check_sparse_product(values: Tensor, dtype: torch.dtype, reduce: str) -> None:
+    """Stock's ``torch.sparse.mm(adj_t, x, reduce)`` multiplies the adjacency's values by
+    features of ``dtype``: Unsupported (stock runs and decides) where the two dtypes differ
+    (under autocast the projected features are 16-bit, the values are not) and for a 16-bit
+    sum on the CPU (torch has no such CPU kernel: stock raises NotImplementedError)."""
+    if values.dtype != dtype:
+        raise Unsupported("dtype", f"a torch.sparse adjacency with {values.dtype} values times {dtype} "
+                                   "features (stock's sparse product decides)")
+    if values.device.type == "cpu" and reduce == "sum" and dtype in (torch.float16, torch.bfloat16):
+        raise Unsupported("dtype", f"a {dtype} sum over a torch.sparse adjacency on the CPU (stock raises)")
+
+
 def split_pair(x) -> Tuple[Tensor, Optional[Tensor]]:
     """``(x, None)`` for one feature tensor, ``(x_src, x_dst)`` for a pair; both 2-D with one
     dtype and device, else Unsupported (a ``None`` target side too: stock asserts)."""
@@ -81,7 +101,9 @@ def check_message_passing(module) -> None:
 
 
 def check_inputs(module, x: Tensor) -> None:
-    """Parameters on ``x``'s device and dtype (the fused path takes float32 throughout)."""
+    """Parameters on ``x``'s device and dtype; under autocast float32 parameters with 16-bit
+    features (the previous layer's output) too (:func:`..shim.check_like`). Any other mix
+    runs stock, which decides."""
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, x)
 

@@ -41,6 +41,14 @@ overriding any message-passing method, features that are not 2-D, sizes that dis
 features (stock raises), the graph inputs listed in :mod:`.graph`, sparse values that require
 grad, max/min of a torch.sparse adjacency on CUDA.
 
+Reduced precision (see :mod:`..shim`): the ops aggregate what stock aggregates, in its dtype:
+the raw input without ``project`` (float32 under autocast: ``lin_l`` comes after), the 16-bit
+``lin(x).relu()`` with it; mean/sum write the features' dtype (float32 arithmetic, one
+rounding), max/min are exact; ``lin_l``, ``lin_r`` and ``F.normalize`` then give stock's
+output dtype (under CUDA autocast: 16-bit from ``lin_l``, float32 after ``F.normalize``).
+A torch.sparse adjacency whose values' dtype differs from the aggregated features' runs
+stock, as does a 16-bit sum over one on the CPU (stock raises there).
+
 Known difference: on CUDA with torch-scatter installed and features requiring grad, stock's
 max/min run ``torch_scatter.scatter_max``/``scatter_min``, which give a tie's gradient to one
 arbitrary tied edge (a racy write); the fused path keeps the ``"split"`` rule there (values are
@@ -56,8 +64,9 @@ from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Unsupported, check_like
-from .graph import EdgeIndex, check_inputs, graph_of, is_sparse, pair_features, sparse_values
+from ..shim import Unsupported, check_like, linear_dtype
+from .graph import (EdgeIndex, check_inputs, check_sparse_product, graph_of, is_sparse, pair_features,
+                    sparse_values)
 
 #: The plain aggregation modules by class name, and the reduction each performs.
 _PLAIN = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
@@ -187,6 +196,8 @@ def _aggregation(module, reduce: str, edge_index, x_src: Tensor):
         values = check_like("adjacency values", sparse_values(edge_index), x_src)
         if values.requires_grad:
             raise Unsupported("sparse_grad", "the adjacency's values require grad")
+        projected = module.project and hasattr(module, "lin")
+        check_sparse_product(values, linear_dtype(x_src, module.lin.weight) if projected else x_src.dtype, reduce)
         if reduce in ("max", "min") and x_src.is_cuda:
             raise Unsupported("sparse_reduce", f"{reduce} of a torch.sparse adjacency on CUDA "
                                                "(stock raises NotImplementedError)")

@@ -17,6 +17,15 @@ What differs from stock: attention dropout with p > 0 in training draws its own 
 numbers (same keep probability 1 - p and scale 1 / (1 - p)); stock and fused agree exactly
 at p = 0 and in eval mode.
 
+Reduced precision (see :mod:`..shim`): the op gets stock's projections as they come (bf16
+or fp16 from the ``lin_*`` under autocast, the module dtype in a half module); its
+``out_dtype`` is the dtype of stock's messages ``(v_j [+ e]) * softmax((q_i * k_j).sum(-1) /
+sqrt(C))``, replayed by :func:`..shim.result_dtype`. Under CUDA autocast the ``sum`` and the
+softmax's ``exp`` run in float32, so the aggregate and the returned attention weights are
+float32 (as stock's); then ``lin_skip``, the ``lin_beta`` gate and the sums run as in stock,
+giving stock's output dtype. Under CPU autocast (other op lists) the replay gives whatever
+stock computes there.
+
 Falls back (Unsupported) for: ``aggr`` other than sum, ``flow="target_to_source"``,
 ``edge_attr`` without ``edge_dim`` (stock adds the raw attributes to the values) or
 ``edge_dim`` without ``edge_attr`` (stock asserts), ``edge_attr`` not [M, edge_dim], x not
@@ -30,12 +39,18 @@ import torch
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Unsupported
+from ..shim import Unsupported, out_dtype_of, result_dtype
 from .graph import (attention_dropout, check_inputs, check_like, check_message_passing, graph_of, pair_features,
-                    split_pair)
+                    pyg_softmax, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
+
+
+def _stock_dtypes(x: torch.Tensor):
+    """(alpha, message) as stock's ``message`` types them."""
+    alpha = pyg_softmax((x * x).sum(dim=-1) / math.sqrt(2.0))
+    return alpha, x * alpha.view(-1, 1, 1)
 
 
 def forward(module, backend: str, x, edge_index, edge_attr=None, return_attention_weights=None):
@@ -67,8 +82,12 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     if module.lin_edge is not None:
         edge_term = module.lin_edge(edge_attr).view(-1, H, C)
 
+    alpha_dtype, message_dtype = result_dtype(_stock_dtypes, query.device, query.dtype)
+    out_dtype = out_dtype_of("TransformerConv", query.dtype, message_dtype)
+    if alpha_dtype != out_dtype:
+        raise Unsupported("dtype", f"stock's attention weights ({alpha_dtype}) and messages ({out_dtype}) differ")
     out = ops.dot_attention(graph, query, key, value, scale=1.0 / math.sqrt(C), edge_term=edge_term,
-                            return_attention=want_alpha, dropout=p)
+                            return_attention=want_alpha, dropout=p, out_dtype=out_dtype)
     if want_alpha:
         out, alpha = out
     module._alpha = None  # stock stores alpha during propagate and resets it after

@@ -1,22 +1,73 @@
 """Dry launches of the dot_attention launchers on the CPU (see dry_launch.py): every path
-reaches its kernels with matching arguments, and every instantiation compiles for sm_90."""
+reaches its kernels with matching arguments, and every instantiation compiles for sm_90,
+for float32, float16 and bfloat16 inputs with outputs in the input dtype or float32."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath.cuda import dot_attention as dot_kernels
 from gnn_fastpath.ops.dot_attention import DotAttentionFunction
 
+# (input dtype, out_dtype): float32 as before, 16-bit with 16-bit or float32 results
+DTYPES = [(torch.float32, None), (torch.float16, None), (torch.bfloat16, None), (torch.float16, torch.float32),
+          (torch.bfloat16, torch.float32)]
+
+
+def _ids(case):
+    ti, to = case
+    return f"{str(ti)[6:]}->{str(to or ti)[6:]}"
+
+
+def _leaves(g, H, D, dtype):
+    return [leaf(n, H, D).to(dtype).detach().requires_grad_() for n in (g.n_dst, g.n_src, g.n_src, g.num_edges)]
+
+
+@pytest.mark.parametrize("dtypes", DTYPES, ids=_ids)
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
 @pytest.mark.parametrize("H,D", [(4, 128), (2, 8), (3, 100), (1, 512)])
 @pytest.mark.parametrize("variant", ["atomic", "transposed"])
-def test_dot_attention_launches(launches, monkeypatch, graph_name, H, D, variant):
+def test_dot_attention_launches(launches, monkeypatch, graph_name, H, D, variant, dtypes):
+    ti, to = dtypes
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", variant)
     g = graph(*GRAPHS[graph_name])
-    q, k, v, et = leaf(g.n_dst, H, D), leaf(g.n_src, H, D), leaf(g.n_src, H, D), leaf(g.num_edges, H, D)
-    out, alpha = DotAttentionFunction.apply(q, k, v, et, g, 0.125, True, 0.1, 7, 9)
-    (out.sum() + alpha.sum()).backward()
+    q, k, v, et = _leaves(g, H, D, ti)
+    out, alpha = DotAttentionFunction.apply(q, k, v, et, g, 0.125, True, 0.1, 7, 9, to)
+    assert out.dtype == alpha.dtype == (to or ti)
+    (out.float().sum() + alpha.float().sum()).backward()
     assert {"dot_fwd", "dot_alpha_from_logits", "dot_delta_alpha", "dot_bwd_dst"} <= set(launches)
     assert ("dot_bwd_src" in launches) == (variant == "transposed")
     assert ("dot_fwd_merge" in launches) == (graph_name != "plain")
-    assert q.grad.shape == q.shape and k.grad.shape == k.shape and et.grad.shape == et.shape
+    for x in (q, k, v, et):
+        assert x.grad.shape == x.shape and x.grad.dtype == ti
+
+
+@pytest.mark.parametrize("dtypes", DTYPES[1:], ids=_ids)
+@pytest.mark.parametrize("D", [8, 16, 64, 6])
+def test_dot_attention_half_low_degree_variants(launches, monkeypatch, D, dtypes):
+    """Low mean in-degree (two heads per lane group where the budget allows) and no dropout,
+    no attention: the plain forward/backward instantiations of 16-bit inputs compile too."""
+    ti, to = dtypes
+    g = graph(False)
+    assert g.degree_stats().mean < dot_kernels.LOW_DEGREE
+    q, k, v, et = _leaves(g, 8, D, ti)
+    for variant in ("atomic", "transposed"):
+        monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", variant)
+        out = DotAttentionFunction.apply(q, k, v, None, g, 0.3, False, 0.0, 0, 0, to)
+        assert out.dtype == (to or ti)
+        out.float().sum().backward()
+        assert q.grad.dtype == k.grad.dtype == v.grad.dtype == ti
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_vector_width_of_the_config(dtype):
+    """16-byte accesses: float4 for aligned float32 rows (as before 16-bit support), 8 halves
+    for aligned 16-bit rows (8-byte accesses when D is a multiple of 4 only), scalar else."""
+    x = torch.zeros(4, 2, 128, dtype=dtype)
+    wide = 16 // x.element_size()
+    cfg = dot_kernels.config_for(128, wide, 2)
+    assert cfg.vec == wide and cfg.vec * cfg.lph * cfg.nv == 128 and cfg.exact
+    assert dot_kernels.config_for(100, 1, 2).vec == 1
+    assert dot_kernels.config_for(100, 4, 2).exact is False
+    assert dot_kernels.config_for(12, 8, 1) is None  # 8 does not divide 12

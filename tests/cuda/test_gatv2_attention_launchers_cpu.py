@@ -1,11 +1,17 @@
 """Dry launches of the gatv2_attention launchers on the CPU (see dry_launch.py): every path
-reaches its kernels with matching arguments, and every instantiation compiles for sm_90."""
+reaches its kernels with matching arguments, and every instantiation compiles for sm_90:
+float32, and 16-bit features (float16, bfloat16) with out_dtype T or float32 and a float32
+``att``, over every vector width the 16-bit path picks (16-byte specialised and generic
+rows, 8/4/2-byte and scalar rows, misaligned rows)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath.cuda import gatv2_attention as kernels
 from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
+
 
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
 @pytest.mark.parametrize("H,D", [(2, 64), (3, 100), (1, 256)])
@@ -20,3 +26,54 @@ def test_gatv2_attention_launches(launches, monkeypatch, graph_name, H, D, varia
     assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
     assert ("gatv2_fwd_merge" in launches) == (graph_name != "plain")
     assert xs.grad.shape == xs.shape and et.grad.shape == et.shape and att.grad.shape == att.shape
+
+
+def _leaf(*shape, dtype, offset=0):
+    """A leaf of ``dtype``; ``offset`` elements into its storage (misaligned rows)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + offset).to(dtype)[offset:].view(*shape).requires_grad_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("H,D,offset,vw", [(2, 64, 0, 8), (4, 32, 0, 8), (1, 256, 0, 8), (2, 128, 0, 8),
+                                           (2, 8, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4), (1, 6, 0, 2),
+                                           (2, 7, 0, 1)])
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, variant):
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
+    g = graph(True, True)  # split rows both ways: the float32 accumulators of chunked rows
+    xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
+    xd, et = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.num_edges, H, D, dtype=dtype)
+    att = _leaf(H, D, dtype=torch.float32 if out_fp32 else dtype)
+    out_dtype = torch.float32 if out_fp32 else dtype
+    assert kernels._config(D, xs.detach(), xd, att.detach().float(), et).vw == vw
+    out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, True, 0.1, 7, 9, out_dtype)
+    assert out.dtype == alpha.dtype == out_dtype
+    (out.float().sum() + alpha.float().sum()).backward()
+    assert {"gatv2_fwd", "gatv2_fwd_merge", "gatv2_alpha_from_logits", "gatv2_delta_alpha",
+            "gatv2_bwd_dst"} <= set(launches)
+    assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
+    for t in (xs, xd, att, et):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_gatv2_configs():
+    """float32 keeps its instantiations; 16-bit rows take 8 elements per lane where they can."""
+    f32 = [kernels.config_for(D, True) for D in (32, 64, 128, 256, 100)]
+    assert [(c.vw, c.lh, c.k, c.dc, c.u) for c in f32] == [(4, 8, 1, 32, 4), (4, 16, 1, 64, 4), (4, 32, 1, 128, 4),
+                                                          (4, 32, 2, 256, 2), (1, 32, 4, 0, 4)]
+    assert kernels.config_for(64, False) == kernels.Config(1, 32, 2, 0, 4)
+    assert kernels.forward_config(f32[1], torch.float32) == f32[1]
+    x = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    assert kernels.config_for_16bit(64, x) == kernels.Config(8, 8, 1, 64, 2)
+    assert kernels.forward_config(kernels.config_for_16bit(64, x), torch.bfloat16).u == 4
+    assert kernels.config_for_16bit(8, x) == kernels.Config(8, 1, 1, 0, 2)
+    assert kernels.config_for_16bit(100, x) == kernels.Config(4, 32, 1, 0, 4)
+    assert kernels.forward_config(kernels.config_for_16bit(100, x), torch.bfloat16).u == 4
+    off8 = torch.zeros(x.numel() + 4, dtype=torch.bfloat16)[4:].view_as(x)  # 8-byte aligned only
+    assert kernels.config_for_16bit(64, off8) == kernels.Config(4, 16, 1, 0, 4)
+    assert kernels.forward_config(kernels.config_for_16bit(64, off8), torch.bfloat16).u == 4
+    assert kernels.config_for_16bit(7, x).vw == 1

@@ -1,5 +1,7 @@
 """Dry launches of the spmm launchers on the CPU (see dry_launch.py): every path
-reaches its kernels with matching arguments, and every instantiation compiles for sm_90."""
+reaches its kernels with matching arguments, and every instantiation compiles for sm_90,
+for float32, float16 and bfloat16 features, results in the features' dtype or float32,
+weights of any of those dtypes."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +22,36 @@ def test_spmm_launches(launches, monkeypatch, graph_name, F, norm):
     assert {"spmm_edge_values", "spmm_rows", "spmm_edge_grad"} <= set(launches)
     assert ("spmm_chunks" in launches) == (graph_name != "plain")
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+@pytest.mark.parametrize("graph_name", ["plain", "bipartite_super"])
+@pytest.mark.parametrize("F", [1, 3, 4, 64, 512])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("w_dtype,out_dtype", [("same", None), (torch.float32, None), (None, torch.float32),
+                                               ("same", "same"), (torch.bfloat16, torch.float32)])
+def test_spmm_launches_16bit(launches, monkeypatch, graph_name, F, dtype, w_dtype, out_dtype):
+    """16-bit x; the result in x's dtype or float32 (explicit, or promoted by a float32
+    weight); dY in the result's dtype, dX in x's, dw in the weight's."""
+    monkeypatch.setenv("GNN_FASTPATH_SPMM_BWD", "transposed")
+    g = graph(*GRAPHS[graph_name])
+    x = torch.randn(g.n_src, F, dtype=dtype).requires_grad_()
+    w = None if w_dtype is None else torch.rand(g.num_edges, dtype=dtype if w_dtype == "same" else w_dtype)
+    if w is not None:
+        w.requires_grad_()
+    want = dtype if out_dtype == "same" else out_dtype
+    if want is None:
+        want = dtype if w is None else torch.promote_types(dtype, w.dtype)
+    out = SpmmFunction.apply(x, w, g, "both", want)
+    assert out.dtype == want
+    out.float().sum().backward()
+    assert {"spmm_rows", "spmm_edge_values"} <= set(launches)
+    split = graph_name != "plain"
+    # 16-bit outputs of split rows: float scratch + one cast; float32 outputs: atomics in place
+    assert ("spmm_split_store" in launches) == split
+    assert ("spmm_chunks" in launches) == split
+    assert x.grad.dtype == dtype and x.grad.shape == x.shape
+    if w is not None:
+        assert "spmm_edge_grad" in launches and w.grad.dtype == w.dtype and w.grad.shape == w.shape
 
 
 @pytest.mark.parametrize("weighted", [False, True])

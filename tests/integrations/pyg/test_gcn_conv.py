@@ -194,10 +194,10 @@ def test_fallback_subclass(check):
     check.fallback(Mine(F_IN, 4), torch.randn(12, F_IN), edge_index, reason="subclass")
 
 
-def test_fallback_autocast(check):
+def test_fallback_float64(check):
+    # Autocast and 16-bit features run fused (tests/integrations/test_autocast.py); float64 runs stock.
     edge_index, _ = _graph("tensor", 12)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        check.fallback(_conv(), torch.randn(12, F_IN), edge_index, reason="autocast")
+    check.fallback(_conv().double(), torch.randn(12, F_IN, dtype=torch.float64), edge_index, reason="dtype")
 
 
 @pytest.mark.parametrize("case", ["aggr_mean", "flow", "bipartite", "edge_weight_2d", "sparse_values_grad",
