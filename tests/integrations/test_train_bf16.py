@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import warnings
 
 import pytest
@@ -36,22 +35,6 @@ from gnn_fastpath import FastpathFallbackWarning
 STEPS = 50
 CPU_STEPS = 10
 ATOL, RTOL = 0.01, 0.01
-
-
-@pytest.fixture(scope="module")
-def cora(shared_data, tmp_path_factory, pyg):
-    """Cora (Planetoid split) read offline from the shared raw files (as tests/integrations/pyg)."""
-    raw = os.path.join(shared_data, "planetoid")
-    names = [n for n in os.listdir(raw) if n.startswith("ind.cora.")] if os.path.isdir(raw) else []
-    if len(names) < 8:
-        pytest.skip(f"Cora raw files not found in {raw}")
-    root = tmp_path_factory.mktemp("planetoid")
-    os.makedirs(root / "Cora" / "raw")
-    for name in names:
-        os.symlink(os.path.join(raw, name), root / "Cora" / "raw" / name)
-    from torch_geometric.datasets import Planetoid
-
-    return Planetoid(str(root), "Cora")[0]
 
 
 class Net(torch.nn.Module):
@@ -102,12 +85,8 @@ def _compare(data, layer: str, device: torch.device, backend: str, steps: int = 
 
 
 @pytest.fixture(autouse=True)
-def _clean():
-    gnn_fastpath.disable()
-    gnn_fastpath.reset_stats()
+def _clean(clean_fastpath):
     yield
-    gnn_fastpath.disable()
-    gnn_fastpath.reset_stats()
 
 
 @pytest.mark.data

@@ -48,22 +48,6 @@ def _one_thread():
 
 # --------------------------------------------------------------------------- real graphs
 @pytest.fixture(scope="session")
-def cora(shared_data, tmp_path_factory, pyg):
-    """Cora (Planetoid split) read offline from the shared raw files."""
-    raw = os.path.join(shared_data, "planetoid")
-    names = [n for n in os.listdir(raw) if n.startswith("ind.cora.")] if os.path.isdir(raw) else []
-    if len(names) < 8:
-        pytest.skip(f"Cora raw files not found in {raw}")
-    root = tmp_path_factory.mktemp("planetoid")
-    os.makedirs(root / "Cora" / "raw")
-    for name in names:
-        os.symlink(os.path.join(raw, name), root / "Cora" / "raw" / name)
-    from torch_geometric.datasets import Planetoid
-
-    return Planetoid(str(root), "Cora")[0]
-
-
-@pytest.fixture(scope="session")
 def tolokers(shared_data):
     """(x [N, 10], edge_index) of Tolokers induced on its first 1,500 nodes (CPU-sized)."""
     path = os.path.join(shared_data, "heterophilous", "tolokers.npz")
