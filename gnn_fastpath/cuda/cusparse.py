@@ -6,7 +6,9 @@ products and sums). cuSPARSE's SpMM takes A and B of one type with C of that typ
 16-bit A/B, CUDA_R_32F (its mixed-precision table); so A's values are kept as float32
 (:class:`EdgeValues`, what the own kernel reads) plus a copy in each 16-bit dtype B comes in,
 converted once and cached, and a float32 B with a 16-bit C (the backward of a float32 result
-of 16-bit inputs) goes through a float32 C that is cast once. Every cache key below includes
+of 16-bit inputs) goes through a float32 C that is cast once. So does every transposed
+product with a 16-bit C: cuSPARSE's A^T accumulates into C with atomics in C's type, which
+would round at every addition (:func:`_c_dtype`). Every cache key below includes
 (B dtype, C dtype).
 
 Zero-copy: descriptors point straight at torch tensors' memory. Stream: every call runs
@@ -122,9 +124,20 @@ def fp32_values(values: Union[Tensor, EdgeValues]) -> Tensor:
     return values.fp32 if isinstance(values, EdgeValues) else values
 
 
-def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype) -> torch.dtype:
+def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype, transpose: bool = False) -> torch.dtype:
     """The C type cuSPARSE writes for B of ``b_dtype`` when the caller wants ``c_dtype``:
-    ``c_dtype`` itself where cuSPARSE takes the pair, else float32 (cast afterwards)."""
+    ``c_dtype`` itself where cuSPARSE takes the pair, else float32 (cast afterwards).
+
+    A transposed product always gets a float32 C: cuSPARSE computes op(A) = A^T by scattering
+    each row's products into C with atomics in C's type (hence its "slightly different
+    results during different runs" note), so a 16-bit C would be rounded at every addition
+    (on an H200, 16-bit dX from a 16-bit C missed test_spmm_half's bound on the high
+    out-degree sources, in the way a CPU emulation of 16-bit atomic adds does). A float32 C
+    (16-bit A/B with a float32 C is in cuSPARSE's mixed-precision table; if a transposed call
+    is refused, the backward takes the explicit transposed matrix) is cast once, like the own
+    kernels' float32 scratch."""
+    if transpose:
+        return torch.float32
     return c_dtype if c_dtype in (b_dtype, torch.float32) else torch.float32
 
 
@@ -305,7 +318,7 @@ class CsrMatrix:
         if not isinstance(values, EdgeValues):
             values = EdgeValues(values)
         typed = values.typed(b.dtype)  # cuSPARSE: A has B's type
-        c_type = _c_dtype(b.dtype, c.dtype)
+        c_type = _c_dtype(b.dtype, c.dtype, transpose)
         c_lib = c if c_type == c.dtype else torch.empty(c.shape, dtype=c_type, device=c.device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         stream = torch.cuda.current_stream(index)

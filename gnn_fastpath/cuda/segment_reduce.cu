@@ -352,6 +352,8 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
 // chunks). A group keeps its row's extreme and gradient share in registers, walks the item's
 // edges (metadata T at a time, U = 4/CH rows' loads in flight) and, for each message equal
 // to the extreme, adds share * w to dx[src] and share * x to dw (reduced over the group).
+// With count_zero_as_tie (torch's split rule) a losing message still passes torch's 0 * x to
+// dw and 0 * w to dx: NaN where x (or w) is not finite, as the reference's autograd gives.
 // x is read as TX, out and grad_out as TO; dx and dw are float (scratch buffers for 16-bit
 // tensors, see sr_bwd_arg).
 template <typename TX, typename TO, int VEC, int T, int CH>
@@ -435,6 +437,13 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                             if (sr_message<SR_KEEP, TO>(sw, v[u][c][j]) == mo[c][j] || share[c][j] != share[c][j]) {
                                 if (dx != nullptr) atomicAdd(dx + (long long)ss[u] * F + f + j, share[c][j] * wu[u]);
                                 dwp += share[c][j] * v[u][c][j];
+                            } else if (count_zero_as_tie) {
+                                // torch's rule: a losing message's gradient is 0, and autograd
+                                // still multiplies it by the other factor (dw += 0 * x, dx += 0 * w),
+                                // which is NaN where that factor is not finite
+                                if (!sr_finite(v[u][c][j])) dwp = __int_as_float(0x7fc00000);
+                                if (dx != nullptr && !sr_finite(wu[u]))
+                                    atomicAdd(dx + (long long)ss[u] * F + f + j, __int_as_float(0x7fc00000));
                             }
                         }
                     }

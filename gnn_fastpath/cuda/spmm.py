@@ -17,7 +17,8 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
 - for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
   matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
   values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
-  ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A.
+  ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32
+  C cast once when dX is 16-bit: its transposed product adds into C with atomics).
 
 The gradient w.r.t. the edge weights is the SDDMM
 ``dw_e = c_dst[row] c_src[col] <dY[row], X[col]>`` (``spmm_edge_grad``), in caller order.

@@ -65,7 +65,10 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
 
     - ``"keep"`` (default, torch and PyG): a NaN message makes the extreme NaN; infinities are
       values like any other. With ``tie_break="split"`` every edge of a NaN extreme gets a NaN
-      gradient (torch's rule); with the other rules a NaN extreme sends no gradient.
+      gradient, and a losing edge still gets torch's zero times the other factor: its weight
+      gradient is NaN where its x is not finite, its x gradient NaN where its weight is not
+      (torch's rule, 0 * inf); with the other rules a NaN extreme sends no gradient and
+      losing edges send none.
     - ``"drop"`` (DGL 2.1 ``fn.max``/``fn.min``): NaN messages never win; an extreme that is
       not finite (all messages NaN, or an infinite one winning) is written as 0 and sends no
       gradient. Goes with ``tie_break="first"`` or ``"last"``.
