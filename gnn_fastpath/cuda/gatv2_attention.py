@@ -96,10 +96,14 @@ def config_for_16bit(D: int, *tensors: Optional[Tensor]) -> Config:
     """The instantiation for 16-bit features of head width ``D``, read with the widest vector
     (8, 4, 2 or 1 elements: 16, 8, 4 or 2 bytes) that ``D`` and the alignment of every one of
     ``tensors`` (the pass's row tensors, 16-bit and float32 alike) allow."""
+    widest = config.setting("GNN_FASTPATH_VEC16") // 2
     for vw in (8, 4, 2):
-        if D % vw == 0 and launch.vector_ok(vw, *tensors):
+        if vw <= widest and D % vw == 0 and launch.vector_ok(vw, *tensors):
             if vw == 8 and D in SPECIALISED_16:
                 _, lh, k = SPECIALISED_16[D]
+                return Config(vw, lh, k, D, _unroll(vw * k))
+            if vw == 4 and D in SPECIALISED:  # GNN_FASTPATH_VEC16=8: the float32 lane layout
+                _, lh, k = SPECIALISED[D]
                 return Config(vw, lh, k, D, _unroll(vw * k))
             return _generic(D, vw)
     return _generic(D, 1)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import config
 from .loader import read_source
 
 _COMPILE_OPTIONS = ("-std=c++17",)
@@ -230,10 +231,12 @@ def vector_ok(vec: int, *tensors: Optional[Tensor]) -> bool:
 
 def vector_width(F: int, *tensors: Optional[Tensor]) -> int:
     """Elements per vector access for rows of width F over ``tensors``: 16 bytes of the
-    narrowest dtype (4 floats, 8 halves) when F allows and every tensor is aligned, else
-    4 (8-byte 16-bit accesses, float4), else 1 (scalar)."""
+    narrowest dtype (4 floats, 8 halves; ``GNN_FASTPATH_VEC16=8`` caps 16-bit rows at 4)
+    when F allows and every tensor is aligned, else 4 (8-byte 16-bit accesses, float4), else
+    1 (scalar)."""
     sizes = [t.element_size() for t in tensors if t is not None]
-    widest = 16 // min(sizes) if sizes else 4
+    narrowest = min(sizes) if sizes else 4
+    widest = (config.setting("GNN_FASTPATH_VEC16") if narrowest == 2 else 16) // narrowest
     for vec in (widest, 4):
         if F % vec == 0 and vector_ok(vec, *tensors):
             return vec

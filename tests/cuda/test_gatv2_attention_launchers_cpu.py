@@ -42,8 +42,11 @@ def _leaf(*shape, dtype, offset=0):
                                            (2, 8, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4), (1, 6, 0, 2),
                                            (2, 7, 0, 1)])
 @pytest.mark.parametrize("variant", ["atomic", "transposed"])
-def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, variant):
+@pytest.mark.parametrize("vec16", ["16", "8"])
+def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, variant, vec16):
     monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)  # 8: at most 4 halves per access (float32 layout)
+    vw = vw if vec16 == "16" else min(vw, 4)
     g = graph(True, True)  # split rows both ways: the float32 accumulators of chunked rows
     xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
     xd, et = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.num_edges, H, D, dtype=dtype)
@@ -74,6 +77,6 @@ def test_gatv2_configs():
     assert kernels.config_for_16bit(100, x) == kernels.Config(4, 32, 1, 0, 4)
     assert kernels.forward_config(kernels.config_for_16bit(100, x), torch.bfloat16).u == 4
     off8 = torch.zeros(x.numel() + 4, dtype=torch.bfloat16)[4:].view_as(x)  # 8-byte aligned only
-    assert kernels.config_for_16bit(64, off8) == kernels.Config(4, 16, 1, 0, 4)
+    assert kernels.config_for_16bit(64, off8) == kernels.Config(4, 16, 1, 64, 4)
     assert kernels.forward_config(kernels.config_for_16bit(64, off8), torch.bfloat16).u == 4
     assert kernels.config_for_16bit(7, x).vw == 1
