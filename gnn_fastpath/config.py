@@ -101,9 +101,10 @@ SETTINGS = (
             "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
     Setting("GNN_FASTPATH_SR_CHUNKS", "2", "1, 2, 4",
             "min/max reduction: feature chunks of 4 floats per lane", _int_in(1, 4, (1, 2, 4))),
-    Setting("GNN_FASTPATH_VEC16", "16", "8, 16",
-            "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout)",
-            _int_in(8, 16, (8, 16))),
+    Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
+            "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "
+            "empty: 16 for dot attention, 8 for the others (measured fastest on the H200)",
+            _optional_choice("8", "16")),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -26,6 +26,10 @@ from . import launch, worklist
 
 SOURCE = "gatv2_attention.cu"
 THREADS = 256
+#: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
+#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
+#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+VEC16_BYTES = 8
 WARPS_PER_BLOCK = THREADS // 32
 MERGE_THREADS = 256
 KERNELS = launch.Family(SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
@@ -96,7 +100,7 @@ def config_for_16bit(D: int, *tensors: Optional[Tensor]) -> Config:
     """The instantiation for 16-bit features of head width ``D``, read with the widest vector
     (8, 4, 2 or 1 elements: 16, 8, 4 or 2 bytes) that ``D`` and the alignment of every one of
     ``tensors`` (the pass's row tensors, 16-bit and float32 alike) allow."""
-    widest = config.setting("GNN_FASTPATH_VEC16") // 2
+    widest = launch.bytes16(VEC16_BYTES) // 2
     for vw in (8, 4, 2):
         if vw <= widest and D % vw == 0 and launch.vector_ok(vw, *tensors):
             if vw == 8 and D in SPECIALISED_16:

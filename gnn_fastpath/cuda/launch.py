@@ -229,14 +229,21 @@ def vector_ok(vec: int, *tensors: Optional[Tensor]) -> bool:
     return all(t is None or t.data_ptr() % min(16, vec * t.element_size()) == 0 for t in tensors)
 
 
-def vector_width(F: int, *tensors: Optional[Tensor]) -> int:
+def bytes16(default: int) -> int:
+    """Bytes per vector access of 16-bit rows: ``GNN_FASTPATH_VEC16`` when set, else the
+    kernel family's ``default`` (8: 4 halves per lane, the float32 lane layout; 16: 8)."""
+    forced = config.setting("GNN_FASTPATH_VEC16")
+    return int(forced) if forced else default
+
+
+def vector_width(F: int, *tensors: Optional[Tensor], vec16_bytes: int = 16) -> int:
     """Elements per vector access for rows of width F over ``tensors``: 16 bytes of the
-    narrowest dtype (4 floats, 8 halves; ``GNN_FASTPATH_VEC16=8`` caps 16-bit rows at 4)
+    narrowest dtype (4 floats; 8 halves, or 4 where :func:`bytes16` of ``vec16_bytes`` is 8)
     when F allows and every tensor is aligned, else 4 (8-byte 16-bit accesses, float4), else
     1 (scalar)."""
     sizes = [t.element_size() for t in tensors if t is not None]
     narrowest = min(sizes) if sizes else 4
-    widest = (config.setting("GNN_FASTPATH_VEC16") if narrowest == 2 else 16) // narrowest
+    widest = (bytes16(vec16_bytes) if narrowest == 2 else 16) // narrowest
     for vec in (widest, 4):
         if F % vec == 0 and vector_ok(vec, *tensors):
             return vec
@@ -263,7 +270,7 @@ def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
 # ----------------------------------------------------------------------------------------
 # Lane groups over feature rows (min/max reduction, SpMM, SDDMM: aggregation kernels).
 
-def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1) -> Tuple[int, int, int, int]:
+def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1, vec16_bytes: int = 16) -> Tuple[int, int, int, int]:
     """(VEC, T, CH, feature blocks) for rows of width F.
 
     VEC = :func:`vector_width` (16-byte loads: 4 floats or 8 halves, when F and every
@@ -273,7 +280,7 @@ def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1) -> Tuple[int, int
     (F = 512, CH = 1: four warps with one 16-byte load per lane and edge), which keeps
     registers low and many rows in flight.
     """
-    vec = vector_width(F, *tensors)
+    vec = vector_width(F, *tensors, vec16_bytes=vec16_bytes)
     width = F // vec
     lanes = min(32, next_pow2(max(width, 1)))
     chunks = 1

@@ -27,6 +27,10 @@ from . import launch, worklist
 
 SOURCE = "segment_reduce.cu"
 THREADS = 128
+#: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
+#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
+#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+VEC16_BYTES = 8
 #: Tie-rule codes of the kernels (``-D`` defines, so the .cu and this module agree).
 MODE_COUNT, MODE_FIRST, MODE_LAST, MODE_VALUE = 0, 1, 2, 3
 #: Non-finite rules of the kernels: torch/PyG (NaN wins, inf kept) and DGL (NaN skipped,
@@ -69,7 +73,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
         return aux
     kc = graph.kernel_csr()
     work = row_chunks(graph)
-    fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
+    fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"), vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
@@ -120,7 +124,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
             dx=dx, dw=dw)
         return
     work = row_chunks(graph)
-    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"))
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"),
+                              vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
         launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,

@@ -48,6 +48,10 @@ from .cusparse import CsrMatrix, EdgeValues, NoAlgorithm, fp32_values
 SOURCE = "spmm.cu"
 #: Threads per block of the lane-group kernels.
 THREADS = 128
+#: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
+#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
+#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+VEC16_BYTES = 8
 #: Degree-scale codes of the kernels (``-D`` defines, so the .cu and this module agree).
 SCALE_NONE, SCALE_INVERSE, SCALE_RSQRT = 0, 1, 2
 KERNELS = launch.Family(SOURCE, {"SPMM_SCALE_NONE": SCALE_NONE, "SPMM_SCALE_INVERSE": SCALE_INVERSE,
@@ -73,7 +77,7 @@ def own_spmm(indices: Tensor, indptr: Tensor, work, values, b: Tensor, c: Tensor
     F = b.size(1)
     device = b.device
     tb, tc = launch.ctype(b.dtype), launch.ctype(c.dtype)
-    fcfg = launch.lane_groups(F, b, c, max_chunks=2)
+    fcfg = launch.lane_groups(F, b, c, max_chunks=2, vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     n_rows = indptr.numel() - 1 - work.n_split
     if n_rows:
@@ -227,7 +231,7 @@ def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -
     kc = cache.kc
     m = kc.indices.numel()
     F = x.size(1)
-    fcfg = launch.lane_groups(F, grad_out, x)
+    fcfg = launch.lane_groups(F, grad_out, x, vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     accumulate = fblocks > 1
     dw = (torch.zeros if accumulate or F == 0 else torch.empty)(m, dtype=torch.float32, device=x.device)

@@ -63,8 +63,13 @@ def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, 
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
 
 
-def test_gatv2_configs():
-    """float32 keeps its instantiations; 16-bit rows take 8 elements per lane where they can."""
+def test_gatv2_configs(monkeypatch):
+    """float32 keeps its instantiations; 16-bit rows take the float32 lane layout (4 halves,
+    8-byte accesses) by default, and 8 elements per lane where they can with
+    GNN_FASTPATH_VEC16=16."""
+    x16 = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    assert kernels.config_for_16bit(64, x16) == kernels.config_for(64, True)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", "16")
     f32 = [kernels.config_for(D, True) for D in (32, 64, 128, 256, 100)]
     assert [(c.vw, c.lh, c.k, c.dc, c.u) for c in f32] == [(4, 8, 1, 32, 4), (4, 16, 1, 64, 4), (4, 32, 1, 128, 4),
                                                           (4, 32, 2, 256, 2), (1, 32, 4, 0, 4)]
