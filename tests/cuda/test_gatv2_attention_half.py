@@ -237,7 +237,10 @@ def test_float32_att_parameter(monkeypatch, small, big, dtype, alpha_grad):
 @pytest.mark.parametrize("offset,vw", [(0, 8), (4, 4), (2, 2), (1, 1)])
 @pytest.mark.parametrize("dtype", HALF)
 def test_vector_widths_and_misaligned_rows(monkeypatch, small, dtype, offset, vw):
-    """16-byte rows take 8 elements per lane; rows offset by 8, 4 or 2 bytes narrower vectors."""
+    """With GNN_FASTPATH_VEC16=16, 16-byte aligned rows take 8 elements per lane; rows offset
+    by 8, 4 or 2 bytes narrower vectors. (By default GATv2 reads 16-bit rows with the float32
+    lane layout, 4 elements per lane: every other test here runs that path.)"""
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", "16")
     _check(monkeypatch, small, 2, 64, dtype, False, True, seed=offset, offset=offset, vw=vw)
 
 
