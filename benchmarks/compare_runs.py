@@ -22,9 +22,11 @@ from typing import Dict, List, Tuple
 
 _NAME = re.compile(r"(ops|layers)-(\w+)-(\d+)\.json$")
 #: (kind, key fields, timing fields)
+#: What a row without the key measured (runs from before the key existed: float32, no autocast).
+_UNSET = {"dtype": "float32", "autocast": "off"}
 _KINDS = {
-    "ops": (("graph", "op", "shape", "variant"), ("fwd_ms", "fwd_bwd_ms")),
-    "layers": (("graph", "layer"), ("fused_fwd_ms", "fused_fwd_bwd_ms")),
+    "ops": (("graph", "op", "shape", "dtype", "variant"), ("fwd_ms", "fwd_bwd_ms")),
+    "layers": (("graph", "layer", "autocast"), ("fused_fwd_ms", "fused_fwd_bwd_ms")),
 }
 
 
@@ -44,7 +46,8 @@ def load(directory: str) -> Dict[Tuple, Dict[str, List[float]]]:
                 continue
             for t in timings:
                 if row.get(t) is not None:
-                    table[(kind, tuple(str(row.get(k, "")) for k in keys), t)][label].append(float(row[t]))
+                    key = tuple(str(row.get(k, _UNSET.get(k, ""))) for k in keys)
+                    table[(kind, key, t)][label].append(float(row[t]))
     return table
 
 
