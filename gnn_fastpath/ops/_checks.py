@@ -146,13 +146,15 @@ def check_return_attention(value) -> None:
 
 
 def check_features(graph: Graph, x, edge_weight) -> None:
-    """``x`` [N_src, F...] node features and an optional [M] ``edge_weight`` like it."""
+    """``x`` [N_src, F...] floating node features and an optional floating [M] ``edge_weight``
+    on x's device, of any floating dtype (the weight's dtype may differ from x's: a float32
+    parameter with 16-bit features under autocast). ``x`` is checked first."""
     if not hasattr(x, "dim") or x.dim() < 2:
         raise ValueError(f"x must be a tensor of shape [N_src, F...], got {getattr(x, 'shape', type(x).__name__)}")
-    check_devices(("x", x), ("edge_weight", edge_weight))
     check_tensor("x", x, (graph.n_src,) + (None,) * (x.dim() - 1))
     if edge_weight is not None:
-        check_tensor("edge_weight", edge_weight, (graph.num_edges,), like=x)
+        check_devices(("x", x), ("edge_weight", edge_weight))
+        check_tensor("edge_weight", edge_weight, (graph.num_edges,))
 
 
 def row_width(t: Tensor) -> int:

@@ -76,20 +76,11 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import dot_attention as kernels
+from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
 from .dispatch import CUDA, choose
-
-
-def _check_out_dtype(out_dtype, dtype: torch.dtype) -> torch.dtype:
-    """``out_dtype`` resolved against the inputs' dtype: None -> ``dtype``; else it must be
-    ``dtype`` or torch.float32 (ValueError naming ``out_dtype``)."""
-    if out_dtype is None:
-        return dtype
-    if out_dtype not in (dtype, torch.float32):
-        raise ValueError(f"out_dtype must be None, the inputs' dtype ({dtype}) or torch.float32, got {out_dtype!r}")
-    return out_dtype
 
 
 def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -142,7 +133,7 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     scale = check_real("scale", scale, allow_none=True)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
-    out_dtype = _check_out_dtype(out_dtype, k.dtype)
+    out_dtype = check_out_dtype(out_dtype, k.dtype, "the inputs' dtype")
     graph = graph_on(graph, k)
     if choose("dot_attention", k.device, k.dtype, graph, heads=(H, D)) == CUDA:
         scale = 1.0 / math.sqrt(D) if scale is None else scale

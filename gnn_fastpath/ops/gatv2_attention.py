@@ -97,6 +97,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import gatv2_attention as kernels
+from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
@@ -149,7 +150,7 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     negative_slope = check_real("negative_slope", negative_slope)
     check_return_attention(return_attention)
     dropout = check_probability("dropout", dropout)
-    out_dtype = _check_out_dtype(out_dtype, x_src.dtype)
+    out_dtype = check_out_dtype(out_dtype, x_src.dtype, "the features' dtype")
     graph = graph_on(graph, x_src)
     if choose("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
@@ -157,15 +158,6 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
                                             return_attention, dropout, seed, offset, out_dtype)
     return reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
                                      out_dtype=out_dtype)
-
-
-def _check_out_dtype(out_dtype, dtype: torch.dtype) -> torch.dtype:
-    """``out_dtype`` resolved: None -> the features' dtype; else that dtype or float32."""
-    if out_dtype is None:
-        return dtype
-    if out_dtype not in (dtype, torch.float32):
-        raise ValueError(f"out_dtype must be None, the features' dtype ({dtype}) or torch.float32; got {out_dtype!r}")
-    return out_dtype
 
 
 class GATv2AttentionFunction(torch.autograd.Function):

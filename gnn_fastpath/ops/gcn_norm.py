@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..cuda import spmm as kernels
-from ..reference._segment import compute_dtype, no_autocast
+from ..reference._precision import compute_dtype, no_autocast
 from ._checks import check_bool, check_graph, check_tensor, graph_on
 from .dispatch import CUDA, choose
 

@@ -29,7 +29,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import segment_reduce as kernels
-from ._checks import check_choice, check_devices, check_features, check_graph, check_tensor, graph_on, row_width
+from ..reference._precision import product_dtype
+from ._checks import check_choice, check_features, check_graph, graph_on, row_width
 from .dispatch import CUDA, CUDA_DTYPES, choose
 
 REDUCES = ("max", "min")
@@ -88,32 +89,18 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
         edge_weight.dtype)`` (``x.dtype`` without weights).
     """
     graph = check_graph(graph)
-    check_inputs(graph, x, edge_weight)
+    check_features(graph, x, edge_weight)
     check_choice("reduce", reduce, REDUCES)
     check_choice("tie_break", tie_break, TIE_BREAKS)
     check_choice("non_finite", non_finite, NON_FINITE)
     if non_finite == "drop" and tie_break not in ("first", "last"):
         raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
-    out_dtype = result_dtype(x, edge_weight)
+    out_dtype = product_dtype(x, edge_weight)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("segment_reduce", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
         return SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break, non_finite)
     return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
-
-
-def check_inputs(graph, x, edge_weight) -> None:
-    """``x`` [N_src, F...] features and an optional floating [M] ``edge_weight`` on x's device,
-    of any floating dtype (the weight's dtype may differ from x's)."""
-    check_features(graph, x, None)
-    if edge_weight is not None:
-        check_devices(("x", x), ("edge_weight", edge_weight))
-        check_tensor("edge_weight", edge_weight, (graph.num_edges,))
-
-
-def result_dtype(x: Tensor, edge_weight: Optional[Tensor]) -> torch.dtype:
-    """torch's dtype of ``edge_weight * x``: ``x.dtype`` without a weight."""
-    return x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
 
 
 def weight_fp32(edge_weight: Optional[Tensor]) -> Optional[Tensor]:
@@ -125,7 +112,7 @@ def weight_fp32(edge_weight: Optional[Tensor]) -> Optional[Tensor]:
 class SegmentReduceFunction(torch.autograd.Function):
     """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break, non_finite)``.
 
-    The result has :func:`result_dtype`; dx comes back in x's dtype, dw in the weight's.
+    The result has :func:`~gnn_fastpath.reference._precision.product_dtype`; dx comes back in x's dtype, dw in the weight's.
     """
 
     @staticmethod
@@ -136,7 +123,7 @@ class SegmentReduceFunction(torch.autograd.Function):
         sign = 1.0 if reduce == "max" else -1.0  # min runs as max of the negated messages
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # allocated in its final shape so the op returns a fresh tensor, not a view
-        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=result_dtype(x, edge_weight),
+        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
                              device=x2.device)
         aux = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
                               result.view(graph.n_dst, x2.size(1)))

@@ -26,9 +26,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import reference
 from ..cuda import spmm as kernels
-from ._checks import check_choice, check_graph, graph_on, row_width
+from ._checks import check_choice, check_features, check_graph, graph_on, row_width
 from .dispatch import CUDA, CUDA_DTYPES, choose
-from .segment_reduce import check_inputs
 
 NORMS = ("none", "left", "right", "both")
 
@@ -60,7 +59,7 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
         [N_dst, F] (same trailing shape as ``x``) in ``out_dtype``.
     """
     graph = check_graph(graph)
-    check_inputs(graph, x, edge_weight)
+    check_features(graph, x, edge_weight)
     check_choice("norm", norm, NORMS)
     out_dtype = reference.aggregation.spmm_out_dtype(x, edge_weight, out_dtype)
     graph = graph_on(graph, x)

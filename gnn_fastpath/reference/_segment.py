@@ -1,44 +1,9 @@
-"""Segment helpers over destination-major CSR edges (pure torch), and the dtype rules of the
-reference ops: 16-bit inputs are computed in float32, float64 in float64, autocast off."""
+"""Segment helpers over destination-major CSR edges (pure torch). The dtype rules of the
+reference ops are in :mod:`._precision`."""
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from torch import Tensor
-
-
-def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
-    """float64 if any of ``dtypes`` is float64, else float32 (16-bit inputs compute in float32)."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
-def no_autocast(device: torch.device):
-    """A context with autocast off on ``device`` (the reference computes in the dtypes it
-    chooses itself, whatever the caller's autocast)."""
-    if device.type in ("cuda", "cpu"):
-        return torch.autocast(device_type=device.type, enabled=False)
-    return contextlib.nullcontext()
-
-
-class _RoundTo(torch.autograd.Function):
-    """Values rounded to a dtype (and back); the gradient passes unchanged (straight through)."""
-
-    @staticmethod
-    def forward(ctx, values: Tensor, dtype: torch.dtype) -> Tensor:
-        return values.to(dtype).to(values.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad, None
-
-
-def round_to(values: Tensor, dtype: torch.dtype) -> Tensor:
-    """``values`` rounded to ``dtype`` (kept in their own dtype); identity gradient. A no-op
-    when ``dtype`` is not narrower than ``values.dtype``."""
-    if torch.finfo(dtype).bits >= torch.finfo(values.dtype).bits:
-        return values
-    return _RoundTo.apply(values, dtype)
 
 
 def expand_rows(index: Tensor, like: Tensor) -> Tensor:

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from ..graph import Graph
-from ._segment import compute_dtype, expand_rows, no_autocast, round_to, route_gradient, segment_sum
+from ._precision import check_out_dtype, compute_dtype, no_autocast, product_dtype, round_to
+from ._segment import expand_rows, route_gradient, segment_sum
 
 
 def degree_norms(graph: Graph, norm: str, dtype: torch.dtype):
@@ -44,12 +45,7 @@ def spmm_out_dtype(x: Tensor, edge_weight: Optional[Tensor], out_dtype: Optional
     """The dtype of spmm's result: by default torch's dtype of ``edge_weight * x`` (x's
     without weights); ``out_dtype`` may name that, x's dtype or float32 (anything else is a
     ValueError)."""
-    default = x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
-    if out_dtype is None:
-        return default
-    if out_dtype not in (x.dtype, torch.float32, default):
-        raise ValueError(f"out_dtype must be None, x's dtype ({x.dtype}) or torch.float32; got {out_dtype!r}")
-    return out_dtype
+    return check_out_dtype(out_dtype, x.dtype, "x's dtype", default=product_dtype(x, edge_weight))
 
 
 def spmm(graph: Graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "none",
@@ -100,7 +96,7 @@ def segment_reduce(graph: Graph, x: Tensor, reduce: str = "max", edge_weight: Op
         raise ValueError(f"tie_break must be one of {', '.join(map(repr, TIE_BREAKS))}; got {tie_break!r}")
     if non_finite not in NON_FINITE:
         raise ValueError(f"non_finite must be one of {', '.join(map(repr, NON_FINITE))}; got {non_finite!r}")
-    out_dtype = x.dtype if edge_weight is None else torch.promote_types(x.dtype, edge_weight.dtype)
+    out_dtype = product_dtype(x, edge_weight)
     dtype = compute_dtype(out_dtype)
     with no_autocast(x.device):
         w = None if edge_weight is None else edge_weight.to(dtype)

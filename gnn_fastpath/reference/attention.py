@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from torch import Tensor
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..graph import Graph
+from ._precision import compute_dtype, no_autocast
 from ._segment import attention_dropout, segment_softmax, segment_sum
 
 
@@ -22,13 +23,14 @@ def _to_caller_order(graph: Graph, csr_values: Tensor) -> Tensor:
     return out
 
 
-def _finish(graph: Graph, alpha: Tensor, messages: Tensor, dropout: float, return_attention):
+def _finish(graph: Graph, alpha: Tensor, messages: Tensor, dropout: float, return_attention, out_dtype):
+    """out (and alpha in caller order when asked for) from the softmax weights, in ``out_dtype``."""
     dropped = attention_dropout(alpha, dropout)
-    out = segment_sum(dropped.unsqueeze(-1) * messages, graph.dst_index(), graph.n_dst)
+    out = segment_sum(dropped.unsqueeze(-1) * messages, graph.dst_index(), graph.n_dst).to(out_dtype)
     if not return_attention:
         return out
     weights = dropped if return_attention == "dropped" else alpha
-    return out, _to_caller_order(graph, weights)
+    return out, _to_caller_order(graph, weights).to(out_dtype)
 
 
 def gatv2_attention(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_slope: float = 0.2,
@@ -41,19 +43,12 @@ def gatv2_attention(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, neg
     float32), with autocast off; out and alpha come back in ``out_dtype`` (default x_src's
     dtype), gradients in each input's own dtype (through the casts).
     """
-    from contextlib import nullcontext  # local: the module header is shared with dot_attention
-
-    import torch
-
     out_dtype = out_dtype or x_src.dtype
-    compute = torch.float32 if x_src.dtype in (torch.float16, torch.bfloat16) else x_src.dtype
-    compute = torch.promote_types(compute, att.dtype)
+    compute = compute_dtype(x_src.dtype, att.dtype)
     x_src, x_dst, att = x_src.to(compute), x_dst.to(compute), att.to(compute)
     edge_term = edge_term.to(compute) if edge_term is not None else None
     # an ambient autocast must not change what the reference computes (contract of the ops)
-    dev = x_src.device.type
-    no_autocast = torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else nullcontext()
-    with no_autocast:
+    with no_autocast(x_src.device):
         src, dst = graph.indices, graph.dst_index()
         xj = x_src[src]
         z = xj + x_dst[dst]
@@ -61,10 +56,7 @@ def gatv2_attention(graph: Graph, x_src: Tensor, x_dst: Tensor, att: Tensor, neg
             z = z + edge_term[graph.perm]
         logits = (F.leaky_relu(z, negative_slope) * att).sum(-1)
         alpha = segment_softmax(logits, dst, graph.n_dst)
-        res = _finish(graph, alpha, xj, dropout, return_attention)
-    if return_attention:
-        return res[0].to(out_dtype), res[1].to(out_dtype)
-    return res.to(out_dtype)
+        return _finish(graph, alpha, xj, dropout, return_attention, out_dtype)
 
 
 def dot_attention(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -76,19 +68,14 @@ def dot_attention(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional
     their own dtype, with autocast off; out and alpha come back in ``out_dtype`` (default
     q's dtype), gradients in the inputs' dtypes.
     """
-    from contextlib import nullcontext  # local: the module header is shared with gatv2_attention
-
-    import torch
-
     if scale is None:
         scale = 1.0 / math.sqrt(q.size(-1))
     out_dtype = out_dtype or q.dtype
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = compute_dtype(q.dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     edge_term = edge_term.to(compute) if edge_term is not None else None
     # an ambient autocast must not change what the reference computes (contract of the ops)
-    no_autocast = torch.autocast(q.device.type, enabled=False) if q.device.type in ("cpu", "cuda") else nullcontext()
-    with no_autocast:
+    with no_autocast(q.device):
         src, dst = graph.indices, graph.dst_index()
         kj, vj = k[src], v[src]
         if edge_term is not None:
@@ -96,7 +83,4 @@ def dot_attention(graph: Graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional
             kj, vj = kj + e, vj + e
         logits = (q[dst] * kj).sum(-1) * scale
         alpha = segment_softmax(logits, dst, graph.n_dst)
-        res = _finish(graph, alpha, vj, dropout, return_attention)
-    if return_attention:
-        return res[0].to(out_dtype), res[1].to(out_dtype)
-    return res.to(out_dtype)
+        return _finish(graph, alpha, vj, dropout, return_attention, out_dtype)
