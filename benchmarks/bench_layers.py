@@ -32,7 +32,7 @@ import torch
 
 from . import graphs as G
 from . import report
-from .timing import OOM, autocast, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
+from .timing import OOM, autocast, fmt, free_memory, import_pyg, is_oom, measure, measure_bandwidth, parse_dtypes
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
 FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
@@ -285,11 +285,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        import torch_geometric as pyg
-        import torch_geometric.nn  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
+    pyg = import_pyg()
+    if pyg is None:
         return 0
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

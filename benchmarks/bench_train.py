@@ -55,7 +55,7 @@ from torch import nn
 
 from . import graphs as G
 from . import report
-from .timing import OOM, SHORT, autocast, fmt, free_memory, is_oom, parse_dtypes, time_calls
+from .timing import OOM, SHORT, autocast, fmt, free_memory, import_pyg, is_oom, parse_dtypes, time_calls
 
 GRAPHS = ["tolokers", "arxiv-like", "pokec-like"]
 CPU_GRAPHS = ["arxiv-like"]
@@ -538,11 +538,8 @@ def _fastpath():
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        import torch_geometric as pyg
-        import torch_geometric.nn  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
+    pyg = import_pyg()
+    if pyg is None:
         return 0
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -237,3 +237,15 @@ def autocast(device: torch.device, dtype_name: Optional[str]):
     if dtype_name in (None, "float32", "off"):
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype_name])
+
+
+def import_pyg():
+    """``torch_geometric`` with its ``nn`` package loaded, or None after printing why it does
+    not import (the layer benchmarks then have nothing to measure and exit 0)."""
+    try:
+        import torch_geometric as pyg
+        import torch_geometric.nn  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
+        return None
+    return pyg

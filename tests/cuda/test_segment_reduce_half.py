@@ -40,6 +40,7 @@ from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import segment_reduce as sr_kernels
 from gnn_fastpath.ops import backend_for, segment_reduce
 from zoo import random_edges
+from test_segment_reduce_kernels import _run
 
 pytestmark = pytest.mark.cuda
 
@@ -84,14 +85,6 @@ def _inputs(graph, F, dtype, weight, ties, seed):
     out_dtype = dtype if w is None else torch.promote_types(dtype, w.dtype)
     g = torch.randn(graph.n_dst, F, device="cuda", generator=gen).to(out_dtype)
     return x, w, g
-
-
-def _run(fn, x, w, g):
-    x = x.clone().requires_grad_(True)
-    w = None if w is None else w.clone().requires_grad_(True)
-    out = fn(x, w)
-    out.backward(g)
-    return out.detach(), x.grad, None if w is None else w.grad
 
 
 def _assert_grad(name, got, want, u):
