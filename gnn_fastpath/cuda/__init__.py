@@ -8,7 +8,7 @@ One launcher module per kernel family (``gatv2_attention``, ``dot_attention``,
 ``launch`` (kernel cache, named arguments, grid helpers) and ``worklist`` (row chunks) are
 shared by all of them.
 """
-from .csr_build import csr_indptr
+from .csr_build import csr_indptr, edge_facts
 from .loader import available, read_source, unavailable_reason
 
-__all__ = ["available", "unavailable_reason", "read_source", "csr_indptr"]
+__all__ = ["available", "unavailable_reason", "read_source", "csr_indptr", "edge_facts"]

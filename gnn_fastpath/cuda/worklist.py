@@ -5,11 +5,14 @@ one work item, except long rows, which are cut into chunks of ``chunk`` edges so
 warp or lane group walks a super node alone; the chunks' partial results are merged
 afterwards (attention: a merge kernel over per-chunk workspace slots; min/max and SpMM:
 atomics into the row). Built on the GPU once per graph and cached with it
-(:func:`for_graph`); building synchronises with the host once (to size the chunk list).
+(:func:`for_graph`). Building synchronises with the host once, to size the chunk list, unless
+the graph knows on the host that no row is long enough to split (sampled mini-batches: a
+fan-out bounds every destination row), which costs no synchronisation at all.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -51,7 +54,7 @@ class RowChunks:
 
 
 def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", interleave: bool = False,
-          tag: str = "slot") -> RowChunks:
+          tag: str = "slot", max_degree: Optional[int] = None) -> RowChunks:
     """Row chunks of the CSR with row offsets ``indptr`` (any integer dtype, on the GPU).
 
     Rows with at least ``split_from`` edges are cut into chunks of ``chunk`` edges.
@@ -59,6 +62,8 @@ def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", in
     then also longest first, stably). ``interleave``: chunk items ordered chunk-major
     (first chunks of every split row, then second chunks, ...) so that items running
     together belong to different rows and their atomics rarely meet on one address.
+    ``max_degree``: an upper bound on the longest row, known on the host (None: unknown);
+    below ``split_from`` no row is split and nothing is read back.
     """
     if chunk < 1 or split_from < 1:
         raise ValueError(f"chunk and split_from must be >= 1, got {chunk} and {split_from}")
@@ -70,15 +75,22 @@ def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", in
     indptr = indptr.to(torch.int64)
     deg = indptr[1:] - indptr[:-1]
     is_split = deg >= split_from
-    split_rows = torch.nonzero(is_split).flatten()
-    whole_rows = torch.nonzero(~is_split).flatten()
+    if max_degree is not None and max_degree < split_from:
+        n_split = n_slots = 0
+    else:  # the one host sync: how many rows are split and into how many chunks
+        chunks_per_row = torch.where(is_split, (deg + chunk - 1) // chunk, 0)
+        n_split, n_slots = torch.stack([is_split.sum(), chunks_per_row.sum()]).tolist()
+    # Split rows first, then whole rows, each ascending: a stable sort of the 0/1 flags
+    # instead of two nonzero() calls (each of which would synchronise).
+    rows = torch.sort((~is_split).to(torch.uint8), stable=True).indices if n_split else None
+    split_rows = rows[:n_split] if n_split else deg.new_empty(0)
+    whole_rows = rows[n_split:] if n_split else torch.arange(deg.numel(), device=dev)
     if order == "degree":  # longest first, stably (ties keep row order)
         split_rows = split_rows[torch.sort(deg[split_rows], descending=True, stable=True).indices]
         whole_rows = whole_rows[torch.sort(deg[whole_rows], descending=True, stable=True).indices]
 
     n_chunks = (deg[split_rows] + chunk - 1) // chunk
     first = torch.cumsum(n_chunks, 0) - n_chunks
-    n_slots = int(n_chunks.sum()) if split_rows.numel() else 0  # the one host sync
     owner = torch.repeat_interleave(torch.arange(split_rows.numel(), device=dev), n_chunks, output_size=n_slots)
     slot = torch.arange(n_slots, device=dev)
     local = slot - first[owner]
@@ -104,6 +116,7 @@ def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False,
 
     def make():
         indptr = graph.source_csr().indptr if source_major else graph.indptr
-        return build(indptr, chunk, split_from, order=order, interleave=interleave, tag=tag)
+        return build(indptr, chunk, split_from, order=order, interleave=interleave, tag=tag,
+                     max_degree=graph.degree_bound(source_major))
 
     return graph.memo(key, make)

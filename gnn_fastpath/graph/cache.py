@@ -37,17 +37,23 @@ def set_cache_size(n: int) -> None:
     global _size
     if int(n) < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    evicted = []  # dropped after the lock is released (see _forget)
     with _lock:
         _size = int(n)
         for cache in _caches.values():
             while len(cache) > _size:
-                cache.popitem(last=False)
+                evicted.append(cache.popitem(last=False))
+    del evicted
 
 
 def clear_cache() -> None:
     """Drop every cached entry."""
     with _lock:
+        dropped = list(_caches.values())
         _caches.clear()
+    # Outside the lock: a value dying may let its source die too, whose weakref callback
+    # (_forget) takes the lock.
+    del dropped
 
 
 def cached_count(device=None) -> int:
@@ -90,13 +96,18 @@ def cached(source, version: Hashable, build: Callable[[], T], device_key: str, e
             if ref() is source and old_version == version and old_extra == extra:
                 cache.move_to_end(key)
                 return value
-            del cache[key]
+            stale = cache.pop(key)
     value = build()
     ref = weakref.ref(source, lambda r, d=device_key, k=key: _forget(d, k, r))
+    evicted = []  # dropped after the lock is released (see clear_cache)
     with _lock:
         cache = _caches.setdefault(device_key, OrderedDict())
+        old = cache.get(key)
+        if old is not None:
+            evicted.append(old)
         cache[key] = (ref, version, extra, value)
         cache.move_to_end(key)
         while len(cache) > _size:
-            cache.popitem(last=False)
+            evicted.append(cache.popitem(last=False))
+    del evicted
     return value

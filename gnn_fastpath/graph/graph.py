@@ -124,18 +124,62 @@ def _describe(obj, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
     raise ValueError(f"obj must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {type(obj).__name__}")
 
 
-def _check_ids(ids: Tensor, bound: int, name: str) -> None:
-    """Raise ValueError naming ``name`` if any id is negative or >= bound (one host sync), or
-    if ``ids`` cannot be read (meta device)."""
-    if ids.numel() == 0:
-        return
-    check_readable(ids, name)
-    lo, hi = torch.aminmax(ids)
-    lo, hi = int(lo), int(hi)
+@dataclass(frozen=True)
+class EdgeFacts:
+    """What the host knows about a new edge list after its one synchronisation.
+
+    Attributes:
+        id_range: ((min, max) source id, (min, max) target id); (0, -1) for no edges.
+        grouped: whether the edges come grouped by target in ascending order (then the CSR
+            keeps the caller's order and needs no sort).
+        num_self_loops: edges with source == target.
+        max_in_degree, max_out_degree: the longest destination and source rows.
+    """
+
+    id_range: Tuple[Tuple[int, int], Tuple[int, int]]
+    grouped: bool
+    num_self_loops: int
+    max_in_degree: int
+    max_out_degree: int
+
+
+def _check_range(lo: int, hi: int, bound: int, name: str) -> None:
+    """ValueError naming ``name`` if an id is negative (``lo``) or ``>= bound`` (``hi``)."""
     if lo < 0:
         raise ValueError(f"{name} contains a negative node id ({lo})")
     if hi >= bound:
         raise ValueError(f"{name} contains node id {hi}, out of range for {bound} nodes")
+
+
+def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
+                ) -> Tuple[EdgeFacts, Tensor, Tensor]:
+    """(facts, in-degree [n_dst], out-degree [n_src]) of int64 edge ids [M >= 1], the ids
+    validated against the node counts (ValueError naming ``name``'s rows).
+
+    On CUDA one kernel pass gathers every fact and one 64-byte read brings them to the host:
+    the one host synchronisation of a new graph. On the CPU plain torch ops.
+    """
+    if src.is_cuda:
+        from .. import cuda
+
+        if cuda.available():
+            facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
+            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out = facts_t.tolist()  # the one sync
+            _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
+            _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
+            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out),
+                    in_degree, out_degree)
+    check_readable(src, f"{name} (source row)")
+    (s_lo, d_lo), (s_hi, d_hi) = (t.tolist() for t in torch.aminmax(torch.stack([src, dst]), dim=1))
+    _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
+    _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
+    in_degree = torch.bincount(dst, minlength=n_dst)
+    out_degree = torch.bincount(src, minlength=n_src)
+    grouped = bool((dst[1:] >= dst[:-1]).all())
+    loops = int((src == dst).sum())
+    max_in = int(in_degree.max()) if n_dst else 0
+    max_out = int(out_degree.max()) if n_src else 0
+    return EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out), in_degree, out_degree
 
 
 def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
@@ -151,11 +195,13 @@ def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
     return indptr
 
 
-def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int,
+                   indptr: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Sort edges by (row, col), stable, and return (indptr, sorted cols, order).
 
     Sorting by column inside a row makes neighbouring gathers hit neighbouring memory;
-    stability keeps duplicate edges in caller order.
+    stability keeps duplicate edges in caller order. ``indptr``: the row offsets when the
+    caller has them already (from the degree counts).
     """
     if rows.numel() == 0:
         empty = torch.empty(0, dtype=torch.int64, device=rows.device)
@@ -166,8 +212,9 @@ def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int) -> Tupl
     else:  # keys would overflow int64: two stable passes
         order = torch.sort(cols, stable=True).indices
         order = order[torch.sort(rows[order], stable=True).indices]
-    sorted_rows = rows[order]
-    return _indptr_from_sorted(sorted_rows, n_rows), cols[order], order
+    if indptr is None:
+        indptr = _indptr_from_sorted(rows[order], n_rows)
+    return indptr, cols[order], order
 
 
 class Graph:
@@ -199,23 +246,88 @@ class Graph:
         self._kernel_csr: Optional[KernelCSR] = None
         self._device_copies: Dict[torch.device, "Graph"] = {}
         self._memo: Dict[object, object] = {}
+        # Host facts known without a sync (see _set_facts); None: not known.
+        self._degree_bounds: Tuple[Optional[int], Optional[int]] = (None, None)
+        self._bounds_exact = False
+        self._num_self_loops: Optional[int] = None
+
+    def _set_facts(self, max_in: Optional[int], max_out: Optional[int], self_loops: Optional[int],
+                   exact: bool = True) -> None:
+        """Record host facts: the longest destination and source rows (exact, or upper
+        bounds with ``exact=False``) and the number of self loops (None: unknown)."""
+        self._degree_bounds = (max_in, max_out)
+        self._bounds_exact = exact
+        self._num_self_loops = self_loops
 
     # ------------------------------------------------------------------ building
     @classmethod
     def from_coo(cls, src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, validate: bool = True,
-                 name: str = "edge_index") -> "Graph":
+                 name: str = "edge_index", degree_bounds: Optional[Tuple[int, int]] = None) -> "Graph":
         """Build from source and destination ids, integer [M] each, in the caller's edge order.
 
-        ``name`` names the input in validation errors (``"<name> (source row) ..."``).
+        With ``validate`` (the default) the ids are checked against the node counts
+        (ValueError naming ``name``: ``"<name> (source row) ..."``) and the facts the kernels
+        need on the host (id range, whether the edges come grouped by target, self loops,
+        longest rows) are gathered in the same pass: on CUDA that is the graph's one host
+        synchronisation. Edges that arrive grouped by target in ascending order (PyG's
+        samplers return them so) keep their order: no sort.
+
+        ``validate=False`` is for graphs derived from a validated one (e.g. with self loops
+        added): no check, no synchronisation, always sorted; ``degree_bounds`` = (longest
+        destination row, longest source row), upper bounds the caller knows, if any.
         """
-        if validate:
-            _check_ids(src, n_src, f"{name} (source row)")
-            _check_ids(dst, n_dst, f"{name} (destination row)")
         with _normal_tensors():
             src = src.to(torch.int64)
             dst = dst.to(torch.int64)
-            indptr, indices, perm = _sort_into_csr(dst, src, n_dst, n_src)
-        return cls(indptr, indices, perm, n_src, n_dst)
+            if not validate or src.numel() == 0:
+                indptr, indices, perm = _sort_into_csr(dst, src, n_dst, n_src)
+                graph = cls(indptr, indices, perm, n_src, n_dst)
+                if src.numel() == 0:
+                    graph._set_facts(0, 0, 0)
+                elif degree_bounds is not None:
+                    graph._set_facts(*degree_bounds, None, exact=False)  # either may be None
+                return graph
+            facts, in_degree, out_degree = _edge_facts(src, dst, n_src, n_dst, name)
+            indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=src.device)
+            torch.cumsum(in_degree, 0, dtype=torch.int64, out=indptr[1:])
+            if facts.grouped:
+                # A copy: ``src`` may be a view of the caller's edge_index, which the Graph
+                # (cached against that very tensor) must neither keep alive nor share.
+                indices, perm = src.clone(), torch.arange(src.numel(), device=src.device)
+            else:
+                _, indices, perm = _sort_into_csr(dst, src, n_dst, n_src, indptr=indptr)
+            graph = cls(indptr, indices, perm, n_src, n_dst)
+            graph._set_facts(facts.max_in_degree, facts.max_out_degree, facts.num_self_loops)
+            graph._memo["out_degree"] = out_degree.to(torch.int64)
+        return graph
+
+    @classmethod
+    def from_csr(cls, indptr: Tensor, indices: Tensor, perm: Tensor, n_src: int, n_dst: int, *,
+                 name: str = "csr") -> "Graph":
+        """A Graph over a framework's own destination-major CSR (e.g. a DGL block's CSC):
+        no sort, and on a GPU no host synchronisation.
+
+        ``indptr`` [n_dst+1], ``indices`` [M] (source ids) and ``perm`` [M] (caller edge ids),
+        any integer dtype. On the CPU the structure is checked (ValueError naming ``name``)
+        and its longest rows are read, host work only; on a GPU it is trusted as the
+        framework built it, and the longest rows are found when a kernel first needs them.
+        """
+        with _normal_tensors():
+            indptr, indices, perm = (t.to(torch.int64) for t in (indptr, indices, perm))
+            if indptr.numel() != n_dst + 1 or indices.shape != perm.shape or indices.dim() != 1:
+                raise ValueError(f"{name}: indptr [{indptr.numel()}], indices {tuple(indices.shape)} and perm "
+                                 f"{tuple(perm.shape)} do not describe {n_dst} destination rows")
+            graph = cls(indptr, indices, perm, n_src, n_dst)
+            if indptr.device.type == "cpu":
+                m = indices.numel()
+                deg = indptr[1:] - indptr[:-1]
+                if int(indptr[0]) != 0 or int(indptr[-1]) != m or (n_dst and int(deg.min()) < 0):
+                    raise ValueError(f"{name}: indptr is not a row-offset array over {m} edges")
+                if m:
+                    lo, hi = torch.aminmax(indices)
+                    _check_range(int(lo), int(hi), n_src, f"{name} (source ids)")
+                graph._set_facts(int(deg.max()) if n_dst else 0, None, None)
+        return graph
 
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, num_nodes=None) -> "Graph":
@@ -308,6 +420,21 @@ class Graph:
 
         return self.memo("caller_coo", build)
 
+    def degree_bound(self, source_major: bool = False) -> Optional[int]:
+        """An upper bound on the longest destination row (or source row), known on the host
+        without a synchronisation; None when the graph was built without it (e.g. a trusted
+        CSR on a GPU). Work lists use it to skip their sizing sync when no row is long."""
+        return self._degree_bounds[1 if source_major else 0]
+
+    def num_self_loops(self) -> int:
+        """How many edges have source == target (known from the build, else one host sync)."""
+        if self._num_self_loops is None:
+            if self.num_edges == 0:
+                self._num_self_loops = 0
+            else:
+                self._num_self_loops = int((self.indices == self.dst_index()).sum())
+        return self._num_self_loops
+
     def memo(self, key, build):
         """Cache ``build()`` under ``key`` for this graph's lifetime (derived, per-graph data)."""
         try:
@@ -321,11 +448,13 @@ class Graph:
     def degree_stats(self) -> DegreeStats:
         """Max and mean of the destination in-degrees (computed once)."""
         if self._stats is None:
-            deg = self.in_degree()
-            if deg.numel() == 0:
+            mean = self.num_edges / self.n_dst if self.n_dst else 0.0
+            if self._bounds_exact and self._degree_bounds[0] is not None:
+                self._stats = DegreeStats(self._degree_bounds[0], mean)
+            elif self.n_dst == 0:
                 self._stats = DegreeStats(0, 0.0)
             else:
-                self._stats = DegreeStats(int(deg.max()), float(deg.to(torch.float64).mean()))
+                self._stats = DegreeStats(int(self.in_degree().max()), mean)
         return self._stats
 
     def source_csr(self) -> SourceCSR:
@@ -386,8 +515,17 @@ class Graph:
         copy = self._device_copies.get(device)
         if copy is None:
             with _normal_tensors():
-                copy = Graph(self.indptr.to(device), self.indices.to(device), self.perm.to(device),
+                copy = Graph(*(_copy_to(t, device) for t in (self.indptr, self.indices, self.perm)),
                              self.n_src, self.n_dst)
             copy._stats = self._stats
+            copy._set_facts(*self._degree_bounds, self._num_self_loops, exact=self._bounds_exact)
             self._device_copies[device] = copy
         return copy
+
+
+def _copy_to(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``; a CPU tensor goes to a GPU through pinned memory without blocking
+    the host (torch's pinned-memory cache keeps the staging buffer alive until the copy ran)."""
+    if t.device.type == "cpu" and device.type == "cuda" and t.numel():
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

@@ -96,9 +96,17 @@ def _check_one_edge_type(g) -> None:
 def graph_from_dgl(g) -> Graph:
     """A new Graph of a DGL graph or block (one edge type; int32 or int64 ids), uncached.
 
-    Edges in DGL edge-id order, so ``perm`` indexes ``g.edata`` tensors.
+    ``perm`` holds DGL edge ids, so it indexes ``g.edata`` tensors. A graph whose CSC DGL
+    has already made (every block of DGL's samplers) is taken as it is: its CSC is our
+    destination-major CSR, valid by construction, so there is nothing to sort, check or
+    read back. Other graphs go through their edge list (validated, sorted when needed);
+    asking DGL for a CSC it has not made would build one inside the caller's graph.
     """
     _check_one_edge_type(g)
+    formats = getattr(g, "formats", None)  # DGLGraph API (absent from look-alikes)
+    if callable(formats) and "csc" in formats().get("created", ()):
+        indptr, indices, eids = g.adj_tensors("csc")
+        return Graph.from_csr(indptr, indices, eids, int(g.num_src_nodes()), int(g.num_dst_nodes()), name="g")
     src, dst = g.edges(order="eid")
     # Validated like any input: a malformed block (edges to destinations beyond
     # num_dst_nodes) must raise here, not write out of bounds in a kernel.

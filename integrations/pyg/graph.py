@@ -19,6 +19,7 @@ module or the PyG objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Hashable, Optional, Tuple
 
 import torch
@@ -189,7 +190,6 @@ class Looped:
         loop_node, loop_pos: node ids and caller ids of the base graph's self loops, which
             were removed (ascending positions); empty when loops are only appended.
         num_loops: how many loops were appended.
-        kept_dst_max: the largest target id among the kept edges (-1 when none).
     """
 
     graph: Graph
@@ -197,27 +197,38 @@ class Looped:
     loop_node: Tensor
     loop_pos: Tensor
     num_loops: int
-    kept_dst_max: int
 
     @property
     def kept_dst(self) -> Tensor:
         return self.graph.caller_coo()[1][: self.keep.numel()]
 
+    @cached_property
+    def kept_dst_max(self) -> int:
+        """The largest target id among the kept edges (-1 when none); one host sync, only
+        for the rare callers that need it (a string ``fill_value`` with edge attributes)."""
+        return int(self.kept_dst.max()) if self.keep.numel() else -1
+
 
 def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
+    # No host synchronisation: the number of existing loops is a fact of the base graph's
+    # build, and the loop positions come from a stable sort of the loop flags (kept edges
+    # first, then loops, each ascending) instead of boolean masks, whose sizes the host
+    # would have to read.
     src, dst = base.caller_coo()
-    ids = torch.arange(base.num_edges, device=base.device)
-    if remove_existing:
-        is_loop = src == dst
-        keep, loop_pos = ids[~is_loop], ids[is_loop]
+    m = base.num_edges
+    n_existing = base.num_self_loops() if remove_existing else 0
+    if n_existing:
+        order = torch.sort((src == dst).to(torch.uint8), stable=True).indices
+        keep, loop_pos = order[: m - n_existing], order[m - n_existing:]
     else:
-        keep, loop_pos = ids, ids[:0]
+        keep, loop_pos = torch.arange(m, device=base.device), src.new_empty(0)
     loop_node = src[loop_pos]
     loops = torch.arange(num_loops, device=base.device)
+    # At most one loop more per row than the base graph had.
+    bounds = tuple(None if b is None else b + 1 for b in (base.degree_bound(False), base.degree_bound(True)))
     graph = Graph.from_coo(torch.cat([src[keep], loops]), torch.cat([dst[keep], loops]),
-                           base.n_src, base.n_dst, validate=False)
-    kept_dst_max = int(dst[keep].max()) if keep.numel() else -1
-    return Looped(graph, keep, loop_node, loop_pos, num_loops, kept_dst_max)
+                           base.n_src, base.n_dst, validate=False, degree_bounds=bounds)
+    return Looped(graph, keep, loop_node, loop_pos, num_loops)
 
 
 def replace_self_loops(base: Graph, num_loops: int) -> Looped:
