@@ -1,7 +1,9 @@
-"""End-to-end full-batch training steps: stock PyG against ``gnn_fastpath.enabled()``, in fp32
-and under 16-bit autocast.
+"""End-to-end training steps, full batch and sampled mini-batches: stock PyG / DGL against
+``gnn_fastpath.enabled()``, in fp32 and under 16-bit autocast.
 
-    python -m benchmarks.bench_train                      # every graph, layer and dtype
+    python -m benchmarks.bench_train                      # full batch, then sampled (--mode both)
+    python -m benchmarks.bench_train --mode full          # full batch only (as before sampled mode)
+    python -m benchmarks.bench_train --mode sampled --time-budget 400 --profile-phases
     python -m benchmarks.bench_train --quick --time-budget 240
     python -m benchmarks.bench_train --graphs pokec-like --layers gatv2,transformer --dtypes bf16
     python -m benchmarks.bench_train --device cpu --scale 0.005 --hidden 8 --heads 2 --steps 2   # smoke
@@ -33,6 +35,14 @@ optimizer state, activations and anything gnn_fastpath caches, not the graph and
 the loss of every timed step, the fused / fallback counts of ``gnn_fastpath.stats()`` (reset
 per config) and the fallback warnings, or ``OOM`` (memory freed, the run goes on).
 
+Sampled mode (``--mode sampled``, see "sampled mini-batches" below and benchmarks/README.md):
+PyG ``NeighborLoader`` or DGL ``NeighborSampler`` + ``DataLoader`` with fan-outs 15/10/5 on the
+graph held on the CPU; per config the *model step* (a pre-sampled batch moved to the GPU as new
+tensors outside the timing; graph build + forward + loss on the seeds + backward + optimizer,
+CUDA events), the *whole step* with the real loader (worker processes) and the loader alone,
+so a table can say when sampling bounds the step; optionally a per-phase profile. The sampled
+targets (``SAMPLED_TARGETS``) run first and are reported met / missed in their own table.
+
 The issue-10 targets are measured first (``TARGETS``) and reported met / missed. Results:
 ``--json`` (default ``benchmarks/results/bench_train.json``) and ``--markdown`` (default
 ``benchmarks/results/bench_train.md``), both rewritten after every config, so a run cut by
@@ -55,7 +65,8 @@ from torch import nn
 
 from . import graphs as G
 from . import report
-from .timing import OOM, SHORT, autocast, fmt, free_memory, import_pyg, is_oom, parse_dtypes, time_calls
+from .timing import (OOM, SHORT, autocast, fmt, free_memory, import_pyg, is_oom, parse_dtypes, time_calls,
+                     watchdog)
 
 GRAPHS = ["tolokers", "arxiv-like", "pokec-like"]
 CPU_GRAPHS = ["arxiv-like"]
@@ -121,8 +132,8 @@ def plan(graphs: Sequence[str], layers: Sequence[str], dtypes: Sequence[str]) ->
 
 def evaluate_targets(rows: Sequence[dict]) -> List[dict]:
     """Each target of ``TARGETS`` with the measured value and ``met`` / ``missed`` /
-    ``not measured (...)`` from the config rows."""
-    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in rows}
+    ``not measured (...)`` from the full-batch config rows (sampled rows are ignored)."""
+    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in rows if not is_sampled(r)}
     out = []
     for t in TARGETS:
         if t.kind == "speedup":
@@ -149,14 +160,16 @@ def evaluate_targets(rows: Sequence[dict]) -> List[dict]:
 
 
 # ----------------------------------------------------------------------------- models
-def make_conv(pyg, layer: str, d_in: int, hidden: int, heads: int, attn_dropout: float) -> Tuple[nn.Module, int]:
-    """One conv layer of the benchmark models and its output width."""
+def make_conv(pyg, layer: str, d_in: int, hidden: int, heads: int, attn_dropout: float,
+              gcn_cached: bool = True) -> Tuple[nn.Module, int]:
+    """One conv layer of the benchmark models and its output width (``gcn_cached=False`` for
+    sampled mini-batches: every batch is another graph)."""
     if layer == "gatv2":
         return pyg.nn.GATv2Conv(d_in, hidden, heads=heads, dropout=attn_dropout), hidden * heads
     if layer == "transformer":
         return pyg.nn.TransformerConv(d_in, hidden, heads=heads, dropout=attn_dropout), hidden * heads
     if layer == "gcn":
-        return pyg.nn.GCNConv(d_in, hidden, cached=True), hidden
+        return pyg.nn.GCNConv(d_in, hidden, cached=gcn_cached), hidden
     if layer == "sage_max":
         return pyg.nn.SAGEConv(d_in, hidden, aggr="max"), hidden
     raise KeyError(layer)
@@ -166,11 +179,11 @@ class Net(nn.Module):
     """``num_layers`` convs with ELU, feature dropout between them, then a linear classifier."""
 
     def __init__(self, pyg, layer: str, d_in: int, classes: int, hidden: int = 64, heads: int = 4,
-                 attn_dropout: float = 0.1, feat_dropout: float = 0.2, num_layers: int = 3):
+                 attn_dropout: float = 0.1, feat_dropout: float = 0.2, num_layers: int = 3, gcn_cached: bool = True):
         super().__init__()
         convs, d = [], d_in
         for _ in range(num_layers):
-            conv, d = make_conv(pyg, layer, d, hidden, heads, attn_dropout)
+            conv, d = make_conv(pyg, layer, d, hidden, heads, attn_dropout, gcn_cached)
             convs.append(conv)
         self.convs = nn.ModuleList(convs)
         self.head = nn.Linear(d, classes)
@@ -230,10 +243,10 @@ def load_data(name: str, device: torch.device, seed: int, scale: float, data_dir
     return Data(name, g.edge_index, x, y, g.num_nodes, dict(g.meta, in_features=d_in, classes=classes))
 
 
-def _fastpath_context(gf, mode: str, device: torch.device):
+def _fastpath_context(gf, mode: str, device: torch.device, frameworks: str = "pyg"):
     if mode == "stock":
         return contextlib.nullcontext()
-    kwargs = {"frameworks": "pyg"}
+    kwargs = {"frameworks": frameworks}
     if device.type != "cuda":
         kwargs["cpu"] = "reference"  # the shims on the reference ops: what the smoke run checks
     return gf.enabled(**kwargs)
@@ -313,26 +326,694 @@ def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, devic
         res["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+# ----------------------------------------------------------------------------- sampled mini-batches
+SAMPLED_GRAPHS = ["arxiv-like", "pokec-like"]
+CPU_SAMPLED_GRAPHS = ["arxiv-like"]
+SAMPLERS = ["pyg", "dgl"]
+BATCH_SIZES = [1024, 4096]
+CPU_BATCH_SIZES = [128]
+#: Fan-outs per hop, the hop next to the seeds first (PyG's ``num_neighbors`` order; DGL's
+#: ``NeighborSampler`` takes them input layer first, so it gets the list reversed).
+FANOUTS = [15, 10, 5]
+DEFAULT_WORKERS = 4
+PREFETCH_FACTOR = 2
+#: At most this many distinct batches are pre-sampled per (graph, sampler, batch size); the
+#: model-step timing cycles over them (each step still gets new device tensors).
+PRESAMPLE_MAX = 20
+RUN_MODES = ("full", "sampled")
+#: The DGL layer of each benchmark layer (DGL has no TransformerConv; SAGE-max is DGL's "pool":
+#: relu(fc_pool(x)) then the max).
+DGL_LAYERS = {"gatv2": "GATv2Conv", "gcn": "GraphConv", "sage_max": "SAGEConv(pool)"}
+DGL_NOT_RUNNABLE = "not runnable (DGL CPU build): blocks stay on the CPU, stock DGL needs them beside the CUDA features"
+PYG_SAMPLER_MISSING = "skipped: needs torch_sparse or pyg_lib"
+
+#: A sampled config: (graph, layer, dtype, mode, sampler, batch size).
+SampledConfig = Tuple[str, str, str, str, str, int]
+
+
+@dataclass(frozen=True)
+class SampledTarget:
+    """A sampled-training target of the issue: stock / enabled *model step* (the sampled batch
+    already on the GPU) >= ``bound`` for (graph, layer, batch size) with ``sampler``, ``dtype``."""
+
+    graph: str
+    layer: str
+    batch_size: int
+    bound: float
+    sampler: str = "pyg"
+    dtype: str = "float32"
+
+    @property
+    def text(self) -> str:
+        return (f"{self.graph} batch {self.batch_size} {LAYER_LABELS[self.layer]} ({self.sampler} sampler, "
+                f"{SHORT[self.dtype]}): model step enabled >= {self.bound:g}x faster than stock")
+
+    def configs(self) -> List[SampledConfig]:
+        return [(self.graph, self.layer, self.dtype, m, self.sampler, self.batch_size) for m in ("enabled", "stock")]
+
+
+SAMPLED_TARGETS = [
+    SampledTarget("arxiv-like", "gatv2", 1024, 2.5),
+    SampledTarget("arxiv-like", "transformer", 1024, 2.5),
+    SampledTarget("arxiv-like", "sage_max", 1024, 1.5),
+    SampledTarget("arxiv-like", "gcn", 1024, 1.5),
+    SampledTarget("pokec-like", "gatv2", 4096, 4.0),
+    SampledTarget("pokec-like", "transformer", 4096, 4.0),
+]
+
+
+def is_sampled(row: dict) -> bool:
+    return row.get("sampler") is not None
+
+
+def sampled_layer_label(sampler: str, layer: str) -> str:
+    if sampler == "dgl":
+        return f"DGL {DGL_LAYERS.get(layer, layer)} x3"
+    return LAYER_LABELS[layer]
+
+
+def plan_sampled(graphs: Sequence[str], layers: Sequence[str], dtypes: Sequence[str], samplers: Sequence[str],
+                 batch_sizes: Sequence[int]) -> List[SampledConfig]:
+    """Every sampled config to run. The targets' configs first; then the rest, those sharing
+    the targets' (graph, batch size) with the PyG sampler, then with DGL's, then the others;
+    inside a tier grouped by (graph, sampler, batch size), the group measured last first,
+    so a loader is built (and its batches pre-sampled) as few times as possible."""
+    wanted = [(g, l, d, m, s, b) for g in graphs for s in samplers for b in batch_sizes for l in layers
+              for d in dtypes for m in MODES if not (s == "dgl" and l not in DGL_LAYERS)]
+    first = [c for t in SAMPLED_TARGETS for c in t.configs() if c in wanted]
+    target_cases = {(t.graph, t.batch_size) for t in SAMPLED_TARGETS}
+    last = (first[-1][0], first[-1][4], first[-1][5]) if first else None
+    index = {c: i for i, c in enumerate(wanted)}
+    group_order: Dict[Tuple[str, str, int], int] = {}
+    for c in wanted:
+        group_order.setdefault((c[0], c[4], c[5]), len(group_order))
+
+    def key(c: SampledConfig):
+        g, _, _, _, s, b = c
+        tier = (0 if s == "pyg" else 1) if (g, b) in target_cases else 2
+        group = (g, s, b)
+        return tier, group != last, group_order[group], index[c]
+
+    return first + sorted((c for c in wanted if c not in first), key=key)
+
+
+def sampler_bound(loader_ms, step_ms) -> Optional[str]:
+    """``"sampler"`` when the loader alone takes at least the model step per batch, else
+    ``"model"``; None when either is missing."""
+    if isinstance(loader_ms, float) and isinstance(step_ms, float):
+        return "sampler" if loader_ms >= step_ms else "model"
+    return None
+
+
+def dominant_phase(phases: Optional[dict]) -> str:
+    """What dominates the enabled model step, from ``--profile-phases``: the largest of graph
+    build (cold minus warm step), optimizer, and, when kernel times were captured, the fwd+bwd
+    kernels vs the host glue (fwd+bwd elapsed minus kernels: the GPU waiting for the host)."""
+    if not phases or "warm" not in phases:
+        return ""
+    warm, build = phases["warm"], phases.get("build_ms", {}).get("total")
+    parts: Dict[str, float] = {}
+    if isinstance(build, float):
+        parts["graph build"] = max(build, 0.0)
+    if isinstance(warm.get("opt_ms"), float):
+        parts["optimizer"] = warm["opt_ms"]
+    fb = (warm.get("fwd_ms") or 0.0) + (warm.get("bwd_ms") or 0.0)
+    km = phases.get("kernel_ms") or {}
+    if isinstance(km.get("forward"), float) and isinstance(km.get("backward"), float):
+        k = km["forward"] + km["backward"]
+        parts["fwd+bwd kernels"] = k
+        parts["fwd+bwd host glue"] = max(fb - k, 0.0)
+    else:
+        host = (warm.get("fwd_host_ms") or 0.0) + (warm.get("bwd_host_ms") or 0.0)
+        parts["fwd+bwd (host-bound)" if host >= 0.9 * fb else "fwd+bwd (GPU-bound)"] = fb
+    if not parts:
+        return ""
+    name = max(parts, key=parts.get)
+    total = phases.get("cold", {}).get("total_ms")
+    return f"{name} {parts[name]:.2f} ms" + (f" of {total:.2f}" if isinstance(total, float) else "")
+
+
+def evaluate_sampled_targets(rows: Sequence[dict]) -> List[dict]:
+    """Each of ``SAMPLED_TARGETS`` with the measured model-step speedup and ``met`` / ``missed``
+    / ``not measured (...)``, the whole-step times, what bounds the step and, where phases were
+    profiled, what dominates the enabled step."""
+    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode"), r.get("sampler"), r.get("batch_size")): r
+          for r in rows if is_sampled(r)}
+    out = []
+    for t in SAMPLED_TARGETS:
+        stock = by.get((t.graph, t.layer, t.dtype, "stock", t.sampler, t.batch_size))
+        en = by.get((t.graph, t.layer, t.dtype, "enabled", t.sampler, t.batch_size))
+        res = {"target": t.text, "kind": "sampled_speedup", "graph": t.graph, "layer": t.layer, "dtype": t.dtype,
+               "sampler": t.sampler, "batch_size": t.batch_size, "bound": t.bound, "value": None}
+        a, b = (stock or {}).get("step_ms"), (en or {}).get("step_ms")
+        res["stock_ms"], res["enabled_ms"] = a if isinstance(a, float) else None, b if isinstance(b, float) else None
+        if isinstance(a, float) and isinstance(b, float) and b > 0:
+            res["value"] = a / b
+            res["verdict"] = "met" if res["value"] >= t.bound else "missed"
+        elif (stock or {}).get("status") == OOM and isinstance(b, float):
+            res["verdict"] = "met (stock out of memory)"
+        else:
+            why = [f"{r.get('mode')}: {r.get('status')}" for r in (stock, en)
+                   if r is not None and not isinstance(r.get("step_ms"), float)]
+            if stock is None or en is None:
+                why.append("config not run")
+            res["verdict"] = "not measured (" + "; ".join(why) + ")"
+        ws, we = (stock or {}).get("whole_ms"), (en or {}).get("whole_ms")
+        res["whole_stock_ms"] = ws if isinstance(ws, float) else None
+        res["whole_enabled_ms"] = we if isinstance(we, float) else None
+        res["whole_x"] = ws / we if isinstance(ws, float) and isinstance(we, float) and we > 0 else None
+        res["loader_ms"] = (en or stock or {}).get("loader_ms")
+        res["bound_by"] = {m: r.get("bound") for m, r in (("stock", stock), ("enabled", en)) if r and r.get("bound")}
+        res["dominant"] = dominant_phase((en or {}).get("phases"))
+        out.append(res)
+    return out
+
+
+# ----------------------------------------------------------------------------- sampled: models and batches
+def make_dgl_conv(dglnn, layer: str, d_in: int, hidden: int, heads: int, attn_dropout: float) -> Tuple[nn.Module, int]:
+    """The DGL counterpart of :func:`make_conv` (zero in-degree allowed: a seed without in-edges
+    has none in its block either)."""
+    if layer == "gatv2":
+        return dglnn.GATv2Conv(d_in, hidden, num_heads=heads, attn_drop=attn_dropout, allow_zero_in_degree=True), \
+            hidden * heads
+    if layer == "gcn":
+        return dglnn.GraphConv(d_in, hidden, norm="both", allow_zero_in_degree=True), hidden
+    if layer == "sage_max":
+        return dglnn.SAGEConv(d_in, hidden, "pool"), hidden
+    raise KeyError(f"no DGL layer for {layer!r}")
+
+
+class DGLNet(nn.Module):
+    """:class:`Net` on DGL blocks: conv ``i`` runs on ``blocks[i]`` (heads flattened)."""
+
+    def __init__(self, dgl, layer: str, d_in: int, classes: int, hidden: int = 64, heads: int = 4,
+                 attn_dropout: float = 0.1, feat_dropout: float = 0.2, num_layers: int = 3):
+        super().__init__()
+        import dgl.nn.pytorch as dglnn
+
+        convs, d = [], d_in
+        for _ in range(num_layers):
+            conv, d = make_dgl_conv(dglnn, layer, d, hidden, heads, attn_dropout)
+            convs.append(conv)
+        self.convs = nn.ModuleList(convs)
+        self.head = nn.Linear(d, classes)
+        self.feat_dropout = feat_dropout
+
+    def forward(self, x: torch.Tensor, blocks) -> torch.Tensor:
+        for i, (conv, block) in enumerate(zip(self.convs, blocks)):
+            if i:
+                x = F.dropout(x, p=self.feat_dropout, training=self.training)
+            x = F.elu(conv(block, x).flatten(1))
+        return self.head(x)
+
+
+@dataclass
+class SampledBatch:
+    """A batch as the model step takes it: features, graph (PyG ``edge_index`` of the sampled
+    subgraph, or the DGL blocks), labels (the seeds' first) and the number of seeds."""
+
+    x: torch.Tensor
+    graph: object
+    y: torch.Tensor
+    batch_size: int
+
+
+def import_dgl():
+    """DGL through ``tests/frameworks.py`` (past DGL 2.1.0's GraphBolt import failure on newer
+    torch; the one place that knows it), or None."""
+    import importlib.util
+
+    path = report.REPO_ROOT / "tests" / "frameworks.py"
+    try:
+        spec = importlib.util.spec_from_file_location("_gfp_frameworks", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.import_dgl()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def pyg_sampler_reason() -> Optional[str]:
+    """None when PyG's NeighborLoader can sample here (pyg_lib or torch_sparse), else why not."""
+    try:
+        import torch_geometric.typing as T
+    except Exception as exc:  # noqa: BLE001
+        return f"skipped: torch_geometric.typing does not import ({exc})"
+    if getattr(T, "WITH_PYG_LIB", False) or getattr(T, "WITH_TORCH_SPARSE", False):
+        return None
+    return PYG_SAMPLER_MISSING
+
+
+def dgl_cuda_ok(dgl, device: torch.device) -> bool:
+    """Whether DGL can put a graph on ``device`` (False for the CPU-only PyPI build)."""
+    if device.type != "cuda":
+        return True
+    try:
+        dgl.graph(([0], [0])).to(device)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class BatchSource:
+    """One (graph, sampler, batch size): the real loader (``workers`` processes, persistent,
+    pinned memory for PyG), batches drawn from it as users do, and pinned copies kept for the
+    model-step timing.
+
+    PyG: ``NeighborLoader(num_neighbors=fanouts)`` over every node (shuffled), on the graph and
+    features held on the CPU; the model runs on the whole sampled subgraph, the loss on its
+    first ``batch_size`` rows (the seeds). DGL: ``NeighborSampler(fanouts reversed)`` and
+    ``dgl.dataloading.DataLoader`` on a CPU graph with ``feat``/``label`` prefetched; blocks
+    stay on the CPU when DGL cannot hold them on the GPU (``dgl_cuda`` False).
+    """
+
+    def __init__(self, sampler: str, data: "Data", batch_size: int, fanouts: Sequence[int], workers: int,
+                 device: torch.device, dgl=None, dgl_cuda: bool = True, prefetch_factor: int = PREFETCH_FACTOR):
+        self.sampler, self.batch_size, self.device = sampler, int(batch_size), device
+        self.fanouts, self.workers, self.dgl, self.dgl_cuda = list(fanouts), int(workers), dgl, dgl_cuda
+        self.cuda = device.type == "cuda"
+        kw: Dict[str, object] = {"num_workers": self.workers, "persistent_workers": self.workers > 0}
+        if self.workers > 0:
+            kw["prefetch_factor"] = prefetch_factor
+        #: batches the workers may hold ready (sampled ahead): drained before a timed window
+        self.backlog = prefetch_factor * self.workers if self.workers > 0 else 0
+        if sampler == "pyg":
+            from torch_geometric.data import Data as PygData
+            from torch_geometric.loader import NeighborLoader
+
+            d = PygData(x=data.x, edge_index=data.edge_index, y=data.y, num_nodes=data.num_nodes)
+            self.loader = NeighborLoader(d, num_neighbors=self.fanouts, batch_size=self.batch_size, shuffle=True,
+                                         pin_memory=self.cuda, **kw)
+        elif sampler == "dgl":
+            g = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=data.num_nodes)
+            g.ndata["feat"] = data.x
+            g.ndata["label"] = data.y
+            g.create_formats_()  # once, before the workers fork
+            s = dgl.dataloading.NeighborSampler(list(reversed(self.fanouts)), prefetch_node_feats=["feat"],
+                                                prefetch_labels=["label"])
+            self.loader = dgl.dataloading.DataLoader(g, torch.arange(data.num_nodes), s, batch_size=self.batch_size,
+                                                     shuffle=True, drop_last=False, **kw)
+        else:
+            raise KeyError(sampler)
+        self._it = None
+
+    def next_raw(self):
+        """The loader's next batch (a new epoch when one ends)."""
+        if self._it is None:
+            self._it = iter(self.loader)
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it = iter(self.loader)
+            return next(self._it)
+
+    def drain(self) -> None:
+        """Take (and drop) the batches the workers sampled ahead while nobody asked, so a timed
+        window starts with none waiting, as in the middle of an epoch."""
+        for _ in range(self.backlog):
+            self.next_raw()
+
+    def to_device(self, raw) -> SampledBatch:
+        """A loader batch moved as users move it (``non_blocking``)."""
+        dev = self.device
+        if self.sampler == "pyg":
+            b = raw.to(dev, non_blocking=True)
+            return SampledBatch(b.x, b.edge_index, b.y, int(b.batch_size))
+        _, seeds, blocks = raw
+        x = blocks[0].srcdata["feat"].to(dev, non_blocking=True)
+        y = blocks[-1].dstdata["label"].to(dev, non_blocking=True)
+        if self.dgl_cuda:
+            blocks = [blk.to(dev) for blk in blocks]
+        return SampledBatch(x, blocks, y, int(seeds.shape[0]))
+
+    def keep(self, raw) -> dict:
+        """What the model step needs of a loader batch, on the CPU (pinned with a GPU)."""
+        pin = (lambda t: t.contiguous().pin_memory()) if self.cuda else (lambda t: t.contiguous())
+        if self.sampler == "pyg":
+            bs = int(raw.batch_size)
+            return {"x": pin(raw.x), "graph": pin(raw.edge_index), "y": pin(raw.y[:bs]), "batch_size": bs,
+                    "nodes": int(raw.x.shape[0]), "edges": int(raw.edge_index.shape[1])}
+        _, seeds, blocks = raw
+        coo = []
+        for blk in blocks:  # ids stay in pageable memory: DGL rebuilds blocks from them on the CPU
+            src, dst = blk.edges(order="eid")
+            coo.append((src, dst, int(blk.num_src_nodes()), int(blk.num_dst_nodes())))
+        return {"x": pin(blocks[0].srcdata["feat"]), "graph": coo, "y": pin(blocks[-1].dstdata["label"]),
+                "batch_size": int(seeds.shape[0]), "nodes": int(blocks[0].num_src_nodes()),
+                "edges": sum(int(blk.num_edges()) for blk in blocks)}
+
+    def from_kept(self, kept: dict) -> SampledBatch:
+        """A kept batch on the device as NEW objects (new ``edge_index`` tensors, new DGL
+        blocks), so no graph cache can recognise it from an earlier step."""
+        dev = self.device
+        move = lambda t: t.to(dev, non_blocking=True, copy=True)  # noqa: E731
+        if self.sampler == "pyg":
+            graph = move(kept["graph"])
+        else:
+            graph = [self.dgl.create_block((src, dst), num_src_nodes=ns, num_dst_nodes=nd)
+                     for src, dst, ns, nd in kept["graph"]]
+            if self.dgl_cuda and self.cuda:
+                graph = [blk.to(dev) for blk in graph]
+        return SampledBatch(move(kept["x"]), graph, move(kept["y"]), kept["batch_size"])
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        inner = getattr(self.loader, "_iterator", None)
+        if inner is not None and inner is not it and hasattr(inner, "_shutdown_workers"):
+            try:
+                inner._shutdown_workers()
+            except Exception:  # noqa: BLE001
+                pass
+        self.loader = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _train_step(model: nn.Module, opt, scaler, b: SampledBatch, dtype: str, device: torch.device,
+                losses: Optional[List[torch.Tensor]]) -> None:
+    """zero_grad; [autocast] out = model(x, graph); loss on the seeds' rows [/autocast];
+    backward; optimizer step (the graph build happens inside the first layer call)."""
+    opt.zero_grad(set_to_none=True)
+    with autocast(device, dtype):
+        out = model(b.x, b.graph)
+        loss = F.cross_entropy(out[:b.batch_size], b.y[:b.batch_size])
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    if losses is not None:
+        losses.append(loss.detach())
+
+
+def _phase_step(model: nn.Module, opt, scaler, b: SampledBatch, dtype: str, device: torch.device,
+                labels: bool = False, sync_between: bool = False) -> dict:
+    """One training step split into forward (with loss), backward and optimizer: CUDA-event
+    milliseconds per phase (``*_ms``; wall milliseconds on the CPU) and the host time the
+    Python thread spent issuing each phase (``*_host_ms``). The GPU is idle when it starts.
+    ``labels``: each phase inside ``torch.profiler.record_function("gfp_phase:<name>")``;
+    ``sync_between``: synchronise after each phase (for kernel attribution by time)."""
+    cuda = device.type == "cuda"
+    from torch.profiler import record_function
+
+    rf = record_function if labels else (lambda name: contextlib.nullcontext())
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if cuda else []
+    host: List[float] = []
+
+    def mark(i: int) -> None:
+        if cuda:
+            if sync_between and i:
+                torch.cuda.synchronize(device)
+            events[i].record()
+        host.append(time.perf_counter())
+
+    _sync(device)
+    mark(0)
+    with rf("gfp_phase:forward"):
+        opt.zero_grad(set_to_none=True)
+        with autocast(device, dtype):
+            out = model(b.x, b.graph)
+            loss = F.cross_entropy(out[:b.batch_size], b.y[:b.batch_size])
+    mark(1)
+    with rf("gfp_phase:backward"):
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+    mark(2)
+    with rf("gfp_phase:optimizer"):
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
+    mark(3)
+    _sync(device)
+    res = {}
+    for i, name in enumerate(("fwd", "bwd", "opt")):
+        res[f"{name}_host_ms"] = (host[i + 1] - host[i]) * 1e3
+        res[f"{name}_ms"] = events[i].elapsed_time(events[i + 1]) if cuda else res[f"{name}_host_ms"]
+    res["total_ms"] = events[0].elapsed_time(events[3]) if cuda else (host[3] - host[0]) * 1e3
+    res["total_host_ms"] = (host[3] - host[0]) * 1e3
+    return res
+
+
+def _kernel_ms_by_phase(step: Callable[[], object]) -> dict:
+    """GPU activity (kernels, copies, memsets) per phase of one ``_phase_step(labels=True,
+    sync_between=True)`` under ``torch.profiler``: each device event is given to the phase
+    whose ``gfp_phase:`` range started last before it (phases are synchronised, so none
+    overlaps the next). Milliseconds by phase (``forward``, ``backward``, ``optimizer``) and
+    ``total``; ``{"error": ...}`` when the profiler cannot say."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+        events = list(prof.events())
+        starts = sorted((e.time_range.start, e.name.split(":", 1)[1]) for e in events
+                        if e.name.startswith("gfp_phase:") and "CPU" in str(e.device_type))
+        if not starts:
+            return {"error": "no phase ranges in the profile"}
+        out = {name: 0.0 for _, name in starts}
+        total = 0.0
+        for e in events:
+            if "CUDA" not in str(e.device_type) or e.name.startswith("gfp_phase:") or getattr(e, "is_user_annotation",
+                                                                                              False):
+                continue
+            ms = e.time_range.elapsed_us() / 1e3
+            total += ms
+            owner = None
+            for s, name in starts:
+                if e.time_range.start >= s:
+                    owner = name
+            if owner is not None:
+                out[owner] += ms
+        out["total"] = total
+        return out
+    except Exception as exc:  # noqa: BLE001 - a profiler problem must not cost the row
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def _median_dict(items: Sequence[dict]) -> dict:
+    keys = items[0].keys() if items else ()
+    return {k: statistics.median(d[k] for d in items) for k in keys}
+
+
+def profile_phases(model, opt, scaler, source: "BatchSource", kept: Sequence[dict], dtype: str, device: torch.device,
+                   n: int, start: int = 0) -> dict:
+    """The per-phase breakdown of the model step (``--profile-phases``), ``n`` times:
+
+    * ``cold``: a step on a batch never seen (new device tensors / blocks): every graph the
+      layers need is built inside it; ``warm``: the same step again on the SAME batch objects,
+      so the graph caches hit (gnn_fastpath's Graph, its memoised self-loop / norm / transpose
+      data). ``build_ms`` = cold - warm per phase (medians): the graph-build cost (stock rows
+      show the noise of this difference, having no cache).
+    * per phase forward (+loss), backward, optimizer: CUDA-event ms and the host ms spent
+      issuing it (host close to the event time: the GPU waited for the CPU);
+    * ``kernel_ms`` (CUDA only): GPU busy time per phase of one more warm step under
+      ``torch.profiler`` (synchronised between phases); fwd+bwd elapsed minus kernels is the
+      host glue.
+    """
+    cold, warm = [], []
+    b = None
+    for i in range(n):
+        b = source.from_kept(kept[(start + i) % len(kept)])
+        cold.append(_phase_step(model, opt, scaler, b, dtype, device))
+        warm.append(_phase_step(model, opt, scaler, b, dtype, device))
+    res = {"n": n, "cold": _median_dict(cold), "warm": _median_dict(warm)}
+    res["build_ms"] = {k: res["cold"][f"{k}_ms"] - res["warm"][f"{k}_ms"] for k in ("fwd", "bwd", "opt", "total")}
+    res["build_host_ms"] = {k: res["cold"][f"{k}_host_ms"] - res["warm"][f"{k}_host_ms"]
+                            for k in ("fwd", "bwd", "opt", "total")}
+    if device.type == "cuda" and b is not None:
+        res["kernel_ms"] = _kernel_ms_by_phase(
+            lambda: _phase_step(model, opt, scaler, b, dtype, device, labels=True, sync_between=True))
+    return res
+
+
+def _timed_window(source: "BatchSource", device: torch.device, warmup: int, steps: int,
+                  step: Optional[Callable[[SampledBatch], None]]) -> dict:
+    """Batches from the real loader, as users iterate it: drain the backlog, ``warmup`` untimed
+    batches, then ``steps`` timed ones (``to_device`` + ``step``), synchronised only at the
+    window's ends. ``ms`` = window wall time / steps; ``host_ms_all``: per-step host intervals."""
+    source.drain()
+    for _ in range(warmup):
+        b = source.to_device(source.next_raw())
+        if step is not None:
+            step(b)
+    _sync(device)
+    t0 = time.perf_counter()
+    marks = [t0]
+    for _ in range(steps):
+        b = source.to_device(source.next_raw())
+        if step is not None:
+            step(b)
+        marks.append(time.perf_counter())
+    del b
+    _sync(device)
+    t1 = time.perf_counter()
+    return {"ms": (t1 - t0) * 1e3 / steps, "host_ms_all": [round((marks[i + 1] - marks[i]) * 1e3, 3)
+                                                           for i in range(steps)]}
+
+
+def loader_alone(source: "BatchSource", device: torch.device, warmup: int, steps: int) -> dict:
+    """The loader alone: iterate + ``to_device`` (no model), per batch."""
+    return _timed_window(source, device, warmup, steps, None)
+
+
+def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
+                       mode: str, device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0,
+                       gf=None, frameworks: str = "pyg", whole_steps: int = 0, profile_steps: int = 0,
+                       budget_ok: Callable[[], bool] = lambda: True) -> dict:
+    """One sampled config: the model step on pre-sampled batches (``step_ms``), optionally the
+    phase profile (``phases``) and the whole step with the real loader (``whole_ms``).
+
+    Model step: before each step (outside the timed region) pre-sampled batch ``i mod K`` is
+    moved to the device as new objects and the device synchronised; then graph build +
+    forward + loss on the seeds + backward + optimizer, timed with CUDA events (wall time on
+    the CPU); ``host_ms``: the host time of issuing the step. Whole step: same model and
+    optimizer, continuing, ``whole_steps`` steps with batches from the loader
+    (:func:`_timed_window`); its own failure is ``whole_status``, the model step stays.
+    """
+    res: Dict[str, object] = {"step_ms": None, "peak_mb": None, "status": "ok"}
+    failure = None
+    if gf is not None and mode == "enabled":
+        gf.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _sampled_steps(res, make_model, source, kept, dtype, mode, device, warmup, steps, lr, seed, gf,
+                           frameworks, whole_steps, profile_steps, budget_ok)
+        except Exception as exc:  # noqa: BLE001 - OOM is a result; other errors are reported
+            failure = (is_oom(exc), f"{type(exc).__name__}: {exc}"[:400])
+    if failure is not None:
+        oom, message = failure
+        res["step_ms"] = OOM if oom else "error"
+        res["status"] = OOM if oom else f"error: {message}"
+    if gf is not None and mode == "enabled":
+        res.update(stats_counts(gf.stats()))
+    msgs = sorted({str(w.message) for w in caught if "gnn_fastpath" in str(w.message)})
+    if msgs:
+        res["fallback_warnings"] = msgs[:10]
+    if device.type == "cuda":
+        free_memory()
+        torch.cuda.reset_peak_memory_stats(device)
+    return res
+
+
+def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[dict], dtype: str, mode: str,
+                   device: torch.device, warmup: int, steps: int, lr: float, seed: int, gf, frameworks: str,
+                   whole_steps: int, profile_steps: int, budget_ok: Callable[[], bool]) -> None:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    model = make_model().to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(device.type) if dtype == "float16" else None
+    losses: List[torch.Tensor] = []
+    times: List[float] = []
+    hosts: List[float] = []
+    torch.manual_seed(seed)
+    with _fastpath_context(gf, mode, device, frameworks):
+        for i in range(warmup + steps):
+            b = source.from_kept(kept[i % len(kept)])
+            _sync(device)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            h0 = time.perf_counter()
+            _train_step(model, opt, scaler, b, dtype, device, losses)
+            h1 = time.perf_counter()
+            if cuda:
+                end.record()
+                end.synchronize()
+            if i >= warmup:
+                times.append(start.elapsed_time(end) if cuda else (h1 - h0) * 1e3)
+                hosts.append((h1 - h0) * 1e3)
+            del b
+        values = [float(v) for v in torch.stack(losses[-steps:]).float().cpu()] if steps else []
+        res["step_ms"] = statistics.median(times) if times else None
+        res["step_ms_all"] = [round(t, 4) for t in times]
+        res["host_ms"] = statistics.median(hosts) if hosts else None
+        res["losses"] = values
+        res["finite_losses"] = all(v == v and abs(v) != float("inf") for v in values)
+        if cuda:
+            torch.cuda.synchronize(device)
+            res["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        if profile_steps > 0:  # its failure is kept in ``phases``; the model step stays
+            failure = None
+            try:
+                res["phases"] = profile_phases(model, opt, scaler, source, kept, dtype, device, profile_steps,
+                                               start=warmup + steps)
+            except Exception as exc:  # noqa: BLE001
+                failure = f"{type(exc).__name__}: {exc}"[:300]
+            if failure is not None:
+                res["phases"] = {"error": failure}
+                free_memory()
+        if whole_steps > 0:
+            if not budget_ok():
+                res["whole_status"] = "skipped: time budget"
+                return
+            failure = None
+            try:
+                w = _timed_window(source, device, warmup, whole_steps,
+                                  lambda b: _train_step(model, opt, scaler, b, dtype, device, None))
+                res["whole_ms"] = w["ms"]
+                res["whole_host_ms_all"] = w["host_ms_all"]
+                res["whole_status"] = "ok"
+            except Exception as exc:  # noqa: BLE001
+                failure = (is_oom(exc), f"{type(exc).__name__}: {exc}"[:300])
+            if failure is not None:
+                res["whole_ms"] = OOM if failure[0] else "error"
+                res["whole_status"] = OOM if failure[0] else f"error: {failure[1]}"
+                free_memory()
+
+
 # ----------------------------------------------------------------------------- runner
 class TrainRunner:
     def __init__(self, args, device: torch.device, pyg, gf, gf_reason: Optional[str]):
         self.args, self.device, self.pyg, self.gf, self.gf_reason = args, device, pyg, gf, gf_reason
         self.rows: List[dict] = []
+        self.loaders: List[dict] = []
         self.graph_info: Dict[str, dict] = {}
         self.env: dict = {}
         self.settings: dict = {}
         self.t0 = time.perf_counter()
         self._data: Optional[Data] = None
-        self._weights: Dict[Tuple[str, str], Dict[str, torch.Tensor]] = {}
+        self._weights: Dict[tuple, Dict[str, torch.Tensor]] = {}
+        # sampled mode: the one live (graph, sampler, batch size) source and its kept batches
+        self._source_key: Optional[tuple] = None
+        self._source: Optional[BatchSource] = None
+        self._kept: List[dict] = []
+        self._source_info: dict = {}
+        self.dgl = None
+        self.dgl_cuda = True
+        self.sampler_reason: Dict[str, Optional[str]] = {}
 
     def over_budget(self) -> bool:
         b = self.args.time_budget
         return b is not None and time.perf_counter() - self.t0 > b
 
     def payload(self) -> dict:
-        return {"benchmark": "train", "environment": self.env, "settings": self.settings,
-                "graphs": list(self.graph_info.values()), "rows": self.rows,
-                "targets": evaluate_targets(self.rows)}
+        out = {"benchmark": "train", "environment": self.env, "settings": self.settings,
+               "graphs": list(self.graph_info.values()), "rows": self.rows,
+               "targets": evaluate_targets(self.rows)}
+        if "sampled" in self.settings.get("modes", ()):
+            out["sampled_targets"] = evaluate_sampled_targets(self.rows)
+            out["loaders"] = self.loaders
+        return out
 
     def save(self) -> None:
         payload = self.payload()
@@ -342,38 +1023,53 @@ class TrainRunner:
             Path(self.args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(self.args.markdown).write_text(markdown(payload))
 
+    def mark_running(self, config: tuple) -> None:
+        """Name the config about to run in the JSON (``settings.running``): if the process dies
+        or hangs there (``--config-timeout``), the file says where."""
+        self.settings["running"] = list(config)
+        self.save()
+
     def add(self, row: dict) -> None:
+        self.settings.pop("running", None)
         self.rows.append(row)
-        keys = ("graph", "layer_key", "dtype", "mode", "step_ms", "peak_mb", "status")
+        keys = ("graph", "layer_key", "dtype", "mode", "sampler", "batch_size", "step_ms", "host_ms", "whole_ms",
+                "loader_ms", "peak_mb", "status")
         extra = path_summary(row)
         print("  " + " ".join(f"{k}={fmt(row[k]) if isinstance(row[k], float) else row[k]}"
                               for k in keys if row.get(k) is not None) + (f" path=[{extra}]" if extra else ""),
               flush=True)
         self.save()
 
-    def data(self, name: str) -> Data:
-        """The graph's inputs; only one graph is held at a time (peaks stay comparable)."""
-        if self._data is not None and self._data.name == name:
+    def data(self, name: str, device: Optional[torch.device] = None) -> Data:
+        """The graph's inputs on ``device`` (default the benchmark's); only one graph is held
+        at a time (peaks stay comparable)."""
+        device = device or self.device
+        if self._data is not None and self._data.name == name and self._data.x.device == device:
             return self._data
         self._data = None
         free_memory()
         a = self.args
         t = time.perf_counter()
-        self._data = load_data(name, self.device, a.seed, a.scale, a.data_dir)
+        self._data = load_data(name, device, a.seed, a.scale, a.data_dir)
         if name not in self.graph_info:
             self.graph_info[name] = dict(self._data.meta, load_s=round(time.perf_counter() - t, 2))
             print(f"{name}: {self._data.num_nodes:,} nodes, {self._data.edge_index.shape[1]:,} edges", flush=True)
         return self._data
 
-    def model_factory(self, data: Data, layer: str) -> Callable[[], nn.Module]:
-        """A builder of the (graph, layer) model loaded with weights shared by all its configs."""
+    def model_factory(self, data: Data, layer: str, variant: str = "full") -> Callable[[], nn.Module]:
+        """A builder of the (graph, layer) model loaded with weights shared by all its configs
+        (``variant``: ``full``; ``pyg`` sampled, GCN uncached; ``dgl``: :class:`DGLNet`)."""
         a = self.args
 
         def build() -> nn.Module:
-            return Net(self.pyg, layer, data.x.shape[1], int(data.meta["classes"]), a.hidden, a.heads,
-                       a.attn_dropout, a.feat_dropout, a.num_layers)
+            d_in, classes = data.x.shape[1], int(data.meta["classes"])
+            if variant == "dgl":
+                return DGLNet(self.dgl, layer, d_in, classes, a.hidden, a.heads, a.attn_dropout, a.feat_dropout,
+                              a.num_layers)
+            return Net(self.pyg, layer, d_in, classes, a.hidden, a.heads, a.attn_dropout, a.feat_dropout,
+                       a.num_layers, gcn_cached=variant == "full")
 
-        key = (data.name, layer)
+        key = (data.name, layer) if variant == "full" else (data.name, layer, variant)
         if key not in self._weights:
             torch.manual_seed(a.seed)
             self._weights[key] = {k: v.detach().clone() for k, v in build().state_dict().items()}  # CPU
@@ -410,9 +1106,150 @@ class TrainRunner:
                 self.add(row)
                 continue
             row.update(nodes=data.num_nodes, edges=int(data.edge_index.shape[1]))
-            row.update(run_config(self.model_factory(data, layer), data, dtype, mode, self.device, a.warmup,
-                                  a.steps, a.lr, a.seed, self.gf))
+            self.mark_running((gname, layer, dtype, mode))
+            with watchdog(a.config_timeout):
+                row.update(run_config(self.model_factory(data, layer), data, dtype, mode, self.device, a.warmup,
+                                      a.steps, a.lr, a.seed, self.gf))
             self.add(row)
+        self._data = None
+        free_memory()
+
+    # ------------------------------------------------------------------ sampled mode
+    def prepare_samplers(self, samplers: Sequence[str]) -> None:
+        """Why each sampler cannot run here (None when it can)."""
+        for s in samplers:
+            if s == "pyg":
+                self.sampler_reason[s] = pyg_sampler_reason()
+            elif s == "dgl":
+                self.dgl = import_dgl()
+                if self.dgl is None:
+                    self.sampler_reason[s] = "skipped: DGL does not import"
+                else:
+                    self.sampler_reason[s] = None
+                    self.dgl_cuda = dgl_cuda_ok(self.dgl, self.device)
+            else:
+                raise SystemExit(f"unknown sampler {s!r}; known: {', '.join(SAMPLERS)}")
+
+    def close_source(self) -> None:
+        if self._source is not None:
+            self._source.close()
+        self._source, self._source_key, self._kept, self._source_info = None, None, [], {}
+        free_memory()
+
+    def source(self, gname: str, sampler: str, batch_size: int) -> Tuple[BatchSource, List[dict], dict]:
+        """The live source of (graph, sampler, batch size): loader built, K batches pre-sampled
+        (pinned), the loader alone timed once. A failure is kept in the info's ``status``."""
+        key = (gname, sampler, batch_size)
+        if key == self._source_key:
+            return self._source, self._kept, self._source_info
+        self.close_source()
+        a = self.args
+        data = self.data(gname, torch.device("cpu"))
+        info = {"graph": gname, "sampler": sampler, "batch_size": batch_size, "workers": a.workers,
+                "fanouts": list(a.fanouts), "status": "ok"}
+        self._source_key, self._source_info = key, info
+        self.loaders.append(info)
+        failure = self._build_source(info, data, sampler, batch_size, a.workers)
+        if failure is not None and a.workers > 0:
+            # e.g. too little shared memory for worker batches: the model step can still be
+            # measured on batches sampled in this process; the loader then runs without workers
+            print(f"  loader {gname} {sampler} batch {batch_size} with {a.workers} workers failed ({failure}); "
+                  "retrying with workers=0", flush=True)
+            info["workers_error"] = failure
+            info["workers"] = 0
+            failure = self._build_source(info, data, sampler, batch_size, 0)
+        if failure is not None:
+            info["status"] = f"sampler error: {failure}"
+            self._kept = []
+        print(f"  loader {gname} {sampler} batch {batch_size}: " + " ".join(
+            f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in info.items()
+            if k in ("presample_s", "batch_nodes", "batch_edges", "loader_ms", "status")), flush=True)
+        return self._source, self._kept, info
+
+    def _build_source(self, info: dict, data: Data, sampler: str, batch_size: int, workers: int) -> Optional[str]:
+        """Build the loader, pre-sample, time the loader alone; None, or the error."""
+        a = self.args
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+        failure = None
+        try:
+            t = time.perf_counter()
+            src = BatchSource(sampler, data, batch_size, a.fanouts, workers, self.device, self.dgl, self.dgl_cuda)
+            self._source = src
+            k = max(1, min(a.presample, a.warmup + a.steps + a.profile_steps))
+            self._kept = [src.keep(src.next_raw()) for _ in range(k)]
+            info["presample_s"] = round(time.perf_counter() - t, 2)
+            info["presampled"] = k
+            info["batch_nodes"] = statistics.mean(b["nodes"] for b in self._kept)
+            info["batch_edges"] = statistics.mean(b["edges"] for b in self._kept)
+            if a.whole:
+                w = loader_alone(src, self.device, a.warmup, a.whole_steps)
+                info["loader_ms"] = w["ms"]
+                info["loader_host_ms_all"] = w["host_ms_all"]
+        except Exception as exc:  # noqa: BLE001 - a sampler that fails is a result, not a crash
+            failure = f"{type(exc).__name__}: {exc}"[:300]
+            self._kept = []
+        return failure
+
+    def profiled(self, row: dict) -> bool:
+        """Whether ``--profile-phases`` covers this sampled config (``all``, or ``targets``: the
+        configs of ``SAMPLED_TARGETS``)."""
+        how = self.args.profile_phases
+        if how == "all":
+            return True
+        if how != "targets":
+            return False
+        c = (row["graph"], row["layer_key"], row["dtype"], row["mode"], row["sampler"], row["batch_size"])
+        return any(c in t.configs() for t in SAMPLED_TARGETS)
+
+    def run_sampled(self, configs: Sequence[SampledConfig]) -> None:
+        a = self.args
+        missing: Dict[str, str] = {}
+        for gname, layer, dtype, mode, sampler, bsize in configs:
+            row = {"graph": gname, "layer_key": layer, "layer": sampled_layer_label(sampler, layer), "dtype": dtype,
+                   "mode": mode, "sampler": sampler, "batch_size": bsize}
+            status = None
+            if self.over_budget():
+                status = "skipped: time budget"
+            elif mode == "enabled" and self.gf is None:
+                status = f"skipped: {self.gf_reason}"
+            elif self.sampler_reason.get(sampler):
+                status = self.sampler_reason[sampler]
+            elif sampler == "dgl" and mode == "stock" and not self.dgl_cuda:
+                status = DGL_NOT_RUNNABLE
+            elif gname in missing:
+                status = missing[gname]
+            if status is None:
+                self.mark_running((gname, layer, dtype, mode, sampler, bsize))
+                try:
+                    with watchdog(a.config_timeout):
+                        source, kept, info = self.source(gname, sampler, bsize)
+                except FileNotFoundError as exc:
+                    print(f"{gname}: {exc}", flush=True)
+                    missing[gname] = status = "missing data"
+                else:
+                    if info.get("status") != "ok":
+                        status = info["status"]
+            if status is not None:
+                row["status"] = status
+                self.add(row)
+                continue
+            data = self._data
+            row.update(nodes=data.num_nodes, edges=int(data.edge_index.shape[1]), workers=info.get("workers"),
+                       batch_nodes=info.get("batch_nodes"), batch_edges=info.get("batch_edges"),
+                       loader_ms=info.get("loader_ms"))
+            with watchdog(a.config_timeout):
+                row.update(run_sampled_config(
+                    self.model_factory(data, layer, sampler), source, kept, dtype, mode, self.device, a.warmup,
+                    a.steps, a.lr, a.seed, self.gf, frameworks=sampler, whole_steps=a.whole_steps if a.whole else 0,
+                    profile_steps=a.profile_steps if self.profiled(row) else 0,
+                    budget_ok=lambda: not self.over_budget()))
+            bound = sampler_bound(row.get("loader_ms"), row.get("step_ms"))
+            if bound:
+                row["bound"] = bound
+            self.add(row)
+        self.close_source()
         self._data = None
         free_memory()
 
@@ -433,9 +1270,10 @@ def summary_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
     and each 16-bit dtype's enabled step over the fp32 enabled step."""
     dtypes = payload.get("settings", {}).get("dtypes") or DTYPE_NAMES
     graphs = payload.get("settings", {}).get("graphs") or GRAPHS
-    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in payload.get("rows", [])}
+    full = [r for r in payload.get("rows", []) if not is_sampled(r)]
+    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in full}
     pairs = []
-    for r in payload.get("rows", []):
+    for r in full:
         k = (r.get("graph"), r.get("layer_key"))
         if k not in pairs:
             pairs.append(k)
@@ -486,18 +1324,174 @@ def targets_table(targets: Sequence[dict]) -> str:
 
 
 def markdown(payload: dict, header: bool = True) -> str:
-    """The targets table and the (graph, layer) table; ``header``: title and environment first."""
+    """The full-batch targets and (graph, layer) tables, then the sampled mini-batch tables
+    (when the run had that mode); ``header``: title and environment first."""
     st = payload.get("settings", {})
-    rows, cols, heads = summary_rows(payload)
-    top = ["### Training steps, full batch (PyG stock vs gnn_fastpath.enabled())", "",
-           report.env_header(payload.get("environment", {})), ""] if header else []
-    return "\n".join(top + [
-        f"{st.get('num_layers', 3)} layers ({st.get('hidden')} x {st.get('heads')} heads for GATv2 / Transformer, {st.get('hidden')} wide "
-        f"for GCN / SAGE-max), Adam; step = forward + loss + backward + optimizer, median of {st.get('steps')} after "
-        f"{st.get('warmup')} warm-ups; 16-bit dtypes under torch.autocast; x = stock / enabled; peak = "
-        "max_memory_allocated during the config above what was allocated at its start.", "",
-        targets_table(payload.get("targets") or evaluate_targets(payload.get("rows", []))), "",
-        report.markdown_table(rows, cols, heads), ""])
+    modes = st.get("modes") or ["full"]
+    parts: List[str] = []
+    if "full" in modes:
+        rows, cols, heads = summary_rows(payload)
+        top = ["### Training steps, full batch (PyG stock vs gnn_fastpath.enabled())", "",
+               report.env_header(payload.get("environment", {})), ""] if header else []
+        parts += top + [
+            f"{st.get('num_layers', 3)} layers ({st.get('hidden')} x {st.get('heads')} heads for GATv2 / Transformer, {st.get('hidden')} wide "
+            f"for GCN / SAGE-max), Adam; step = forward + loss + backward + optimizer, median of {st.get('steps')} after "
+            f"{st.get('warmup')} warm-ups; 16-bit dtypes under torch.autocast; x = stock / enabled; peak = "
+            "max_memory_allocated during the config above what was allocated at its start.", "",
+            targets_table(payload.get("targets") or evaluate_targets(payload.get("rows", []))), "",
+            report.markdown_table(rows, cols, heads), ""]
+    if "sampled" in modes:
+        parts.append(sampled_markdown(payload, header=header and "full" not in modes))
+    return "\n".join(parts)
+
+
+def _fmt_or_status(v) -> str:
+    return fmt(v) if isinstance(v, (float, str)) else ""
+
+
+def sampled_targets_table(targets: Sequence[dict]) -> str:
+    rows = []
+    for t in targets:
+        bound = ", ".join(f"{m} {b}" for m, b in (t.get("bound_by") or {}).items())
+        rows.append({"target": t["target"], "stock": _ms(t.get("stock_ms")), "enabled": _ms(t.get("enabled_ms")),
+                     "value": "" if t.get("value") is None else f"{t['value']:.2f}x", "verdict": t.get("verdict", ""),
+                     "whole": " / ".join(_ms(t.get(k)) or "-" for k in ("whole_stock_ms", "whole_enabled_ms"))
+                     if (t.get("whole_stock_ms") or t.get("whole_enabled_ms")) else "",
+                     "whole_x": "" if t.get("whole_x") is None else f"{t['whole_x']:.2f}x",
+                     "loader": _fmt_or_status(t.get("loader_ms")), "bound": bound, "dominant": t.get("dominant", "")})
+    cols = ["target", "stock", "enabled", "value", "verdict", "whole", "whole_x", "loader", "bound", "dominant"]
+    heads = ["target (sampled training)", "model step stock ms", "enabled ms", "measured", "verdict",
+             "whole step stock / enabled ms", "x whole", "loader alone ms", "bound by", "dominant (enabled, phases)"]
+    return report.markdown_table(rows, cols, heads)
+
+
+def sampled_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
+    """One table row per (graph, sampler, batch size, layer, dtype): model step and whole step,
+    stock and enabled, the loader alone and what bounds each mode."""
+    st = payload.get("settings", {})
+    sampled = [r for r in payload.get("rows", []) if is_sampled(r)]
+    by = {(r.get("graph"), r.get("sampler"), r.get("batch_size"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r
+          for r in sampled}
+    graphs = (st.get("sampled") or {}).get("graphs") or SAMPLED_GRAPHS
+    dtypes = st.get("dtypes") or DTYPE_NAMES
+    keys = []
+    for r in sampled:
+        k = (r.get("graph"), r.get("sampler"), r.get("batch_size"), r.get("layer_key"), r.get("dtype"))
+        if k not in keys:
+            keys.append(k)
+    keys.sort(key=lambda k: (graphs.index(k[0]) if k[0] in graphs else 99, SAMPLERS.index(k[1]) if k[1] in SAMPLERS else 9,
+                             k[2] or 0, LAYERS.index(k[3]) if k[3] in LAYERS else 99,
+                             dtypes.index(k[4]) if k[4] in dtypes else 9))
+    out = []
+    for g, s, b, l, d in keys:
+        so, en = by.get((g, s, b, l, d, "stock"), {}), by.get((g, s, b, l, d, "enabled"), {})
+        any_row = en or so
+        nodes, edges = any_row.get("batch_nodes"), any_row.get("batch_edges")
+        notes = []
+        for mode, r in (("stock", so), ("enabled", en)):
+            stt = r.get("status")
+            if stt and stt not in ("ok", OOM):
+                notes.append(f"{mode}: {stt[:90]}")
+            elif r.get("finite_losses") is False:
+                notes.append(f"{mode}: non-finite loss")
+            ws = r.get("whole_status")
+            if ws and ws != "ok":
+                notes.append(f"{mode} whole: {ws[:60]}")
+        out.append({
+            "graph": g, "sampler": s, "batch": b, "layer": sampled_layer_label(s, l) if s else l, "dtype": SHORT.get(d, d),
+            "sub": f"{nodes:,.0f} / {edges:,.0f}" if isinstance(nodes, (int, float)) and isinstance(edges, (int, float)) else "",
+            "s_step": _fmt_or_status(so.get("step_ms")), "e_step": _fmt_or_status(en.get("step_ms")),
+            "x": _ratio(so.get("step_ms"), en.get("step_ms")),
+            "host": " / ".join(_ms(r.get("host_ms")) or "-" for r in (so, en)) if (so.get("host_ms") or en.get("host_ms")) else "",
+            "s_whole": _fmt_or_status(so.get("whole_ms")), "e_whole": _fmt_or_status(en.get("whole_ms")),
+            "xw": _ratio(so.get("whole_ms"), en.get("whole_ms")),
+            "loader": _fmt_or_status(any_row.get("loader_ms")),
+            "bound": " / ".join(r.get("bound") or "-" for r in (so, en)) if (so.get("bound") or en.get("bound")) else "",
+            "peak": " / ".join(fmt(r.get("peak_mb"), 0) if r.get("peak_mb") is not None else "-" for r in (so, en)),
+            "path": path_summary(en) if en else "", "notes": "; ".join(notes)})
+    cols = ["graph", "sampler", "batch", "layer", "dtype", "sub", "s_step", "e_step", "x", "host", "s_whole", "e_whole",
+            "xw", "loader", "bound", "peak", "path", "notes"]
+    heads = ["graph", "sampler", "batch", "layer", "dtype", "nodes / edges per batch", "model step stock ms",
+             "model step enabled ms", "x model", "host ms stock / enabled", "whole step stock ms", "whole step enabled ms",
+             "x whole", "loader alone ms", "bound by (stock / enabled)", "peak MB stock / enabled",
+             "fused path (enabled)", "notes"]
+    return out, cols, heads
+
+
+def phase_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
+    """The ``--profile-phases`` breakdown, one row per profiled config."""
+    out = []
+    for r in payload.get("rows", []):
+        ph = r.get("phases")
+        if not is_sampled(r) or not ph:
+            continue
+        if "error" in ph:
+            out.append({"config": f"{r['graph']} {r['sampler']} b{r['batch_size']} {r['layer']} "
+                                  f"{SHORT.get(r['dtype'], r['dtype'])} {r['mode']}", "dominant": f"error: {ph['error'][:80]}"})
+            continue
+        warm, build, km = ph.get("warm", {}), ph.get("build_ms", {}), ph.get("kernel_ms") or {}
+
+        def gh(k):
+            return f"{_ms(warm.get(f'{k}_ms'))} / {_ms(warm.get(f'{k}_host_ms'))}"
+
+        out.append({"config": f"{r['graph']} {r['sampler']} b{r['batch_size']} {r['layer']} {SHORT.get(r['dtype'], r['dtype'])} "
+                              f"{r['mode']}",
+                    "cold": _ms(ph.get("cold", {}).get("total_ms")), "warm": _ms(warm.get("total_ms")),
+                    "build": " / ".join(_ms(build.get(k)) for k in ("fwd", "bwd")),
+                    "fwd": gh("fwd"), "bwd": gh("bwd"), "opt": gh("opt"),
+                    "kern": (" / ".join(_ms(km.get(k)) for k in ("forward", "backward", "optimizer"))
+                             if "error" not in km and km else (km.get("error", "")[:40] if km else "")),
+                    "loader": _fmt_or_status(r.get("loader_ms")),
+                    "dominant": dominant_phase(ph) if r.get("mode") == "enabled" else ""})
+    cols = ["config", "cold", "warm", "build", "fwd", "bwd", "opt", "kern", "loader", "dominant"]
+    heads = ["config", "cold step ms", "warm step ms", "graph build ms fwd / bwd (cold - warm)",
+             "fwd ms GPU / host", "bwd ms GPU / host", "optimizer ms GPU / host", "kernels ms fwd / bwd / opt",
+             "sampling (loader alone) ms", "dominant"]
+    return out, cols, heads
+
+
+def loader_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
+    rows = [{"graph": i.get("graph"), "sampler": i.get("sampler"), "batch": i.get("batch_size"),
+             "workers": i.get("workers"), "loader": _fmt_or_status(i.get("loader_ms")),
+             "sub": (f"{i['batch_nodes']:,.0f} / {i['batch_edges']:,.0f}" if isinstance(i.get("batch_nodes"), (int, float))
+                     else ""), "pre": _fmt_or_status(i.get("presample_s")),
+             "status": ("" if i.get("status") == "ok" else (i.get("status") or "")[:100]) +
+             (f" (with workers: {i['workers_error'][:80]}; ran without)" if i.get("workers_error") else "")}
+            for i in payload.get("loaders") or []]
+    cols = ["graph", "sampler", "batch", "workers", "loader", "sub", "pre", "status"]
+    heads = ["graph", "sampler", "batch", "workers", "loader alone ms / batch", "nodes / edges per batch (mean)",
+             "build + pre-sample s", "status"]
+    return rows, cols, heads
+
+
+def sampled_markdown(payload: dict, header: bool = True) -> str:
+    """The sampled mini-batch section: targets, loaders, one row per config pair, phases."""
+    st = payload.get("settings", {})
+    ss = st.get("sampled") or {}
+    rows, cols, heads = sampled_rows(payload)
+    lrows, lcols, lheads = loader_rows(payload)
+    top = ["### Training steps, sampled mini-batches (stock vs gnn_fastpath.enabled())", "",
+           report.env_header(payload.get("environment", {})), ""] if header else \
+        ["#### Sampled mini-batches", ""]
+    fan = ",".join(str(f) for f in ss.get("fanouts") or FANOUTS)
+    parts = top + [
+        f"{st.get('num_layers', 3)}-layer models as in full batch (GCNConv cached=False; DGL: GATv2Conv, GraphConv, "
+        f"SAGEConv(pool)); fan-outs {fan} (hop next to the seeds first), seeds shuffled over every node. "
+        f"Model step = the sampled batch already on the GPU (moved as new tensors, outside the timing): graph build + "
+        f"forward + loss on the seeds + backward + optimizer, CUDA events, median of {st.get('steps')} after "
+        f"{st.get('warmup')} warm-ups. Whole step = the real loader ({ss.get('workers')} workers, persistent, pinned) "
+        f"+ .to(device, non_blocking) + the model step, window wall time / {ss.get('whole_steps')} steps. Loader alone = "
+        "the same without the model; bound by 'sampler' when loader alone >= model step.", "",
+        sampled_targets_table(payload.get("sampled_targets") or evaluate_sampled_targets(payload.get("rows", []))), "",
+        report.markdown_table(lrows, lcols, lheads), "",
+        report.markdown_table(rows, cols, heads), ""]
+    prow, pcols, pheads = phase_rows(payload)
+    if prow:
+        parts += ["Per-phase breakdown (--profile-phases): cold = a step on a new batch, warm = the same step again "
+                  "on the same batch objects (graph caches hit); build = cold - warm; GPU = CUDA-event ms, host = "
+                  "host ms issuing the phase; kernels = GPU busy time per phase (torch.profiler, one warm step).", "",
+                  report.markdown_table(prow, pcols, pheads), ""]
+    return "\n".join(parts)
 
 
 # ----------------------------------------------------------------------------- main
@@ -525,7 +1519,42 @@ def parse_args(argv=None):
     p.add_argument("--feat-dropout", type=float, default=0.2)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--config-timeout", type=float, default=150.0,
+                   help="seconds one config may take before every thread's traceback is printed and the process "
+                        "exits (a hang leaves a stack; 0: off; default 150)")
+    g = p.add_argument_group("sampled mini-batches")
+    g.add_argument("--mode", default="both", choices=["full", "sampled", "both"],
+                   help="full-batch steps, sampled mini-batch steps, or both (default; full first)")
+    g.add_argument("--sampled-graphs", default=None,
+                   help=f"graphs of sampled mode (default {','.join(SAMPLED_GRAPHS)}; CPU: {','.join(CPU_SAMPLED_GRAPHS)}); "
+                        "--graphs applies to both modes when this is not given")
+    g.add_argument("--samplers", default=",".join(SAMPLERS), help="comma list of pyg, dgl")
+    g.add_argument("--batch-sizes", default=None,
+                   help=f"seeds per batch, comma list (default {','.join(map(str, BATCH_SIZES))}; CPU: "
+                        f"{','.join(map(str, CPU_BATCH_SIZES))})")
+    g.add_argument("--fanouts", default=",".join(map(str, FANOUTS)),
+                   help="neighbours per hop, the hop next to the seeds first (default 15,10,5); one per layer")
+    g.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="loader worker processes (default 4)")
+    g.add_argument("--presample", type=int, default=PRESAMPLE_MAX,
+                   help=f"at most this many distinct batches pre-sampled for the model step (default {PRESAMPLE_MAX})")
+    g.add_argument("--whole", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the whole step with the real loader and the loader alone (default on)")
+    g.add_argument("--whole-steps", type=int, default=None, help="timed steps of the whole step (default --steps)")
+    g.add_argument("--profile-phases", nargs="?", const="targets", default="off", choices=["off", "targets", "all"],
+                   help="per-phase breakdown of the model step (graph build, forward, backward, optimizer; GPU and "
+                        "host time; kernels by torch.profiler) for the targets' configs (bare flag) or all")
+    g.add_argument("--profile-steps", type=int, default=3, help="cold/warm step pairs per profiled config (default 3)")
     return p.parse_args(argv)
+
+
+def _int_list(text: str, option: str) -> List[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"{option}: expected a comma list of integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise SystemExit(f"{option}: expected positive integers, got {text!r}")
+    return values
 
 
 def _fastpath():
@@ -563,19 +1592,55 @@ def main(argv=None) -> int:
     args.json = str(out_dir / "bench_train.json") if args.json is None else args.json
     args.markdown = str(out_dir / "bench_train.md") if args.markdown is None else args.markdown
 
+    modes = list(RUN_MODES) if args.mode == "both" else [args.mode]
+    sampled_graphs = ([g.strip() for g in args.sampled_graphs.split(",") if g.strip()] if args.sampled_graphs else
+                      [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else
+                      (CPU_SAMPLED_GRAPHS if cpu else SAMPLED_GRAPHS))
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    bad = [s for s in samplers if s not in SAMPLERS]
+    if bad:
+        raise SystemExit(f"unknown samplers {bad}; known: {', '.join(SAMPLERS)}")
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else \
+        (CPU_BATCH_SIZES if cpu else BATCH_SIZES)
+    fanouts = _int_list(args.fanouts, "--fanouts")
+    args.fanouts = (fanouts + [fanouts[-1]] * args.num_layers)[:args.num_layers]  # one per layer
+    args.whole_steps = args.whole_steps if args.whole_steps is not None else args.steps
+    if args.whole and args.whole_steps < 1:
+        raise SystemExit("--whole-steps must be at least 1")
+    args.profile_steps = max(args.profile_steps, 1) if args.profile_phases != "off" else 0
+    args.presample = max(args.presample, 1)
+
     gf, reason = _fastpath()
     runner = TrainRunner(args, device, pyg, gf, reason)
     runner.env = report.environment(None)
-    configs = plan(graphs, layers, dtypes)
-    runner.settings = {"graphs": graphs, "layers": layers, "dtypes": dtypes, "warmup": args.warmup,
-                       "steps": args.steps, "seed": args.seed, "scale": args.scale, "hidden": args.hidden,
-                       "heads": args.heads, "num_layers": args.num_layers, "attn_dropout": args.attn_dropout,
-                       "feat_dropout": args.feat_dropout, "lr": args.lr, "device": str(device),
-                       "time_budget_s": args.time_budget, "quick": args.quick,
-                       "order": [list(c) for c in configs]}
+    configs = plan(graphs, layers, dtypes) if "full" in modes else []
+    sconfigs = plan_sampled(sampled_graphs, layers, dtypes, samplers, batch_sizes) if "sampled" in modes else []
+    runner.settings = {"graphs": graphs if "full" in modes else [], "layers": layers, "dtypes": dtypes,
+                       "warmup": args.warmup, "steps": args.steps, "seed": args.seed, "scale": args.scale,
+                       "hidden": args.hidden, "heads": args.heads, "num_layers": args.num_layers,
+                       "attn_dropout": args.attn_dropout, "feat_dropout": args.feat_dropout, "lr": args.lr,
+                       "device": str(device), "time_budget_s": args.time_budget, "quick": args.quick,
+                       "modes": modes, "order": [list(c) for c in configs]}
+    if "sampled" in modes:
+        runner.settings["sampled"] = {
+            "graphs": sampled_graphs, "samplers": samplers, "batch_sizes": batch_sizes, "fanouts": args.fanouts,
+            "workers": args.workers, "prefetch_factor": PREFETCH_FACTOR, "presample": args.presample,
+            "whole": args.whole, "whole_steps": args.whole_steps if args.whole else 0,
+            "profile_steps": args.profile_steps, "profile_phases": args.profile_phases,
+            "order": [list(c) for c in sconfigs]}
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)
-    runner.run(configs)
+    if configs:
+        runner.run(configs)
+    if sconfigs:
+        runner.prepare_samplers(samplers)
+        runner.settings["sampled"].update(
+            sampler_status={s: r or "ok" for s, r in runner.sampler_reason.items()},
+            dgl_blocks_on=("device" if runner.dgl_cuda else "cpu") if "dgl" in samplers else None)
+        for s, r in runner.sampler_reason.items():
+            if r:
+                print(f"note: sampler {s}: {r}", flush=True)
+        runner.run_sampled(sconfigs)
     runner.settings["elapsed_s"] = round(time.perf_counter() - runner.t0, 1)
     runner.save()
     print()

@@ -249,3 +249,27 @@ def import_pyg():
         print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
         return None
     return pyg
+
+
+# ----------------------------------------------------------------------------- watchdog
+def watchdog(seconds: Optional[float]):
+    """Context manager: when the block runs longer than ``seconds``, print every thread's
+    Python traceback to stderr and exit the process (``faulthandler``, exit code 1), so a
+    hang (e.g. a deadlock) leaves a stack in the log instead of a silent timeout; the results
+    written so far stay. ``None`` / 0: no watchdog."""
+    import contextlib
+    import faulthandler
+    import sys
+
+    @contextlib.contextmanager
+    def guard():
+        if not seconds or seconds <= 0:
+            yield
+            return
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    return guard()
