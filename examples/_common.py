@@ -315,3 +315,200 @@ def print_report(result: Dict[str, float]) -> None:
     peak = result["peak_mem_mib"]
     print(f"peak GPU memory    {'n/a on CPU' if peak is None else f'{peak:.1f} MiB'}")
     print(f"gnn_fastpath.stats() {gnn_fastpath.stats()}")
+
+
+# --------------------------------------------------------------------------- sampled mini-batch training
+# Used by pyg_neighbor_loader.py and dgl_neighbor_sampler.py: the flags, the data (the datasets
+# above plus a synthetic arxiv-sized graph), the epoch loop over a loader and the report.
+SAMPLED_DATASETS = DATASETS + ("arxiv-like",)
+
+
+def _bench_graphs():
+    """``benchmarks/graphs.py`` loaded by path (no change to ``sys.path``), as ``_frameworks``."""
+    path = os.path.join(REPO_ROOT, "benchmarks", "graphs.py")
+    name = "_gnn_fastpath_bench_graphs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def arxiv_like(seed: int = 0, scale: float = 1.0, num_features: int = 128, num_classes: int = 40,
+               separation: float = 1.0) -> NodeData:
+    """The benchmarks' ``arxiv-like`` graph with seeded features and planted labels.
+
+    Structure: ``benchmarks.graphs.load("arxiv-like", seed=seed, scale=scale)`` (169,343 nodes and
+    1,166,243 directed edges at scale 1, sources power-law, destinations uniform; generated in
+    seconds and cached under ``.bench_cache/``), edges used as they are (directed). Labels:
+    ``num_classes`` (ogbn-arxiv's 40) drawn at random; features: ``num_features`` (its 128)
+    standard normal values around a random centre per class (scaled by ``separation``), so
+    the labels can be read from a node's own features while its random neighbours add noise:
+    layers that keep the node's own features apart (SAGE's ``fc_self``, TransformerConv's root
+    weight) learn fastest; the dataset is for speed and memory at arxiv scale, not for what a
+    GNN can learn from structure. Split at random with ogbn-arxiv's proportions (54% / 18% /
+    28% train / validation / test).
+    """
+    g = _bench_graphs().load("arxiv-like", seed=seed, scale=scale)
+    n = g.num_nodes
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, num_classes, (n,), generator=gen)
+    centres = torch.randn(num_classes, num_features, generator=gen)
+    x = centres[y] * separation + torch.randn(n, num_features, generator=gen)
+    perm = torch.randperm(n, generator=gen)
+    n_train, n_val = int(0.54 * n), int(0.18 * n)
+    name = "arxiv-like" if scale == 1.0 else f"arxiv-like (scale {scale:g})"
+    return NodeData(name, g.edge_index, x, y, _mask(n, perm[:n_train]), _mask(n, perm[n_train:n_train + n_val]),
+                    _mask(n, perm[n_train + n_val:]), num_classes)
+
+
+def _fanouts(text: str):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated fan-outs such as 15,10,5 "
+                                         "(-1: every neighbour)")
+    return values
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, layers, epochs: int = 10, lr: float = 0.003,
+                           weight_decay: float = 0.0) -> argparse.ArgumentParser:
+    """``add_arguments`` plus the flags of the sampled mini-batch examples (``--layer`` from ``layers``).
+
+    ``--dataset`` also takes ``arxiv-like`` (the default here: mini-batches pay off on graphs of
+    that size); ``--num-workers`` defaults to 4 on CUDA and 0 on the CPU.
+    """
+    add_arguments(parser, epochs=epochs, lr=lr, weight_decay=weight_decay)
+    parser.set_defaults(dataset="arxiv-like")
+    for action in parser._actions:  # the shared flag, with one more choice
+        if action.dest == "dataset":
+            action.choices = SAMPLED_DATASETS
+            action.help = ("default: arxiv-like (synthetic, benchmarks/graphs.py); cora, citeseer, "
+                           "tolokers from ../shared/data (synthetic when absent); synthetic")
+    parser.add_argument("--layer", choices=tuple(layers), default=tuple(layers)[0])
+    parser.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5],
+                        help="neighbours sampled per layer, first layer's hop first (default 15,10,5); "
+                             "one layer per entry")
+    parser.add_argument("--batch-size", type=int, default=1024, help="seed (training) nodes per mini-batch")
+    parser.add_argument("--num-workers", type=int, default=None,
+                        help="loader worker processes (default: 4 on CUDA, 0 on the CPU)")
+    parser.add_argument("--hidden", type=int, default=64, help="channels per head")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (gatv2, transformer)")
+    parser.add_argument("--dropout", type=float, default=0.2, help="feature dropout between layers")
+    parser.add_argument("--attn-dropout", type=float, default=0.1, help="attention dropout (gatv2, transformer)")
+    parser.add_argument("--nodes", type=int, default=3000, help="nodes of --dataset synthetic")
+    parser.add_argument("--scale", type=float, default=1.0, help="size of --dataset arxiv-like (1: 169,343 nodes)")
+    return parser
+
+
+def num_workers_for(args, device: torch.device) -> int:
+    return args.num_workers if args.num_workers is not None else (4 if device.type == "cuda" else 0)
+
+
+def load_sampled_data(args) -> NodeData:
+    """The graph of a sampled-training example (``--dataset``, ``--data``, ``--nodes``, ``--scale``)."""
+    if args.dataset == "arxiv-like":
+        return arxiv_like(seed=args.seed, scale=args.scale)
+    if args.dataset == "synthetic":
+        return synthetic(num_nodes=args.nodes, seed=args.seed)
+    return load_node_data(args.dataset, args.data, args.seed)
+
+
+def fastpath_summary() -> str:
+    """``gnn_fastpath.stats()`` summed over layer classes: fused calls by backend, fallbacks by reason."""
+    import gnn_fastpath
+
+    fused: Dict[str, int] = {}
+    fallback: Dict[str, int] = {}
+    for entry in gnn_fastpath.stats().values():
+        for backend, n in entry.get("fused", {}).items():
+            fused[backend] = fused.get(backend, 0) + int(n)
+        for reason, n in entry.get("fallback", {}).items():
+            fallback[reason] = fallback.get(reason, 0) + int(n)
+    calls = ", ".join(f"{b} {n}" for b, n in fused.items()) or "none"
+    falls = ", ".join(f"{r} {n}" for r, n in sorted(fallback.items())) or "none"
+    return f"fused calls: {calls}; fallbacks: {falls}"
+
+
+def train_sampled(model: torch.nn.Module, loader, step: Callable, infer: Callable[[], torch.Tensor],
+                  data: NodeData, args, device: torch.device) -> Dict[str, object]:
+    """Mini-batch training: one tqdm bar over the batches of each epoch, then full-graph accuracy.
+
+    ``step(batch)`` runs the model on one mini-batch and returns ``(loss, seeds)``: the mean
+    cross-entropy over the batch's seed nodes and their count. ``infer()`` returns logits
+    [N, C] for every node (called once, after training, in eval mode under ``no_grad``). The
+    epoch time includes sampling, host-to-device copies, forward, backward and the optimizer.
+    """
+    from tqdm import tqdm
+
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times = [], []
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        _sync(device)
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=device)
+        seen = 0
+        bar = tqdm(loader, total=len(loader), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
+                   dynamic_ncols=True, leave=False)
+        for i, batch in enumerate(bar):
+            opt.zero_grad(set_to_none=True)
+            loss, seeds = step(batch)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * seeds
+            seen += seeds
+            if i % 10 == 0 or i == len(loader) - 1:  # a host sync now and then, not every step
+                bar.set_postfix(loss=f"{total.item() / max(seen, 1):.4f}")
+        bar.close()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(total.item() / max(seen, 1))
+        if not args.quiet:
+            tqdm.write(f"epoch {epoch:3d}  train loss {losses[-1]:.4f}  time {times[-1]:7.2f} s  "
+                       f"({len(loader)} batches)")
+    peak_train = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+    model.eval()
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        logits = infer().float().cpu()
+    _sync(device)
+    infer_s = time.perf_counter() - t0
+    timed = times[1:] if len(times) > 1 else times  # the first epoch pays one-off set-up
+    return {
+        "losses": losses,
+        "epoch_s": times,
+        "mean_epoch_s": float(np.mean(timed)) if timed else float("nan"),
+        "first_epoch_s": times[0] if times else float("nan"),
+        "infer_s": infer_s,
+        "train_acc": accuracy(logits, data.y, data.train_mask),
+        "val_acc": accuracy(logits, data.y, data.val_mask),
+        "test_acc": accuracy(logits, data.y, data.test_mask),
+        "peak_train_mib": peak_train,
+        "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+    }
+
+
+def print_sampled_report(result: Dict[str, object], inference: str) -> None:
+    """The end-of-run lines of the sampled examples (``inference`` says how accuracy was computed)."""
+    import gnn_fastpath
+
+    print(f"validation accuracy {result['val_acc']:.4f}   test accuracy {result['test_acc']:.4f}   "
+          f"(train {result['train_acc']:.4f}; {inference}, {result['infer_s']:.2f} s)")
+    print(f"mean epoch time     {result['mean_epoch_s']:.3f} s   (first epoch {result['first_epoch_s']:.3f} s, "
+          "not in the mean unless it is the only one)")
+    if result["peak_mib"] is None:
+        print("peak GPU memory     n/a on CPU")
+    else:
+        print(f"peak GPU memory     {result['peak_train_mib']:.1f} MiB training, "
+              f"{result['peak_mib']:.1f} MiB with the inference "
+              "(torch.cuda.max_memory_allocated)")
+    print(f"gnn_fastpath        {fastpath_summary()}")
+    print(f"gnn_fastpath.stats() {gnn_fastpath.stats()}")

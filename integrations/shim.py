@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.nn.modules import module as _module_mod
 
 from ..ops import dispatch
 from ..ops._checks import check_real
@@ -90,15 +91,18 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
                       "_global_backward_pre_hooks")
 
 
+try:
+    from torch.fx import _symbolic_trace
+except ImportError:  # pragma: no cover - older torch
+    _symbolic_trace = None
+# Newer torch logs a warning from is_fx_tracing(); its successor reads the same flag
+# (compiling is checked separately). Looked up once: this runs on every layer call.
+_fx_check = (getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
+             or getattr(_symbolic_trace, "is_fx_tracing", None)) if _symbolic_trace is not None else None
+
+
 def _is_fx_tracing() -> bool:
-    try:
-        from torch.fx import _symbolic_trace
-    except ImportError:  # pragma: no cover - older torch
-        return False
-    # Newer torch logs a warning from is_fx_tracing(); its successor reads the
-    # same flag (compiling is checked separately).
-    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None) or getattr(_symbolic_trace, "is_fx_tracing", None)
-    return bool(check is not None and check())
+    return bool(_fx_check is not None and _fx_check())
 
 
 def _is_compiling() -> bool:
@@ -273,9 +277,7 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
         return "fx_tracing", "torch.fx symbolic tracing"
     if has_module_hooks(module):
         return "hooks", "module hooks are registered"
-    from torch.nn.modules import module as module_mod
-
-    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
+    if any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
         return "hooks", "global module hooks are registered"
     if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):
         return "hooks", "message-passing hooks are registered"

@@ -105,6 +105,9 @@ def check_inputs(module, x: Tensor) -> None:
     """Parameters on ``x``'s device and dtype; under autocast float32 parameters with 16-bit
     features (the previous layer's output) too (:func:`..shim.check_like`). Any other mix
     runs stock, which decides."""
+    dtype, device = x.dtype, x.device
+    if all(p.dtype == dtype and p.device == device for p in module.parameters()):
+        return  # the common case, without building a name per parameter
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, x)
 

@@ -14,12 +14,18 @@ def _features(module) -> Callable:
     """The shim's ``features``: ``module.features`` once the arguments bind to the fused
     forward's (= stock's) signature; arguments that do not bind run stock, which raises."""
     signature = inspect.signature(module.forward)
+    # Plain positional calls, ``conv(x, edge_index)``, bind whenever their count fits: that
+    # case skips Signature.bind (several microseconds of host time per layer call).
+    positional = [p for p in list(signature.parameters.values())[2:]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
 
     def features(*args, **kwargs):
-        try:
-            signature.bind(None, None, *args, **kwargs)
-        except TypeError as exc:
-            raise Unsupported("arguments", str(exc)) from None
+        if kwargs or not required <= len(args) <= len(positional):
+            try:
+                signature.bind(None, None, *args, **kwargs)
+            except TypeError as exc:
+                raise Unsupported("arguments", str(exc)) from None
         return module.features(*args, **kwargs)
 
     return features
