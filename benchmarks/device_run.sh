@@ -20,7 +20,7 @@
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/gnn_fastpath_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" /tmp/bench
 export PYTHONUNBUFFERED=1
 START=$SECONDS
 case "$MODE" in
@@ -58,6 +58,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
       >/tmp/pip_whl.log 2>&1; then WHEELS="$(cd .whl && ls *.whl | tr '\n' ' ')"; else WHEELS="FAILED: $(tail -3 /tmp/pip_whl.log)"; fi
 fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# PyG's NeighborLoader needs torch_sparse (or pyg-lib), which has no wheel for the device's
+# torch: carry its source distributions (and torch_scatter's) in .whl/sdist/ and they are
+# built here, CPU-only (sampling runs on the CPU), once per machine; the built wheels are
+# copied to $OUT so that later calls can carry them in .whl/ instead.
+if ls .whl/sdist/*.tar.gz >/dev/null 2>&1 && ! python3 -c "import torch_sparse" >/dev/null 2>&1; then
+  s0=$SECONDS
+  if FORCE_ONLY_CPU=1 MAX_JOBS=$(nproc) python3 -m pip wheel -q --no-deps --no-build-isolation --no-index \
+      -w /tmp/sdist_wheels .whl/sdist/*.tar.gz >/tmp/pip_sdist.log 2>&1 \
+      && python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/sdist_wheels/*.whl >>/tmp/pip_sdist.log 2>&1; then
+    cp /tmp/sdist_wheels/*.whl "$OUT/" 2>/dev/null
+    WHEELS="$WHEELS; built from sdist in $(( SECONDS - s0 )) s: $(cd /tmp/sdist_wheels && ls *.whl | tr '\n' ' ')"
+  else WHEELS="$WHEELS; sdist build FAILED: $(tail -3 /tmp/pip_sdist.log | tr '\n' ' ')"; fi
+fi
 # Real graphs for the tests (../shared does not travel): carry .data with heterophilous/ and planetoid/.
 [ -d .data/planetoid ] && export GNN_FASTPATH_DATA=${GNN_FASTPATH_DATA:-$PWD/.data}
 # The package maps ./integrations to gnn_fastpath.integrations (pyproject package-dir), so a
@@ -153,6 +166,50 @@ if (( t > 10 )); then
   rc=$?; note_stage bench_train "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage bench_train "skipped: budget" 0; fi
 
+# host time per layer call (GPU time excluded)
+CAP_HOST=${HOST_S:-0}
+t=$(stage_time "$CAP_HOST"); s0=$SECONDS
+if (( t > 10 )); then
+  echo "== bench_host (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_host --time-budget $(( t * 75 / 100 )) --json "$OUT/bench_host.json" \
+    --markdown /tmp/bench/bench_host.md >>"$OUT/bench.log" 2>&1
+  rc=$?; note_stage bench_host "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage bench_host "skipped: budget" 0; fi
+
+# DDP: examples/pyg_ddp.py under torchrun on 1 and 2 GPUs, stock and enabled (DDP_S cap,
+# DDP_LAYERS, DDP_STEPS); every run's record merged into $OUT/ddp.json
+CAP_DDP=${DDP_S:-0}
+t=$(stage_time "$CAP_DDP"); s0=$SECONDS
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c GPU)
+if (( t > 20 && NGPU >= 2 )); then
+  echo "== DDP runs (limit ${t} s)"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  mkdir -p /tmp/ddp
+  for layer in ${DDP_LAYERS:-gatv2 sage_max transformer}; do
+    for n in 1 2; do
+      for fp in --no-fastpath --fastpath; do
+        left=$(( t - (SECONDS - s0) ))
+        (( left < 15 )) && break 3
+        timeout -k 5 "$left" $PY -m torch.distributed.run --standalone --nproc-per-node "$n" examples/pyg_ddp.py \
+          --layer "$layer" --steps "${DDP_STEPS:-25}" --dropout 0 --quiet $fp \
+          --json "/tmp/ddp/${layer}_${n}gpu_${fp#--}.json" >>"$OUT/bench.log" 2>&1
+      done
+    done
+  done
+  $PY -c "
+import glob, json, os
+runs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob('/tmp/ddp/*.json'))}
+json.dump(runs, open('$OUT/ddp.json', 'w'), indent=1)
+print('| run | per-rank step ms (median, incl. sampling) | sampling ms | model step ms |')
+print('| --- | --- | --- | --- |')
+for k, r in runs.items():
+    for rank in r.get('ranks', []):
+        s, m = rank.get('median_step_ms'), rank.get('median_sample_ms')
+        print(f'| {k} rank {rank.get(\"rank\")} | {s} | {m} | {None if s is None or m is None else round(s - m, 2)} |')
+" >/tmp/bench/ddp.md 2>&1
+  note_stage ddp "$(ls /tmp/ddp/*.json 2>/dev/null | wc -l) runs" $(( SECONDS - s0 ))
+else note_stage ddp "skipped: $NGPU GPUs, budget ${t} s" 0; fi
+
 # ---------------------------------------------------------------- summary (printed last)
 last_line() {  # pytest's final count line, or why there is none
   [ -f "$1" ] || { echo "(not run)"; return; }
@@ -177,7 +234,7 @@ last_line() {  # pytest's final count line, or why there is none
   $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" "$OUT/bench_train.json" 2>&1
   echo
   echo "## full tables"
-  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md /tmp/bench/bench_train.md; do [ -f "$f" ] && cat "$f" && echo; done
+  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md /tmp/bench/bench_train.md /tmp/bench/bench_host.md /tmp/bench/ddp.md; do [ -f "$f" ] && cat "$f" && echo; done
 } >"$SUMMARY" 2>&1
 echo
 echo "================ SUMMARY (full tables in summary.md) ================"
