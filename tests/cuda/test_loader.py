@@ -247,8 +247,8 @@ def _assert_same_graph(a: Graph, b: Graph):
 def test_graph_build_on_cuda_matches_cpu(name, dtype, monkeypatch):
     ei, nn = _case_edges(name)
     calls = []
-    real = gnn_fastpath.cuda.csr_indptr
-    monkeypatch.setattr(gnn_fastpath.cuda, "csr_indptr", lambda r, n: calls.append(n) or real(r, n))
+    real = gnn_fastpath.cuda.edge_facts
+    monkeypatch.setattr(gnn_fastpath.cuda, "edge_facts", lambda *a: calls.append(a[2:]) or real(*a))
     cpu = Graph.from_edge_index(ei.to(dtype), nn)
     gpu = Graph.from_edge_index(ei.to(dtype).cuda(), nn)
     assert gpu.device.type == "cuda"
@@ -256,7 +256,10 @@ def test_graph_build_on_cuda_matches_cpu(name, dtype, monkeypatch):
         assert t.is_cuda
     _assert_same_graph(gpu, cpu)
     if ei.size(1):
-        assert calls, "the CUDA build did not use the indptr kernel"
+        assert calls, "the CUDA build did not gather its facts with the edge_facts kernel"
+        # the same host facts as the CPU build
+        assert (gpu.degree_bound(), gpu.degree_bound(True), gpu.num_self_loops()) == (
+            cpu.degree_bound(), cpu.degree_bound(True), cpu.num_self_loops())
     # derived data agrees too
     assert torch.equal(gpu.dst_index().cpu(), cpu.dst_index())
     sg, sc = gpu.source_csr(), cpu.source_csr()
