@@ -344,11 +344,14 @@ def arxiv_like(seed: int = 0, scale: float = 1.0, num_features: int = 128, num_c
     seconds and cached under ``.bench_cache/``), edges used as they are (directed). Labels:
     ``num_classes`` (ogbn-arxiv's 40) drawn at random; features: ``num_features`` (its 128)
     standard normal values around a random centre per class (scaled by ``separation``), so
-    the labels can be read from a node's own features while its random neighbours add noise:
-    layers that keep the node's own features apart (SAGE's ``fc_self``, TransformerConv's root
-    weight) learn fastest; the dataset is for speed and memory at arxiv scale, not for what a
-    GNN can learn from structure. Split at random with ogbn-arxiv's proportions (54% / 18% /
-    28% train / validation / test).
+    the labels can be read from a node's own features while its random neighbours add noise.
+    Layers that keep the node's own features apart learn them (SAGE's root weight,
+    TransformerConv's, GATv2 once it attends to the self loop; at ``scale=0.2``, 99-100% test
+    accuracy after 3 epochs with PyG's TransformerConv, GATv2Conv and SAGEConv(max), after 7
+    with DGL's GATv2Conv); GCN / DGL GraphConv, which average a node with its random neighbours,
+    stay near chance (1/40) here: ``synthetic`` (homophilous) shows them learn. The dataset is
+    for speed and memory at arxiv scale, not for what a GNN can learn from structure. Split at
+    random with ogbn-arxiv's proportions (54% / 18% / 28% train / validation / test).
     """
     g = _bench_graphs().load("arxiv-like", seed=seed, scale=scale)
     n = g.num_nodes
