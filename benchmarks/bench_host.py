@@ -55,7 +55,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import report
-from .timing import fmt, free_memory, import_pyg, watchdog
+from .bench_train import path_summary, stats_counts
+from .timing import count_syncs, fmt, free_memory, import_pyg, watchdog
 
 TARGET_US = 40.0
 LAYERS = ["pyg_gatv2", "pyg_transformer", "pyg_gcn", "pyg_sage_mean", "pyg_sage_max",
@@ -226,22 +227,6 @@ def gpu_time_per_call(call: Callable[[int], None], start: int, n: int, device: t
     return s.elapsed_time(e) * 1e3 / n, None
 
 
-def count_syncs(fn: Callable[[], None], device: torch.device) -> Optional[int]:
-    """Synchronisations torch reports during ``fn()`` (``set_sync_debug_mode("warn")``)."""
-    if device.type != "cuda":
-        return None
-    _sync(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    _sync(device)
-    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-
-
 def measure(call: Callable[[int], None], n: int, warmup: int, device: torch.device, gpu_calls: int) -> dict:
     """Time ``call(i)`` for ``i`` = 0.. (see the module docstring). ``call`` uses index ``i``
     to pick its graph, so a pool serves each index once: warm-up, ``n`` timed calls, the
@@ -277,24 +262,6 @@ def measure(call: Callable[[int], None], n: int, warmup: int, device: torch.devi
 
 def pool_size(n: int, warmup: int, gpu_calls: int) -> int:
     return warmup + n + 1 + gpu_calls
-
-
-def _counts(gf) -> dict:
-    out = {"fused_cuda": 0, "fused_reference": 0, "fallback": {}}
-    for entry in (gf.stats() or {}).values():
-        for backend, k in (entry.get("fused") or {}).items():
-            out[f"fused_{backend}"] = out.get(f"fused_{backend}", 0) + int(k)
-        for reason, k in (entry.get("fallback") or {}).items():
-            out["fallback"][reason] = out["fallback"].get(reason, 0) + int(k)
-    return out
-
-
-def path_summary(row: dict) -> str:
-    if row.get("mode") != "enabled" or "fused_cuda" not in row:
-        return ""
-    bits = [f"{b} {row[f'fused_{b}']}" for b in ("cuda", "reference") if row.get(f"fused_{b}")]
-    bits += [f"fallback {k} {v}" for k, v in sorted((row.get("fallback") or {}).items())]
-    return ", ".join(bits) or "no patched call"
 
 
 # ----------------------------------------------------------------------------- runner
@@ -412,7 +379,7 @@ class HostRunner:
         if failure is not None:
             res["status"] = f"error: {failure}"
         if mode == "enabled" and self.gf is not None:
-            res.update(_counts(self.gf))
+            res.update(stats_counts(self.gf.stats()))
             res["backend"] = "cuda" if res.get("fused_cuda") else ("reference" if res.get("fused_reference") else None)
         msgs = sorted({str(w.message) for w in caught if "gnn_fastpath" in str(w.message)})
         if msgs:

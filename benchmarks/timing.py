@@ -273,3 +273,27 @@ def watchdog(seconds: Optional[float]):
             faulthandler.cancel_dump_traceback_later()
 
     return guard()
+
+
+#: The warning torch gives at every synchronising operation under set_sync_debug_mode("warn")
+#: (the mode's own "prototype feature" warning, given when it is switched on, is not one).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn: Callable[[], object], device: Optional[torch.device] = None) -> Optional[int]:
+    """Host synchronisations torch reports while ``fn()`` runs (``set_sync_debug_mode("warn")``;
+    CuPy's launches never synchronise); None on a non-CUDA ``device``."""
+    if device is not None and device.type != "cuda":
+        return None
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum(SYNC_WARNING in str(w.message) for w in caught)

@@ -8,14 +8,20 @@ warns at every synchronising torch operation (CuPy's launches never synchronise)
 """
 from __future__ import annotations
 
-import warnings
+import os
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import gnn_fastpath
-from gnn_fastpath import Graph
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:  # the sync counter is the benchmarks' own (benchmarks/timing.py)
+    sys.path.insert(0, ROOT)
+from benchmarks.timing import count_syncs  # noqa: E402
+from gnn_fastpath import Graph  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -31,19 +37,6 @@ def _sampled_like(seed: int, hub_out: int = 40) -> torch.Tensor:
     src = torch.randint(0, N_SRC, (dst.numel(),), generator=g)
     src[torch.randperm(dst.numel(), generator=g)[:hub_out]] = 7
     return torch.stack([src, dst]).cuda()
-
-
-def count_syncs(fn) -> int:
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    # (set_sync_debug_mode itself warns that it is a prototype: not a sync)
-    return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
 
 
 def test_new_graph_costs_one_sync_and_a_cached_one_none():
