@@ -64,18 +64,21 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 # copied to $OUT so that later calls can carry them in .whl/ instead.
 # torch_sparse is a dozen small extensions that setuptools builds one after another: the
 # unpacked sources get `[build_ext] parallel` so they compile side by side (minutes, not 20).
+# Not with ninja: torch's BuildExtension writes one build.ninja per build directory, which
+# extensions built in parallel would overwrite: a failing `ninja` first on PATH turns it off.
 if ls .whl/sdist/*.tar.gz >/dev/null 2>&1 && ! python3 -c "import torch_sparse" >/dev/null 2>&1; then
   s0=$SECONDS
   rm -rf /tmp/sdist_src && mkdir -p /tmp/sdist_src
   for t in .whl/sdist/*.tar.gz; do tar xzf "$t" -C /tmp/sdist_src; done
   for d in /tmp/sdist_src/*/; do printf '\n[build_ext]\nparallel = %s\n' "$(nproc)" >> "$d/setup.cfg"; done
-  export PATH=/tmp/site/bin:$PATH  # ninja, when its wheel was carried
-  if FORCE_ONLY_CPU=1 MAX_JOBS=2 python3 -m pip wheel -q --no-deps --no-build-isolation --no-index \
+  mkdir -p /tmp/no_ninja && printf '#!/bin/sh\nexit 1\n' > /tmp/no_ninja/ninja && chmod +x /tmp/no_ninja/ninja
+  if PATH=/tmp/no_ninja:$PATH FORCE_ONLY_CPU=1 python3 -m pip wheel -q --no-deps --no-build-isolation --no-index \
       -w /tmp/sdist_wheels /tmp/sdist_src/*/ >/tmp/pip_sdist.log 2>&1 \
       && python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/sdist_wheels/*.whl >>/tmp/pip_sdist.log 2>&1; then
     cp /tmp/sdist_wheels/*.whl "$OUT/" 2>/dev/null
     WHEELS="$WHEELS; built from sdist in $(( SECONDS - s0 )) s: $(cd /tmp/sdist_wheels && ls *.whl | tr '\n' ' ')"
-  else WHEELS="$WHEELS; sdist build FAILED: $(tail -3 /tmp/pip_sdist.log | tr '\n' ' ')"; fi
+  else WHEELS="$WHEELS; sdist build FAILED (log in \$OUT/pip_sdist.log): $(grep -m3 -iE "error" /tmp/pip_sdist.log | tr '\n' ' ' | cut -c1-400)"
+    cp /tmp/pip_sdist.log "$OUT/"; fi
 fi
 # Real graphs for the tests (../shared does not travel): carry .data with heterophilous/ and planetoid/.
 [ -d .data/planetoid ] && export GNN_FASTPATH_DATA=${GNN_FASTPATH_DATA:-$PWD/.data}
