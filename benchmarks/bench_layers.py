@@ -12,7 +12,9 @@ not exist yet, only the stock columns are filled.
 
 Layers (the configurations of baselines.md): GATv2Conv(128, 64, heads=2),
 TransformerConv(512, 128, heads=4, root_weight=False), GCNConv(512, 512, cached=True),
-SAGEConv(512, 512, aggr="max"). Inputs x [N, in] require grad (a hidden layer), so
+SAGEConv(512, 512, aggr="max"); and (issue 12) GATConv(128, 64, heads=2) and
+GATConv(128, 32, heads=8), AGNNConv, GINConv and EdgeConv with MLPs, GraphConv(aggr="max"),
+EdgeConv with a single Linear (the fully node-level reorganisation). Inputs x [N, in] require grad (a hidden layer), so
 fwd+bwd includes dx.
 
 ``--autocast off,bfloat16,float16`` (default ``off``) repeats every (graph, layer) with the
@@ -50,7 +52,30 @@ def _layers() -> Dict[str, dict]:
                 "make": lambda pyg: pyg.nn.GCNConv(512, 512, cached=True)},
         "sage_max": {"label": 'SAGEConv(512, 512, aggr="max")', "in": 512,
                      "make": lambda pyg: pyg.nn.SAGEConv(512, 512, aggr="max")},
+        # issue 12: GATConv and the other layers of the fusion literature
+        "gat_h2": {"label": "GATConv(128, 64, heads=2)", "in": 128,
+                   "make": lambda pyg: pyg.nn.GATConv(128, 64, heads=2)},
+        "gat_h8": {"label": "GATConv(128, 32, heads=8)", "in": 128,
+                   "make": lambda pyg: pyg.nn.GATConv(128, 32, heads=8)},
+        "agnn": {"label": "AGNNConv(requires_grad=True), 128 features", "in": 128,
+                 "make": lambda pyg: pyg.nn.AGNNConv(requires_grad=True)},
+        "gin": {"label": "GINConv(MLP 128-128-128, train_eps=True)", "in": 128,
+                "make": lambda pyg: pyg.nn.GINConv(_mlp(128, 128, 128), train_eps=True)},
+        "graph_conv_max": {"label": 'GraphConv(128, 128, aggr="max")', "in": 128,
+                           "make": lambda pyg: pyg.nn.GraphConv(128, 128, aggr="max")},
+        "edge_conv": {"label": "EdgeConv(MLP 256-128-128, aggr=max)", "in": 128,
+                      "make": lambda pyg: pyg.nn.EdgeConv(_mlp(256, 128, 128), aggr="max")},
+        "edge_conv_linear": {"label": "EdgeConv(Linear(256, 128), aggr=max)", "in": 128,
+                             "make": lambda pyg: pyg.nn.EdgeConv(torch.nn.Linear(256, 128), aggr="max")},
     }
+
+
+def _mlp(*widths: int) -> torch.nn.Sequential:
+    """Linear, ReLU, Linear, ...: the MLP GIN and EdgeConv are used with."""
+    mods = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        mods += ([torch.nn.ReLU()] if i else []) + [torch.nn.Linear(a, b)]
+    return torch.nn.Sequential(*mods)
 
 
 LAYERS = list(_layers())
