@@ -110,8 +110,11 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
     The layer classes themselves are patched, so models built before or
     after the call are covered; ``disable()`` restores them exactly:
 
-    * PyG: ``TransformerConv``, ``GATv2Conv``, ``GCNConv``, ``SAGEConv``
-    * DGL: ``GATv2Conv``, ``GraphConv``, ``SAGEConv``
+    * PyG: ``TransformerConv``, ``GATv2Conv``, ``GATConv``, ``GCNConv``,
+      ``SAGEConv``, ``AGNNConv``, ``GINConv``, ``GraphConv``, ``EdgeConv``,
+      ``DynamicEdgeConv``
+    * DGL: ``GATv2Conv``, ``GATConv``, ``GraphConv``, ``SAGEConv``,
+      ``AGNNConv``, ``GINConv``, ``EdgeConv``
 
     A call the fused path does not cover (CPU tensors, float64, hooks, an
     argument it does not take, ...) runs the

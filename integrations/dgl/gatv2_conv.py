@@ -30,49 +30,16 @@ from torch import Tensor, nn
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Shim, Unsupported, check_like, finite_number, has_module_hooks
-from .graph import (check_device, check_graph, check_precision, check_zero_in_degree,
-                    features_of, graph_of, sparse_cast)
+from ..shim import Shim, has_module_hooks
+from .graph import (check_attention_modules, check_attention_vector, check_device, check_features, check_graph,
+                    check_precision, check_zero_in_degree, features_of, graph_of, sparse_cast)
 
 
 def _check_module(module, x: Tensor):
     """(H, D, att [H, D], negative slope, attention dropout p) or Unsupported."""
-    attn_drop = module.attn_drop
-    if type(attn_drop) is not nn.Dropout:
-        raise Unsupported("attn_drop", f"attn_drop is a {type(attn_drop).__name__}, not nn.Dropout")
-    leaky = module.leaky_relu
-    if type(leaky) is not nn.LeakyReLU:
-        raise Unsupported("leaky_relu", f"leaky_relu is a {type(leaky).__name__}, not nn.LeakyReLU")
-    # The op applies both itself: hooks on them would not fire.
-    if has_module_hooks(attn_drop) or has_module_hooks(leaky):
-        raise Unsupported("hooks", "hooks on attn_drop or leaky_relu")
+    negative_slope, p = check_attention_modules(module)
     H, D = int(module._num_heads), int(module._out_feats)
-    attn = module.attn
-    check_like("attn", attn, x)
-    if tuple(attn.shape) != (1, H, D):
-        raise Unsupported("attn", f"attn has shape {tuple(attn.shape)}, expected (1, {H}, {D})")
-    p = float(attn_drop.p) if attn_drop.training else 0.0
-    return H, D, attn.reshape(H, D), finite_number("negative_slope", leaky.negative_slope), p
-
-
-def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
-    """Shape checks stock would fail later; a mismatch runs stock so it reports the error."""
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
-        src, dst = feat
-        check_like("feat[1]", dst, src)
-        if src.dim() != 2 or dst.dim() != 2:
-            raise Unsupported("input", "feat_src and feat_dst must be 2-D [N, in_feats]")
-        if src.shape[0] != n_src or dst.shape[0] != n_dst:
-            raise Unsupported("input", f"feature rows ({src.shape[0]}, {dst.shape[0]}) != graph nodes "
-                                       f"({n_src}, {n_dst})")
-        return src
-    if feat.dim() != 2:
-        raise Unsupported("input", f"feat must be 2-D [N, in_feats], got {feat.dim()}-D")
-    if feat.shape[0] != n_src or (n_src != n_dst if not is_block else n_src < n_dst):
-        raise Unsupported("input", f"feat has {feat.shape[0]} rows for a graph of ({n_src}, {n_dst}) nodes")
-    return feat
+    return H, D, check_attention_vector("attn", module.attn, x, H, D), negative_slope, p
 
 
 def _fc_dst_rows(module, h_dst: Tensor, n_dst: int) -> Tensor:
@@ -91,7 +58,7 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
     check_device(g, x)
     check_precision(x)
     H, D, att, negative_slope, p = _check_module(module, x)
-    _check_features(g, feat, n_src, n_dst, is_block)
+    check_features(feat, n_src, n_dst, is_block)
 
     G = graph_of(g)
     check_zero_in_degree(module, G)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ...graph import Graph
-from ..shim import Unsupported, autocast_dtype
+from ..shim import Unsupported, autocast_dtype, check_like, finite_number, has_module_hooks
 
 #: Stock DGL's message for zero in-degree destinations (GATv2Conv, GraphConv, ... in 2.1.0).
 ZERO_IN_DEGREE_MESSAGE = (
@@ -148,4 +148,55 @@ def features_of(graph, feat, *args, **kwargs):
     """The tensor that decides device and dtype: ``feat``, or ``feat[0]`` for a pair."""
     if isinstance(feat, tuple) and feat:
         return feat[0]
+    return feat
+
+
+# --------------------------------------------------------------------------- attention layers
+# Checks shared by the attention layers (GATConv, GATv2Conv), which hold the same submodules.
+def check_attention_modules(module) -> Tuple[float, float]:
+    """(negative slope, attention dropout p) of a module whose ``leaky_relu`` and
+    ``attn_drop`` the fused op applies itself: plain ``nn.LeakyReLU``/``nn.Dropout`` without
+    hooks (the hooks would not fire), else Unsupported. p is 0 when ``attn_drop`` is in eval
+    mode (its own flag, as stock's call reads it)."""
+    attn_drop = module.attn_drop
+    if type(attn_drop) is not nn.Dropout:
+        raise Unsupported("attn_drop", f"attn_drop is a {type(attn_drop).__name__}, not nn.Dropout")
+    leaky = module.leaky_relu
+    if type(leaky) is not nn.LeakyReLU:
+        raise Unsupported("leaky_relu", f"leaky_relu is a {type(leaky).__name__}, not nn.LeakyReLU")
+    if has_module_hooks(attn_drop) or has_module_hooks(leaky):
+        raise Unsupported("hooks", "hooks on attn_drop or leaky_relu")
+    p = float(attn_drop.p) if attn_drop.training else 0.0
+    return finite_number("negative_slope", leaky.negative_slope), p
+
+
+def check_attention_vector(name: str, param, x: Tensor, heads: int, width: int) -> Tensor:
+    """An attention parameter of shape (1, heads, width), like ``x`` (:func:`..shim.check_like`),
+    as [heads, width]; else Unsupported (reason ``"attn"``)."""
+    check_like(name, param, x)
+    if tuple(param.shape) != (1, heads, width):
+        raise Unsupported("attn", f"{name} has shape {tuple(param.shape)}, expected (1, {heads}, {width})")
+    return param.reshape(heads, width)
+
+
+def check_features(feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
+    """Shape checks stock would fail later (a mismatch runs stock, so it reports the error):
+    2-D features, ``(feat_src, feat_dst)`` with one row per source / destination, or one
+    tensor with a row per source node of a homogeneous graph or a block. Returns the source
+    features."""
+    if isinstance(feat, tuple):
+        if len(feat) != 2:
+            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
+        src, dst = feat
+        check_like("feat[1]", dst, src)
+        if src.dim() != 2 or dst.dim() != 2:
+            raise Unsupported("input", "feat_src and feat_dst must be 2-D [N, in_feats]")
+        if src.shape[0] != n_src or dst.shape[0] != n_dst:
+            raise Unsupported("input", f"feature rows ({src.shape[0]}, {dst.shape[0]}) != graph nodes "
+                                       f"({n_src}, {n_dst})")
+        return src
+    if feat.dim() != 2:
+        raise Unsupported("input", f"feat must be 2-D [N, in_feats], got {feat.dim()}-D")
+    if feat.shape[0] != n_src or (n_src != n_dst if not is_block else n_src < n_dst):
+        raise Unsupported("input", f"feat has {feat.shape[0]} rows for a graph of ({n_src}, {n_dst}) nodes")
     return feat

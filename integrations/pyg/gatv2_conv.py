@@ -40,55 +40,18 @@ graph inputs listed in :mod:`.graph`.
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Unsupported, finite_number, out_dtype_of, result_dtype
-from .graph import (Looped, attention_dropout, check_inputs, check_like, check_message_passing, graph_of,
-                    is_sparse, pair_features, pyg_softmax, replace_self_loops, split_pair)
+from .graph import (attention_dropout, check_fill, check_inputs, check_like, check_message_passing, graph_of,
+                    is_sparse, looped_edge_attr, pair_features, pyg_softmax, replace_self_loops, split_pair,
+                    stock_looped_edge_index)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
-
-#: The reductions ``torch_geometric.utils.scatter`` accepts (``fill_value`` strings).
-FILL_REDUCTIONS = ("sum", "add", "mean", "min", "max", "amin", "amax", "mul", "any")
-
-
-def _check_fill(module, edge_attr: Optional[Tensor], looped: Looped) -> None:
-    fill = module.fill_value
-    if edge_attr is None:
-        return
-    if isinstance(fill, str):
-        if fill not in FILL_REDUCTIONS:
-            raise Unsupported("fill_value", f"fill_value={fill!r}")
-        if looped.kept_dst_max >= looped.num_loops:
-            raise Unsupported("fill_value", "a kept edge targets a node beyond min(N_src, N_dst) "
-                                            f"(stock cannot reduce fill_value={fill!r} there)")
-    elif fill is not None and not isinstance(fill, (int, float, Tensor)):
-        raise Unsupported("fill_value", f"fill_value of type {type(fill).__name__}")
-
-
-def _loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
-    """PyG's ``compute_loop_attr`` for the appended loops, from the kept edges' attributes."""
-    size = (looped.num_loops,) + tuple(edge_attr.shape[1:])
-    if fill is None:
-        return edge_attr.new_ones(size)
-    if isinstance(fill, (int, float)):
-        return edge_attr.new_full(size, fill)
-    if isinstance(fill, Tensor):
-        loop_attr = fill.to(edge_attr.device, edge_attr.dtype)
-        if edge_attr.dim() != loop_attr.dim():
-            loop_attr = loop_attr.unsqueeze(0)
-        return loop_attr.expand(size).contiguous()
-    from torch_geometric.utils import scatter
-
-    return scatter(edge_attr, looped.kept_dst, 0, looped.num_loops, fill)
-
 
 def _stock_dtypes(x: Tensor, att: Tensor):
     """(alpha, message) as stock's ``edge_update`` and ``message`` type them."""
@@ -121,7 +84,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
             raise Unsupported("sparse_self_loops", "add_self_loops on a torch.sparse adjacency "
                                                    "(stock rebuilds and coalesces it)")
         looped = replace_self_loops(base, min(n_src, n_dst))
-        _check_fill(module, edge_attr, looped)
+        check_fill(module.fill_value, edge_attr, looped)
         graph = looped.graph
     p = attention_dropout(module)
     slope = finite_number("negative_slope", module.negative_slope)
@@ -143,8 +106,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     edge_term = None
     if edge_attr is not None:
         if looped is not None:
-            kept = edge_attr[looped.keep]
-            edge_attr = torch.cat([kept, _loop_attr(module.fill_value, kept, looped)])
+            edge_attr = looped_edge_attr(module.fill_value, edge_attr, looped)
         if edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
         edge_term = module.lin_edge(edge_attr).view(-1, H, C)
@@ -175,15 +137,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
 
             return out, (set_sparse_value(edge_index, alpha), alpha)
         if looped is not None:
-            edge_index = _stock_looped_edge_index(edge_index, looped.num_loops)
+            edge_index = stock_looped_edge_index(edge_index, looped.num_loops)
         return out, (edge_index, alpha)
     return out
 
-
-def _stock_looped_edge_index(edge_index: Tensor, num_loops: int) -> Tensor:
-    """The looped ``edge_index`` stock returns, built by the same PyG calls (only on request)."""
-    from torch_geometric.utils import add_self_loops, remove_self_loops
-
-    edge_index, _ = remove_self_loops(edge_index)
-    edge_index, _ = add_self_loops(edge_index, num_nodes=num_loops)
-    return edge_index

@@ -261,3 +261,57 @@ def edge_weight_of(name: str, edge_weight: Optional[Tensor], graph: Graph, like:
         raise Unsupported("edge_weight", f"{name} of shape {tuple(edge_weight.shape)} "
                                          f"(expected [{graph.num_edges}])")
     return edge_weight
+
+
+#: The reductions ``torch_geometric.utils.scatter`` accepts (``fill_value`` strings).
+FILL_REDUCTIONS = ("sum", "add", "mean", "min", "max", "amin", "amax", "mul", "any")
+
+
+def check_fill(fill, edge_attr: Optional[Tensor], looped: Looped) -> None:
+    """Unsupported where stock's ``add_self_loops(edge_index, edge_attr, fill_value=fill)``
+    would fail or mean something the fused path does not compute: a string that is not a
+    PyG reduction, a reduction stock cannot index (a kept edge targets a node >= the number
+    of loops), a fill of another type. Nothing to check without ``edge_attr``."""
+    if edge_attr is None:
+        return
+    if isinstance(fill, str):
+        if fill not in FILL_REDUCTIONS:
+            raise Unsupported("fill_value", f"fill_value={fill!r}")
+        if looped.kept_dst_max >= looped.num_loops:
+            raise Unsupported("fill_value", "a kept edge targets a node beyond min(N_src, N_dst) "
+                                            f"(stock cannot reduce fill_value={fill!r} there)")
+    elif fill is not None and not isinstance(fill, (int, float, Tensor)):
+        raise Unsupported("fill_value", f"fill_value of type {type(fill).__name__}")
+
+
+def loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
+    """PyG's ``compute_loop_attr`` for the appended loops, from the kept edges' attributes."""
+    size = (looped.num_loops,) + tuple(edge_attr.shape[1:])
+    if fill is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill, (int, float)):
+        return edge_attr.new_full(size, fill)
+    if isinstance(fill, Tensor):
+        attr = fill.to(edge_attr.device, edge_attr.dtype)
+        if edge_attr.dim() != attr.dim():
+            attr = attr.unsqueeze(0)
+        return attr.expand(size).contiguous()
+    from torch_geometric.utils import scatter
+
+    return scatter(edge_attr, looped.kept_dst, 0, looped.num_loops, fill)
+
+
+def looped_edge_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
+    """The edge attributes stock's ``remove_self_loops`` + ``add_self_loops`` produce, in the
+    looped graph's edge order: the kept edges' rows, then one row per loop from ``fill``."""
+    kept = edge_attr[looped.keep]
+    return torch.cat([kept, loop_attr(fill, kept, looped)])
+
+
+def stock_looped_edge_index(edge_index: Tensor, num_loops: int) -> Tensor:
+    """The looped ``edge_index`` stock returns, built by the same PyG calls (only on request)."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    edge_index, _ = remove_self_loops(edge_index)
+    edge_index, _ = add_self_loops(edge_index, num_nodes=num_loops)
+    return edge_index

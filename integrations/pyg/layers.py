@@ -5,9 +5,13 @@ import inspect
 from typing import Callable, List
 
 from torch_geometric.nn.conv import GATv2Conv, GCNConv, SAGEConv, TransformerConv
+from torch_geometric.nn.conv import GATConv
+from torch_geometric.nn.conv import AGNNConv, DynamicEdgeConv, EdgeConv, GINConv, GraphConv
 
 from ..shim import Shim, Unsupported
 from . import gatv2_conv, gcn_conv, sage_conv, transformer_conv
+from . import gat_conv
+from . import agnn_conv, dynamic_edge_conv, edge_conv, gin_conv, graph_conv
 
 
 def _features(module) -> Callable:
@@ -41,8 +45,20 @@ SHIMS: List[Shim] = [
          op="dot_attention", features=_features(transformer_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.GATv2Conv", cls=GATv2Conv, forward=gatv2_conv.forward,
          op="gatv2_attention", features=_features(gatv2_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.GATConv", cls=GATConv, forward=gat_conv.forward,
+         op="gat_attention", features=_features(gat_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.GCNConv", cls=GCNConv, forward=gcn_conv.forward,
          op="spmm", features=_features(gcn_conv), methods=MESSAGE_PASSING_METHODS),
     Shim(key="pyg.SAGEConv", cls=SAGEConv, forward=sage_conv.forward,
          op=sage_conv.op_for, features=_features(sage_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.AGNNConv", cls=AGNNConv, forward=agnn_conv.forward,
+         op="dot_attention", features=_features(agnn_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.GINConv", cls=GINConv, forward=gin_conv.forward,
+         op=gin_conv.op_for, features=_features(gin_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.GraphConv", cls=GraphConv, forward=graph_conv.forward,
+         op=graph_conv.op_for, features=_features(graph_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.EdgeConv", cls=EdgeConv, forward=edge_conv.forward,
+         op=edge_conv.op_for, features=_features(edge_conv), methods=MESSAGE_PASSING_METHODS),
+    Shim(key="pyg.DynamicEdgeConv", cls=DynamicEdgeConv, forward=dynamic_edge_conv.forward,
+         op=dynamic_edge_conv.op_for, features=_features(dynamic_edge_conv), methods=MESSAGE_PASSING_METHODS),
 ]

@@ -70,7 +70,7 @@ def _edge_index(n_src=N, n_dst=N, m=M, seed=0):
 
 
 def _pyg_cases():
-    from torch_geometric.nn import GATv2Conv, GCNConv, SAGEConv, TransformerConv
+    from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, SAGEConv, TransformerConv
 
     ei = _edge_index()
     ea = torch.randn(ei.size(1), 3)
@@ -81,6 +81,11 @@ def _pyg_cases():
                                          (ei,), dict(att, edge_attr=ea)),
         "GATv2Conv(concat=False,share)": (lambda: GATv2Conv(F_IN, 8, heads=2, concat=False, share_weights=True),
                                           (ei,), {}),
+        "GATConv": (lambda: GATConv(F_IN, 8, heads=2), (ei,), att),
+        "GATConv(edge_dim,residual)": (lambda: GATConv(F_IN, 8, heads=2, edge_dim=3, residual=True),
+                                       (ei,), dict(att, edge_attr=ea)),
+        "GATConv(concat=False,lin_src/lin_dst)": (lambda: GATConv((F_IN, F_IN), 8, heads=2, concat=False),
+                                                  (ei,), {}),
         "TransformerConv": (lambda: TransformerConv(F_IN, 8, heads=2), (ei,), att),
         "TransformerConv(edge_dim,beta)": (lambda: TransformerConv(F_IN, 8, heads=2, edge_dim=3, beta=True),
                                            (ei,), dict(att, edge_attr=ea)),
@@ -99,6 +104,7 @@ def _pyg_cases():
 
 
 PYG_CASES = ["GATv2Conv", "GATv2Conv(edge_dim,residual)", "GATv2Conv(concat=False,share)", "TransformerConv",
+             "GATConv", "GATConv(edge_dim,residual)", "GATConv(concat=False,lin_src/lin_dst)",
              "TransformerConv(edge_dim,beta)", "TransformerConv(concat=False,no_root)", "GCNConv",
              "GCNConv(edge_weight)", "GCNConv(normalize=False)", "GCNConv(normalize=False,bias=False)",
              "SAGEConv(mean)", "SAGEConv(sum)", "SAGEConv(max)", "SAGEConv(min,project,normalize)"]
@@ -111,13 +117,17 @@ def _dgl_graph(dgl):
 
 
 def _dgl_cases(dgl):
-    from dgl.nn import GATv2Conv, GraphConv, SAGEConv
+    from dgl.nn import GATConv, GATv2Conv, GraphConv, SAGEConv
 
     g = _dgl_graph(dgl)
     w = {"edge_weight": torch.rand(g.num_edges()) + 0.5}
     return g, {
         "GATv2Conv": (lambda: GATv2Conv(F_IN, 8, 2, residual=True), F_IN, {"get_attention": True}),
         "GATv2Conv(identity_residual)": (lambda: GATv2Conv(16, 8, 2, residual=True, activation=F.elu), 16, {}),
+        "GATConv": (lambda: GATConv(F_IN, 8, 2, residual=True), F_IN, {"get_attention": True}),
+        "GATConv(edge_weight,bias)": (lambda: GATConv(F_IN, 8, 2), F_IN, w),
+        "GATConv(identity_residual,no_bias)": (lambda: GATConv(16, 8, 2, residual=True, bias=False,
+                                                               activation=F.elu), 16, {}),
         "GraphConv(both)": (lambda: GraphConv(F_IN, 8), F_IN, {}),
         "GraphConv(right,W_after)": (lambda: GraphConv(6, 8, norm="right"), 6, w),
         "GraphConv(none,W_before)": (lambda: GraphConv(F_IN, 8, norm="none"), F_IN, w),
@@ -130,7 +140,8 @@ def _dgl_cases(dgl):
     }
 
 
-DGL_CASES = ["GATv2Conv", "GATv2Conv(identity_residual)", "GraphConv(both)", "GraphConv(right,W_after)",
+DGL_CASES = ["GATv2Conv", "GATv2Conv(identity_residual)", "GATConv", "GATConv(edge_weight,bias)",
+             "GATConv(identity_residual,no_bias)", "GraphConv(both)", "GraphConv(right,W_after)",
              "GraphConv(none,W_before)", "GraphConv(left,W_after,no_bias)", "SAGEConv(mean)",
              "SAGEConv(mean,W_after)", "SAGEConv(gcn)", "SAGEConv(gcn,W_after)", "SAGEConv(pool)"]
 
@@ -143,8 +154,10 @@ def _dgl_expected_dtype(name: str, a: torch.dtype, x16: bool = False) -> torch.d
     are already ``a``, so that residual keeps ``a``). The attention is ``a``."""
     if name in ("GATv2Conv",):
         return a
-    if name == "GATv2Conv(identity_residual)":
+    if name in ("GATv2Conv(identity_residual)", "GATConv(identity_residual,no_bias)"):
         return a if x16 else torch.float32
+    if name == "GATConv(edge_weight,bias)":
+        return torch.float32  # a + float32 bias (GATConv's explicit bias, without a linear residual)
     if name.startswith("GraphConv"):
         return a if "no_bias" in name else torch.float32  # none: a + float32 bias; right/both: float32
     if name.startswith("SAGEConv(gcn"):

@@ -20,17 +20,19 @@ EDGES = torch.tensor([[0, 1, 2, 0, 3, 1, 4, 4, 2], [1, 2, 0, 2, 1, 3, 3, 0, 4]])
 
 
 def _pyg_layers():
-    from torch_geometric.nn import GATv2Conv, GCNConv, SAGEConv, TransformerConv
+    from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, SAGEConv, TransformerConv
 
-    return {"GATv2Conv": lambda: GATv2Conv(4, 3, heads=2), "TransformerConv": lambda: TransformerConv(4, 3, heads=2),
+    return {"GATv2Conv": lambda: GATv2Conv(4, 3, heads=2), "GATConv": lambda: GATConv(4, 3, heads=2),
+            "TransformerConv": lambda: TransformerConv(4, 3, heads=2),
             "GCNConv": lambda: GCNConv(4, 3), "SAGEConv-mean": lambda: SAGEConv(4, 3),
             "SAGEConv-max": lambda: SAGEConv(4, 3, aggr="max"), "SAGEConv-min": lambda: SAGEConv(4, 3, aggr="min")}
 
 
 def _dgl_layers():
-    from dgl.nn import GATv2Conv, GraphConv, SAGEConv
+    from dgl.nn import GATConv, GATv2Conv, GraphConv, SAGEConv
 
-    return {"GATv2Conv": lambda: GATv2Conv(4, 3, 2), "GraphConv": lambda: GraphConv(4, 3),
+    return {"GATv2Conv": lambda: GATv2Conv(4, 3, 2), "GATConv": lambda: GATConv(4, 3, 2),
+            "GraphConv": lambda: GraphConv(4, 3),
             "SAGEConv-pool": lambda: SAGEConv(4, 3, "pool"), "SAGEConv-mean": lambda: SAGEConv(4, 3, "mean")}
 
 
@@ -71,8 +73,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layer", ["GATv2Conv", "TransformerConv", "GCNConv", "SAGEConv-mean", "SAGEConv-max",
-                                   "SAGEConv-min"])
+@pytest.mark.parametrize("layer", ["GATv2Conv", "GATConv", "TransformerConv", "GCNConv", "SAGEConv-mean",
+                                   "SAGEConv-max", "SAGEConv-min"])
 @pytest.mark.parametrize("bad", BAD)
 def test_pyg(pyg, device, layer, bad):
     module = _pyg_layers()[layer]().to(device)
@@ -85,7 +87,7 @@ def test_pyg(pyg, device, layer, bad):
 
 @pytest.mark.dgl
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layer", ["GATv2Conv", "GraphConv", "SAGEConv-pool", "SAGEConv-mean"])
+@pytest.mark.parametrize("layer", ["GATv2Conv", "GATConv", "GraphConv", "SAGEConv-pool", "SAGEConv-mean"])
 @pytest.mark.parametrize("bad", BAD)
 def test_dgl(dgl, device, layer, bad):
     g = dgl.add_self_loop(dgl.graph((EDGES[0], EDGES[1]), num_nodes=5))

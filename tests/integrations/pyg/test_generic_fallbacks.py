@@ -20,6 +20,12 @@ def _gatv2(**kw):
     return GATv2Conv(F_IN, 4, **kw)
 
 
+def _gat(**kw):
+    from torch_geometric.nn import GATConv
+
+    return GATConv(F_IN, 4, **kw)
+
+
 def _transformer(**kw):
     from torch_geometric.nn import TransformerConv
 
@@ -38,7 +44,7 @@ def _sage(**kw):
     return SAGEConv(F_IN, 4, aggr="max", **kw)
 
 
-LAYERS = {"GATv2Conv": _gatv2, "TransformerConv": _transformer, "GCNConv": _gcn, "SAGEConv": _sage}
+LAYERS = {"GATv2Conv": _gatv2, "GATConv": _gat, "TransformerConv": _transformer, "GCNConv": _gcn, "SAGEConv": _sage}
 HOOKS = ["forward", "forward_pre", "propagate_forward_pre", "propagate_forward", "message_forward",
          "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre", "edge_update_forward"]
 
