@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_ops --quick                    # tolokers, arxiv-like, arxiv-skewdst, roads-like
     python -m benchmarks.bench_ops --graphs pokec-like --ops gatv2_attention
+    python -m benchmarks.bench_ops --graphs pokec-like --ops gat_attention,gatv2_attention --dtypes float32,bfloat16
     python -m benchmarks.bench_ops --quick --dtypes float32,bfloat16        # + the bf16 / fp32 ratio table
     python -m benchmarks.bench_ops --quick \
         --variant "GNN_FASTPATH_GATV2_BWD=atomic GNN_FASTPATH_DOT_BWD=atomic" \
@@ -16,7 +17,7 @@ settings) reruns the ops those variables concern in a subprocess with that envir
 kernel variants chosen at import time are timed side by side with the default.
 
 ``--dtypes`` (default ``float32``) times every op once per dtype: features and outputs in
-that dtype (GATv2's ``att`` stays float32, a parameter as under autocast), the floor counted in
+that dtype (GATv2's ``att`` and GAT's scores stay float32, as under autocast), the floor counted in
 that dtype's bytes (indices int32, saved statistics fp32), and, for each 16-bit dtype next to
 float32, a table of its time over the fp32 time with the issue-10 target (<= 0.6 where the
 features do not fit in L2: ``RATIO_GRAPHS``). The reference backend is timed in float32 only;
@@ -89,6 +90,18 @@ def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1, elem: int =
         # dO, write dx_src, dx_dst; read L and G (2*N*H*4); two CSR reads.
         bwd = 3 * m * row + 4 * nodes + 2 * stat + 2 * csr
         fwd_min = 3 * nodes + stat + csr
+    elif op == "gat_attention":
+        # fwd: gather x_src[j] once per edge (M*H*D*4) and its score s_j (M*H*4: one float
+        # per head, the whole logit input of an edge), read t and write out (N*H*D*4) and L
+        # (2*N*H*4), read the CSR.
+        fwd = m * row + m * heads * F32 + nodes + 2 * stat + csr
+        # bwd (the source-major variant, the default on full graphs): a node pass reads O and
+        # dO and writes delta; the source pass gathers dO_i per edge (M*H*D*4) and three
+        # floats per (edge, head) (L_i, delta_i, t_i), adds d t_i with one float atomic per
+        # (edge, head) (read + write), reads x_src, s and the source CSR, writes dx_src and
+        # d s. Node tensors: O, dO, x_src, dx_src; stats: delta, s, d s, d t (zeroed).
+        bwd = m * row + 5 * m * heads * F32 + 4 * nodes + 4 * stat + csr
+        fwd_min = 2 * nodes + 3 * stat + csr
     elif op == "dot_attention":
         # fwd: gather k_j and v_j per edge (2*M*H*D*4), read q, write out (2*N*H*D*4),
         # write L, read the CSR.
@@ -130,8 +143,9 @@ class OpCase:
 
     def inputs(self, n: int, device, seed: int, dtype: torch.dtype = torch.float32) -> Tuple[List[torch.Tensor], Dict]:
         """Fresh random inputs (requires_grad) and keyword arguments for the call: features in
-        ``dtype`` (the same values, rounded, for every dtype of one seed); GATv2's ``att`` in
-        float32, a parameter as under autocast."""
+        ``dtype`` (the same values, rounded, for every dtype of one seed); GATv2's ``att`` and
+        GAT's per-node scores in float32, a parameter (and its float32 reductions) as under
+        autocast."""
         g = torch.Generator(device="cpu").manual_seed(seed)
 
         def rnd(*shape, scale=1.0, dt=dtype):
@@ -141,6 +155,9 @@ class OpCase:
         if self.name == "gatv2_attention":
             h, d = self.heads, self.width // self.heads
             return [rnd(n, h, d), rnd(n, h, d), rnd(h, d, scale=1 / math.sqrt(d), dt=torch.float32)], {}
+        if self.name == "gat_attention":
+            h, d = self.heads, self.width // self.heads
+            return [rnd(n, h, d), rnd(n, h, dt=torch.float32), rnd(n, h, dt=torch.float32)], {}
         if self.name == "dot_attention":
             h, d = self.heads, self.width // self.heads
             return [rnd(n, h, d), rnd(n, h, d), rnd(n, h, d)], {}
@@ -151,20 +168,21 @@ class OpCase:
         raise KeyError(self.name)
 
     def fn(self) -> Callable:
-        import gnn_fastpath
+        from gnn_fastpath import ops
 
-        return getattr(gnn_fastpath, self.name)
+        return getattr(ops, self.name)
 
 
 OPS: Dict[str, OpCase] = {c.name: c for c in [
     OpCase("gatv2_attention", 2, 128, "H=2 D=64", 8),
+    OpCase("gat_attention", 2, 128, "H=2 D=64", 6),
     OpCase("dot_attention", 4, 512, "H=4 D=128", 10),
     OpCase("spmm", 1, 512, "F=512 norm=both", 4),
     OpCase("segment_reduce", 1, 512, "F=512 max", 4),
 ]}
 
 #: Which ops an environment variable concerns (variant runs rerun only those).
-ENV_OPS = {"GATV2": ["gatv2_attention"], "DOT": ["dot_attention"], "SPMM": ["spmm"],
+ENV_OPS = {"GATV2": ["gatv2_attention"], "GAT_": ["gat_attention"], "DOT": ["dot_attention"], "SPMM": ["spmm"],
            "SEGMENT": ["segment_reduce"], "REDUCE": ["segment_reduce"]}
 
 

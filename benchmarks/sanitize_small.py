@@ -8,10 +8,11 @@ and gradient with the reference backend, so it doubles as a quick GPU smoke test
 The graphs have what kernels get wrong: destinations without in-edges, self loops,
 duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
 "heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
-backward variants (atomic, transposed). Every case runs per feature dtype (float32, bfloat16,
-float16; ``SANITIZE_DTYPES`` picks): 16-bit features with float32 parameters and edge weights,
-as under autocast, and the attention ops also with ``out_dtype=torch.float32``. Exit status 1
-when a case raised or mismatched.
+backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings).
+Every case runs per feature dtype (float32, bfloat16, float16; ``SANITIZE_DTYPES`` picks):
+16-bit features with float32 parameters, scores and edge weights, as under autocast, and the
+attention ops also with ``out_dtype=torch.float32``. Exit status 1 when a case raised or
+mismatched.
 
     python3 benchmarks/sanitize_small.py                       # GPU, compared with the reference
     SANITIZE_DEVICE=cpu python3 benchmarks/sanitize_small.py    # dry run of the harness on the CPU
@@ -71,10 +72,11 @@ def rnd(*shape, scale=1.0, grad=True, dtype=torch.float32):
 
 
 def set_attention_variant(kind: str) -> None:
-    """Backward variant of both attention ops (env read per call by dot, module attribute
-    read per call by GATv2; harmless where a variant does not exist)."""
+    """Backward variant of the attention ops (settings read per call; harmless where a
+    variant does not exist)."""
     os.environ["GNN_FASTPATH_DOT_BWD"] = kind
     os.environ["GNN_FASTPATH_GATV2_BWD"] = kind
+    os.environ["GNN_FASTPATH_GAT_BWD"] = kind
     try:
         from gnn_fastpath.cuda import gatv2
 
@@ -146,12 +148,19 @@ def run_graph(gname: str, g, dtype: torch.dtype) -> None:
             run_case(f"dot {tag}", "dot_attention",
                      lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v),
                      [feat(nd, h, d), feat(ns, h, d), feat(ns, h, d)])
+            run_case(f"gat {tag}", "gat_attention",
+                     lambda xs, s, t: gops.gat_attention(g, xs, s, t),
+                     [feat(ns, h, d), rnd(ns, h), rnd(nd, h)])
         tag = f"{gname} {dt} H2 D64 bwd={variant}"
         if dtype != torch.float32:  # 16-bit features, float32 results (what PyG layers get under autocast)
             run_case(f"gatv2 out_dtype=float32 {tag}", "gatv2_attention",
                      lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, return_attention=True,
                                                                    out_dtype=torch.float32),
                      [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)])
+            run_case(f"gat out_dtype=float32 16-bit scores {tag}", "gat_attention",
+                     lambda xs, s, t: gops.gat_attention(g, xs, s, t, return_attention=True,
+                                                         out_dtype=torch.float32),
+                     [feat(ns, 2, 64), feat(ns, 2), feat(nd, 2)])
             run_case(f"dot out_dtype=float32 {tag}", "dot_attention",
                      lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, return_attention=True,
                                                                out_dtype=torch.float32),
@@ -159,6 +168,9 @@ def run_graph(gname: str, g, dtype: torch.dtype) -> None:
         run_case(f"gatv2 edge_term+attention {tag}", "gatv2_attention",
                  lambda xs, xd, a, et: gnn_fastpath.gatv2_attention(g, xs, xd, a, edge_term=et, return_attention=True),
                  [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125), feat(m, 2, 64)])
+        run_case(f"gat edge_score+edge_weight+attention {tag}", "gat_attention",
+                 lambda xs, s, t, u, w: gops.gat_attention(g, xs, s, t, u, return_attention=True, edge_weight=w),
+                 [feat(ns, 2, 64), rnd(ns, 2), rnd(nd, 2), rnd(m, 2), torch.rand(m, device=DEVICE).requires_grad_()])
         run_case(f"dot edge_term+attention {tag}", "dot_attention",
                  lambda q, k, v, et: gnn_fastpath.dot_attention(g, q, k, v, edge_term=et, return_attention=True),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64), feat(m, 2, 64)])
@@ -166,6 +178,11 @@ def run_graph(gname: str, g, dtype: torch.dtype) -> None:
         run_case(f"gatv2 dropout {tag}", "gatv2_attention",
                  lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, dropout=0.2, return_attention="dropped"),
                  [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)], compare=False)
+        run_case(f"gat dropout {tag}", "gat_attention",
+                 lambda xs, s, t, w: gops.gat_attention(g, xs, s, t, dropout=0.2, return_attention="dropped",
+                                                        edge_weight=w),
+                 [feat(ns, 2, 64), rnd(ns, 2), rnd(nd, 2), torch.rand(m, device=DEVICE).requires_grad_()],
+                 compare=False)
         run_case(f"dot dropout {tag}", "dot_attention",
                  lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, dropout=0.2),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], compare=False)

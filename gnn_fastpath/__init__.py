@@ -8,7 +8,7 @@ Imports with nothing but torch and numpy: CuPy, a GPU, DGL and PyG are all optio
 from . import cuda, ops
 from .graph import Graph
 from .integrations import register_graph_adapters
-from .ops import dot_attention, gatv2_attention, segment_reduce, spmm
+from .ops import dot_attention, gat_attention, gatv2_attention, segment_reduce, spmm
 from .stats import FastpathFallbackWarning, reset_stats, stats
 from .switch import disable, enable, enabled, is_enabled
 
@@ -17,5 +17,5 @@ register_graph_adapters()  # Graph.of(DGL graph / PyG EdgeIndex); imports neithe
 __version__ = "0.1.0"
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "reset_stats",
-           "FastpathFallbackWarning", "Graph", "gatv2_attention", "dot_attention", "spmm",
+           "FastpathFallbackWarning", "Graph", "gat_attention", "gatv2_attention", "dot_attention", "spmm",
            "segment_reduce", "cuda", "ops", "__version__"]

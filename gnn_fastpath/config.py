@@ -91,6 +91,10 @@ SETTINGS = (
     Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed (empty: by graph)",
             "dot attention backward: dk/dv by atomics or a source-major pass; empty picks by mean out-degree",
             _optional_choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_GAT_BWD", "", "atomic, transposed (empty: by graph)",
+            "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
+            "out-degree",
+            _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_SPMM_BWD", "auto", "auto, transposed, flag",
             "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag; auto: "
             "the flag on a graph's first backward, the transpose once the graph is used again",

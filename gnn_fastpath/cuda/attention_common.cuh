@@ -1,5 +1,7 @@
-// Device helpers the two attention families share (GATv2, dot-product): the online softmax
-// state and the Philox dropout multiplier. Built on common.cuh.
+// Device helpers the attention families share: the online softmax state and the Philox
+// dropout multiplier (GATv2, GAT, dot-product), and the head-row lane layout with its
+// per-item finishing steps, chunk merge, attention-weight and delta_alpha passes of the
+// row-attention kernels (GATv2, GAT). Built on common.cuh.
 //
 // NVRTC compiles these sources with no host headers: only builtin types and CUDA
 // intrinsics here. The loader inlines `#include "x.cuh"` lines before compiling.
@@ -110,4 +112,365 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
                                                   unsigned int edge, unsigned int head) {
     if (p <= 0.f) return 1.f;
     return gf_philox_uniform(seed, offset, edge, head) >= p ? 1.f / (1.f - p) : 0.f;
+}
+
+// Online-softmax fold of one chunk's (m, l, acc) of a single column into a running state.
+__device__ __forceinline__ void gf_softmax_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {
+    GfSoftmaxState other;
+    other.m = m2;
+    other.l = l2;
+    float f1, f2;
+    gf_softmax_merge(st, other, f1, f2);
+    acc = acc * f1 + acc2 * f2;
+}
+
+__device__ __forceinline__ float gf_lrelu(float z, float slope) { return z > 0.f ? z : z * slope; }
+
+// Whether storage type T is float (then gradients of split rows are added into the output
+// itself; 16-bit outputs get a float scratch instead). NVRTC has no <type_traits>.
+template <typename T>
+struct GfIsFloat {
+    static constexpr bool value = false;
+};
+template <>
+struct GfIsFloat<float> {
+    static constexpr bool value = true;
+};
+
+// =======================================================================================
+// Row attention (GATv2, GAT): one warp per (work item, head tile) over destination-major (or,
+// for source-major backward passes, source-major) CSR rows.
+//
+// Lane mapping (template <VW, LH, K, DC>). A head's D columns are covered by LH lanes (a
+// power of two); lane l of a head holds K vectors of VW elements (float: VW = 4, float4 loads,
+// or VW = 1, the scalar path for any D; 16-bit: VW = 8, 16-byte loads, down to 4/2/1 as D and
+// the alignment allow), at columns (l + LH * k) * VW. D is a multiple of VW, so a vector is
+// either wholly inside the row or wholly masked. DC is the compile-time D of a specialised
+// path (0: runtime D, columns past D masked). The warp holds G = 32 / LH lane groups; with
+// HT = min(H, G) heads per tile, the G groups form ES = G / HT edge slots that walk
+// interleaved edges of the same row (small H*D rows still use the whole warp), and rows with
+// H > G are covered by ceil(H / HT) tiles, each its own warp. Shuffles are only ever executed
+// by all 32 lanes: loop trip counts are warp-uniform, inactive lanes and tail edges carry
+// zeros / -inf instead of branching around the shuffles.
+
+template <int VW, int LH, int K, int DC>
+struct GfRow {
+    static constexpr int KV = K * VW;
+
+    __device__ static __forceinline__ int col(int l, int k) { return (l + LH * k) * VW; }
+    __device__ static __forceinline__ bool ok(int l, int k, int D) { return DC > 0 || col(l, k) < D; }
+
+    // r <- base[columns of lane l] as float (zeros where masked or when !on).
+    template <typename T>
+    __device__ static __forceinline__ void load(float (&r)[KV], const T* __restrict__ base, int l, int D, bool on) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (on && ok(l, k, D)) {
+                gf_load<VW>(r + VW * k, base + col(l, k));
+            } else {
+#pragma unroll
+                for (int t = 0; t < VW; ++t) r[VW * k + t] = 0.f;
+            }
+        }
+    }
+
+    // base[columns of lane l] <- r, rounded once to T.
+    template <typename T>
+    __device__ static __forceinline__ void store(T* __restrict__ base, const float (&r)[KV], int l, int D) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (ok(l, k, D)) gf_store<VW>(base + col(l, k), r + VW * k);
+        }
+    }
+
+    __device__ static __forceinline__ void atomic_add(float* base, const float (&r)[KV], int l, int D) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (ok(l, k, D)) gf_atomic_add<VW>(base + col(l, k), r + VW * k);
+        }
+    }
+
+    // Sum over the row of a[c] * b[c] (this lane's columns; gf_group_sum<LH> completes it).
+    __device__ static __forceinline__ float dot(const float (&a)[KV], const float (&b)[KV]) {
+        float part = 0.f;
+#pragma unroll
+        for (int k = 0; k < KV; ++k) part = fmaf(a[k], b[k], part);
+        return part;
+    }
+};
+
+// Lane roles inside the warp for one head tile: lane, l (column lane within the head), s (edge
+// slot), ES (slots), HT (heads per tile), head, hh (head within the tile), on (the lane holds
+// a real (slot, head)).
+struct GfLane {
+    int lane, l, s, ES, HT, head, hh;
+    bool on;
+};
+
+template <int LH>
+__device__ __forceinline__ GfLane gf_lane(int H, int tile) {
+    constexpr int G = 32 / LH;
+    GfLane r;
+    r.lane = threadIdx.x & 31;
+    r.HT = H < G ? H : G;
+    r.ES = G / r.HT;
+    const int grp = r.lane / LH;
+    r.l = r.lane % LH;
+    r.s = grp / r.HT;
+    r.hh = grp % r.HT;
+    r.head = tile * r.HT + r.hh;
+    r.on = r.s < r.ES && r.head < H;
+    return r;
+}
+
+// Source lane of edge slot t for this lane's (head, column) position (clamped: only slot-0
+// lanes use what they receive, and for them the source is always inside the warp).
+__device__ __forceinline__ int gf_slot_src(const GfLane& ln, int t, int LH) {
+    const int src = ln.lane + t * ln.HT * LH;
+    return src < 32 ? src : ln.lane;
+}
+
+// Sum of the edge slots' copies of a[KV] into slot 0 (the other slots keep theirs).
+template <int KV, int LH>
+__device__ __forceinline__ void gf_sum_slots(float (&a)[KV], const GfLane& ln) {
+    for (int t = 1; t < ln.ES; ++t) {
+        const int src = gf_slot_src(ln, t, LH);
+#pragma unroll
+        for (int k = 0; k < KV; ++k) {
+            const float a2 = __shfl_sync(GF_FULL_MASK, a[k], src);
+            if (ln.s == 0) a[k] += a2;
+        }
+    }
+}
+
+// The same for two arrays at once (their shuffles interleaved).
+template <int KV, int LH>
+__device__ __forceinline__ void gf_sum_slots(float (&a)[KV], float (&b)[KV], const GfLane& ln) {
+    for (int t = 1; t < ln.ES; ++t) {
+        const int src = gf_slot_src(ln, t, LH);
+#pragma unroll
+        for (int k = 0; k < KV; ++k) {
+            const float a2 = __shfl_sync(GF_FULL_MASK, a[k], src);
+            const float b2 = __shfl_sync(GF_FULL_MASK, b[k], src);
+            if (ln.s == 0) {
+                a[k] += a2;
+                b[k] += b2;
+            }
+        }
+    }
+}
+
+// Merge the edge slots' online-softmax states and accumulators into slot 0.
+template <int KV, int LH>
+__device__ __forceinline__ void gf_merge_slots(GfSoftmaxState& st, float (&acc)[KV], const GfLane& ln) {
+    for (int t = 1; t < ln.ES; ++t) {
+        const int src = gf_slot_src(ln, t, LH);
+        GfSoftmaxState other;
+        other.m = __shfl_sync(GF_FULL_MASK, st.m, src);
+        other.l = __shfl_sync(GF_FULL_MASK, st.l, src);
+        float a2[KV];
+#pragma unroll
+        for (int k = 0; k < KV; ++k) a2[k] = __shfl_sync(GF_FULL_MASK, acc[k], src);
+        if (ln.s == 0) {
+            float f1, f2;
+            gf_softmax_merge(st, other, f1, f2);
+#pragma unroll
+            for (int k = 0; k < KV; ++k) acc[k] = acc[k] * f1 + a2[k] * f2;
+        }
+    }
+}
+
+// Forward, end of one item (slot-0 lanes of real heads only; hoff = head * D): an unsplit row (slot < 0)
+// stores out = acc / l and lse; a chunk of a split row stores its unnormalised state (acc,
+// m, l) to workspace slot `slot` (merged by gf_merge_chunks). A row whose logits were all
+// -inf gets NaN (torch's softmax does), a row without edges zeros and lse = -inf.
+template <typename R, typename TO>
+__device__ __forceinline__ void gf_fwd_finish(const GfLane& ln, const GfSoftmaxState& st, float (&acc)[R::KV], int row,
+                                              int start, int end, int slot, int H, int D, int hoff,
+                                              TO* __restrict__ out, float* __restrict__ lse,
+                                              float* __restrict__ part_acc, float* __restrict__ part_m,
+                                              float* __restrict__ part_l) {
+    const int HD = H * D;
+    if (slot < 0) {
+        // l == 0 with edges: every logit was -inf, which torch's softmax turns into NaN
+        const bool all_neg_inf = st.l == 0.f && end > start;
+        const float inv = st.l != 0.f ? 1.f / st.l : (all_neg_inf ? __int_as_float(0x7fc00000) : 0.f);
+#pragma unroll
+        for (int k = 0; k < R::KV; ++k) acc[k] *= inv;
+        R::store(out + (long long)row * HD + hoff, acc, ln.l, D);
+        if (ln.l == 0) lse[(long long)row * H + ln.head] = all_neg_inf ? inv : gf_softmax_lse(st);
+    } else {
+        R::store(part_acc + (long long)slot * HD + hoff, acc, ln.l, D);
+        if (ln.l == 0) {
+            part_m[(long long)slot * H + ln.head] = st.m;
+            part_l[(long long)slot * H + ln.head] = st.l;
+        }
+    }
+}
+
+// Backward, end of one item (slot-0 lanes of real heads only): a gradient row g of node
+// `row`. Unsplit rows store it (T); chunks of split rows add it into `dst` itself when T is
+// float (its split rows zeroed by the launcher), else into the float scratch `acc` at row
+// acc_index[slot] (a zeroed [n_split, H, D] buffer the launcher casts into dst).
+template <typename R, typename T>
+__device__ __forceinline__ void gf_store_row_grad(T* dst, float* acc, const int* __restrict__ acc_index,
+                                                  const float (&g)[R::KV], const GfLane& ln, int row, int slot,
+                                                  int HD, int hoff, int D) {
+    if (slot < 0) {
+        R::store(dst + (long long)row * HD + hoff, g, ln.l, D);
+    } else {
+        if constexpr (GfIsFloat<T>::value) R::atomic_add(dst + (long long)row * HD + hoff, g, ln.l, D);
+        else R::atomic_add(acc + (long long)acc_index[slot] * HD + hoff, g, ln.l, D);
+    }
+}
+
+// Dropout multipliers ds[u] for the U edges this lane's slot takes in one step (rounds r0 ..
+// r0 + U - 1 of a batch of nb <= 32 edges whose caller ids lane q holds in my_pe), for its
+// head. Each (edge, head) pair is drawn once: pair (u, g) of lane group g is computed by lane
+// (u % LH) * G + g in pass u / LH, and the LH lanes of the head get it by shuffles, instead of
+// every lane of the head running Philox for it. Pairs outside the row get 1.
+template <int U, int LH>
+__device__ __forceinline__ void gf_step_dropout(float (&ds)[U], const GfLane& ln, int my_pe, int r0, int rounds,
+                                                int nb, int H, int tile, float p, unsigned long long seed,
+                                                unsigned long long offset) {
+    constexpr int G = 32 / LH;
+    constexpr int NP = (U + LH - 1) / LH;
+    const int grp = ln.lane % G;  // the lane group whose pairs this lane draws
+    const int ps = grp / ln.HT;
+    const int ph = tile * ln.HT + grp % ln.HT;
+    float mine[NP];
+#pragma unroll
+    for (int c = 0; c < NP; ++c) {
+        const int u = c * LH + ln.lane / G;
+        const int q = (r0 + u) * ln.ES + ps;
+        const bool ok = u < U && ps < ln.ES && ph < H && (r0 + u) < rounds && q < nb;
+        const int pe = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
+        const float d = gf_dropout_scale(p, seed, offset, (unsigned)pe, (unsigned)ph);
+        mine[c] = ok ? d : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) ds[u] = __shfl_sync(GF_FULL_MASK, mine[u / LH], (u % LH) * G + ln.lane / LH);
+}
+
+// Sum of v over the heads of this lane's tile that share its edge slot; meaningful in the
+// lanes of the tile's first head (hh == 0), which read lanes + k * LH, k < HT.
+template <int LH>
+__device__ __forceinline__ float gf_tile_head_sum(float v, const GfLane& ln) {
+    float sum = v;
+    for (int k = 1; k < ln.HT; ++k) {  // warp-uniform trip count
+        const int src = ln.lane + k * LH;
+        sum += __shfl_sync(GF_FULL_MASK, v, src < 32 ? src : ln.lane);
+    }
+    return sum;
+}
+
+// ---------------------------------------------------------------------------------------
+// Merge the chunk states of split rows. split[r] = (row, first slot, number of chunks, 0).
+// Block (x, y) = (split row, 32-column tile), both grid-stride. Warp w folds chunks
+// w, w + nwarps, ... of its 32 columns with an online (m, l, acc) merge, loading
+// GF_MERGE_AHEAD chunks ahead of folding them, then warp 0 folds the warps' states from
+// shared memory. Needs blockDim.x == THREADS.
+#define GF_MERGE_AHEAD 4
+
+template <typename TO, int THREADS>
+__device__ __forceinline__ void gf_merge_chunks(const int4* __restrict__ split, int n_split,
+                                                const float* __restrict__ part_acc, const float* __restrict__ part_m,
+                                                const float* __restrict__ part_l, int H, int D,
+                                                TO* __restrict__ out, float* __restrict__ lse) {
+    constexpr int WARPS = THREADS / 32;
+    __shared__ float sm_m[WARPS][32], sm_l[WARPS][32], sm_a[WARPS][32];
+    const int HD = H * D;
+    const int n_ctiles = (HD + 31) / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = blockIdx.x; r < n_split; r += gridDim.x) {
+        const int4 sp = split[r];
+        const int row = sp.x, first = sp.y, n = sp.z;
+        for (int t = blockIdx.y; t < n_ctiles; t += gridDim.y) {  // block-uniform loops
+            const int c = t * 32 + lane;
+            const bool on = c < HD;
+            const int h = on ? c / D : 0;
+            GfSoftmaxState st = gf_softmax_init();
+            float acc = 0.f;
+            for (int k0 = warp; k0 < n; k0 += WARPS * GF_MERGE_AHEAD) {
+                float m2[GF_MERGE_AHEAD], l2[GF_MERGE_AHEAD], a2[GF_MERGE_AHEAD];
+#pragma unroll
+                for (int u = 0; u < GF_MERGE_AHEAD; ++u) {
+                    const int k = k0 + u * WARPS;
+                    const long long s = (long long)first + k;
+                    const bool ok = on && k < n;
+                    m2[u] = ok ? part_m[s * H + h] : GF_NEG_INF;
+                    l2[u] = ok ? part_l[s * H + h] : 0.f;
+                    a2[u] = ok ? part_acc[s * HD + c] : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < GF_MERGE_AHEAD; ++u) gf_softmax_fold(st, acc, m2[u], l2[u], a2[u]);
+            }
+            sm_m[warp][lane] = st.m;
+            sm_l[warp][lane] = st.l;
+            sm_a[warp][lane] = acc;
+            __syncthreads();
+            if (warp == 0 && on) {
+                for (int w = 1; w < WARPS; ++w) gf_softmax_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
+                // split rows have edges: l == 0 means every logit was -inf (torch: NaN)
+                const float nan = __int_as_float(0x7fc00000);
+                gf_st(out + (long long)row * HD + c, st.l != 0.f ? acc / st.l : nan);
+                if (c == h * D) lse[(long long)row * H + h] = st.l != 0.f ? gf_softmax_lse(st) : nan;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// alpha[caller edge, h] <- exp(logits[caller edge, h] - lse[row, h]) (times the dropout
+// multiplier and, when given, edge_weight[caller edge] when `dropped`), from the raw logits the
+// forward wrote. For TO = float the launcher passes one buffer as both (in place: each element
+// is read, then written, by one thread), hence no __restrict__ on them. One warp per work item.
+template <typename TO>
+__device__ __forceinline__ void gf_alpha_from_logits(const int4* __restrict__ items, long long n_items,
+                                                     const int* __restrict__ perm, const float* __restrict__ lse,
+                                                     int H, float p, unsigned long long seed,
+                                                     unsigned long long offset, int dropped, const float* logits,
+                                                     TO* alpha, const float* __restrict__ edge_weight) {
+    const int lane = threadIdx.x & 31;
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
+        const int4 it = items[w];
+        for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
+            const int pe = perm[e];
+            const float ew = (dropped && edge_weight != nullptr) ? edge_weight[pe] : 1.f;
+            for (int h = 0; h < H; ++h) {
+                const long long o = (long long)pe * H + h;
+                float v = __expf(logits[o] - lse[(long long)it.x * H + h]);
+                if (dropped) v *= gf_dropout_scale(p, seed, offset, (unsigned)pe, (unsigned)h) * ew;
+                gf_st(alpha + o, v);
+            }
+        }
+    }
+}
+
+// delta_alpha[row, h] = sum over the row's edges of alpha_out[e, h] * grad_alpha[e, h] (caller
+// order): the softmax-gradient term contributed by a gradient on the returned attention. Rows
+// split into chunks accumulate with atomics (delta_alpha must be zeroed). One warp per work item.
+template <typename TO>
+__device__ __forceinline__ void gf_delta_alpha(const int4* __restrict__ items, long long n_items,
+                                               const int* __restrict__ perm, const TO* __restrict__ alpha,
+                                               const TO* __restrict__ grad_alpha, int H,
+                                               float* __restrict__ delta_alpha) {
+    const int lane = threadIdx.x & 31;
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
+        const int4 it = items[w];
+        for (int h = 0; h < H; ++h) {
+            float sum = 0.f;
+            for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
+                const long long o = (long long)perm[e] * H + h;
+                sum = fmaf(gf_to_float(alpha[o]), gf_to_float(grad_alpha[o]), sum);
+            }
+            sum = gf_group_sum<32>(sum);
+            if (lane == 0 && it.z > it.y) {
+                if (it.w < 0) delta_alpha[(long long)it.x * H + h] = sum;
+                else atomicAdd(delta_alpha + (long long)it.x * H + h, sum);
+            }
+        }
+    }
 }

@@ -19,19 +19,10 @@
 // 16-bit tensors accumulate in float scratch and the launcher casts them once: adding into
 // 16-bit memory would round at every atomic). Stores to TI/TO round once, to nearest even.
 //
-// Lane mapping (template <VW, LH, K, DC, U>). One warp per (item, head tile). A head's D
-// columns are covered by LH lanes (a power of two); lane l of a head holds K vectors of VW
-// elements (float: VW = 4, float4 loads, or VW = 1, the scalar path for any D; 16-bit: VW = 8,
-// 16-byte loads, down to 4/2/1 as D and the alignment allow), at columns (l + LH * k) * VW.
-// D is a multiple of VW, so a vector is either wholly inside the row or wholly masked. DC is the compile-time D of a specialised path (0: runtime
-// D, columns past D masked). The warp holds G = 32 / LH lane groups; with HT = min(H, G)
-// heads per tile, the G groups form ES = G / HT edge slots that walk interleaved edges of
-// the same row (small H*D rows still use the whole warp), and rows with H > G are covered
-// by ceil(H / HT) tiles, each its own warp. Per head, the logit needs a sum over the LH
-// lanes (gf_group_sum); the U edges of one step are loaded before any is used (memory-
-// level parallelism). Shuffles are only ever executed by all 32 lanes: loop trip counts
-// are warp-uniform, inactive lanes and tail edges carry zeros / -inf instead of branching
-// around the shuffles.
+// Lane mapping (template <VW, LH, K, DC, U>): the row-attention layout of attention_common.cuh
+// (GfRow, gf_lane: LH lanes per head, K vectors of VW elements per lane, HT heads per tile,
+// ES edge slots). Per head, the logit needs a sum over the LH lanes (gf_group_sum); the U
+// edges of one step are loaded before any is used (memory-level parallelism).
 #include "attention_common.cuh"
 
 // Block sizes come from the launcher (-D defines), so Python and CUDA agree on them.
@@ -41,85 +32,6 @@
 #ifndef GATV2_MERGE_THREADS
 #error "GATV2_MERGE_THREADS must be defined by the launcher"
 #endif
-
-template <int VW, int LH, int K, int DC>
-struct Gatv2Row {
-    static constexpr int KV = K * VW;
-
-    __device__ static __forceinline__ int col(int l, int k) { return (l + LH * k) * VW; }
-    __device__ static __forceinline__ bool ok(int l, int k, int D) { return DC > 0 || col(l, k) < D; }
-
-    // r <- base[columns of lane l] as float (zeros where masked or when !on).
-    template <typename T>
-    __device__ static __forceinline__ void load(float (&r)[KV], const T* __restrict__ base, int l, int D, bool on) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (on && ok(l, k, D)) {
-                gf_load<VW>(r + VW * k, base + col(l, k));
-            } else {
-#pragma unroll
-                for (int t = 0; t < VW; ++t) r[VW * k + t] = 0.f;
-            }
-        }
-    }
-
-    // base[columns of lane l] <- r, rounded once to T.
-    template <typename T>
-    __device__ static __forceinline__ void store(T* __restrict__ base, const float (&r)[KV], int l, int D) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (ok(l, k, D)) gf_store<VW>(base + col(l, k), r + VW * k);
-        }
-    }
-
-    __device__ static __forceinline__ void atomic_add(float* base, const float (&r)[KV], int l, int D) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (ok(l, k, D)) gf_atomic_add<VW>(base + col(l, k), r + VW * k);
-        }
-    }
-};
-
-__device__ __forceinline__ float gatv2_lrelu(float z, float slope) { return z > 0.f ? z : z * slope; }
-
-// Whether storage type T is float (then gradients of split rows are added into the output
-// itself; 16-bit outputs get a float scratch instead). NVRTC has no <type_traits>.
-template <typename T>
-struct Gatv2IsFloat {
-    static constexpr bool value = false;
-};
-template <>
-struct Gatv2IsFloat<float> {
-    static constexpr bool value = true;
-};
-
-// Lane roles inside the warp for one head tile (see the header comment).
-struct Gatv2Lane {
-    int lane, l, s, ES, HT, head;
-    bool on;
-};
-
-template <int LH>
-__device__ __forceinline__ Gatv2Lane gatv2_lane(int H, int tile) {
-    constexpr int G = 32 / LH;
-    Gatv2Lane r;
-    r.lane = threadIdx.x & 31;
-    r.HT = H < G ? H : G;
-    r.ES = G / r.HT;
-    const int grp = r.lane / LH;
-    r.l = r.lane % LH;
-    r.s = grp / r.HT;
-    r.head = tile * r.HT + grp % r.HT;
-    r.on = r.s < r.ES && r.head < H;
-    return r;
-}
-
-// Source lane of edge slot t for this lane's (head, column) position (clamped: only slot-0
-// lanes use what they receive, and for them the source is always inside the warp).
-__device__ __forceinline__ int gatv2_slot_src(const Gatv2Lane& ln, int t, int LH) {
-    const int src = ln.lane + t * ln.HT * LH;
-    return src < 32 ? src : ln.lane;
-}
 
 // =======================================================================================
 // Forward: one streaming pass per item, online softmax, weighted sum of x_src rows.
@@ -138,7 +50,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
           TO* __restrict__ out, float* __restrict__ lse,
           float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
           float* __restrict__ logits) {
-    using R = Gatv2Row<VW, LH, K, DC>;
+    using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
     const int HD = H * D;  // < 2**31 (checked by the launcher)
@@ -150,7 +62,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
         const int tile = (int)(w - item * n_tiles);
         const int4 it = items[item];
         const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const GfLane ln = gf_lane<LH>(H, tile);
         const int l = ln.l, s = ln.s, ES = ln.ES;
         const int hoff = (ln.on ? ln.head : 0) * D;
 
@@ -186,7 +98,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                     for (int k = 0; k < KV; ++k) {
                         float z = xs[u][k] + xd[k];
                         if constexpr (ET) z += et[u][k];
-                        part = fmaf(a[k], gatv2_lrelu(z, slope), part);
+                        part = fmaf(a[k], gf_lrelu(z, slope), part);
                     }
                     const float e = gf_group_sum<LH>(part);
                     c[u] = v[u] ? e : GF_NEG_INF;
@@ -216,107 +128,19 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
             }
         }
 
-        // Merge the edge slots into slot 0.
-        for (int t = 1; t < ES; ++t) {
-            const int src = gatv2_slot_src(ln, t, LH);
-            GfSoftmaxState other;
-            other.m = __shfl_sync(GF_FULL_MASK, st.m, src);
-            other.l = __shfl_sync(GF_FULL_MASK, st.l, src);
-            float a2[KV];
-#pragma unroll
-            for (int k = 0; k < KV; ++k) a2[k] = __shfl_sync(GF_FULL_MASK, acc[k], src);
-            if (s == 0) {
-                float f1, f2;
-                gf_softmax_merge(st, other, f1, f2);
-#pragma unroll
-                for (int k = 0; k < KV; ++k) acc[k] = acc[k] * f1 + a2[k] * f2;
-            }
-        }
-
-        if (ln.on && s == 0) {
-            if (slot < 0) {
-                // l == 0 with edges: every logit was -inf, which torch's softmax turns into NaN
-                const bool all_neg_inf = st.l == 0.f && end > start;
-                const float inv = st.l != 0.f ? 1.f / st.l : (all_neg_inf ? __int_as_float(0x7fc00000) : 0.f);
-#pragma unroll
-                for (int k = 0; k < KV; ++k) acc[k] *= inv;
-                R::store(out + (long long)row * HD + hoff, acc, l, D);
-                if (l == 0) lse[(long long)row * H + ln.head] = all_neg_inf ? inv : gf_softmax_lse(st);
-            } else {
-                R::store(part_acc + (long long)slot * HD + hoff, acc, l, D);
-                if (l == 0) {
-                    part_m[(long long)slot * H + ln.head] = st.m;
-                    part_l[(long long)slot * H + ln.head] = st.l;
-                }
-            }
-        }
+        gf_merge_slots<KV, LH>(st, acc, ln);
+        if (ln.on && s == 0) gf_fwd_finish<R>(ln, st, acc, row, start, end, slot, H, D, hoff, out, lse, part_acc, part_m,
+                                                 part_l);
     }
 }
 
-// Merge the chunk states of split rows. split[r] = (row, first slot, number of chunks, 0).
-// Block (x, y) = (split row, 32-column tile), both grid-stride. Warp w folds chunks
-// w, w + nwarps, ... of its 32 columns with an online (m, l, acc) merge, loading 4 chunks
-// ahead of folding them, then warp 0 folds the warps' states from shared memory. Needs
-// blockDim.x == GATV2_MERGE_THREADS.
-#define GATV2_MERGE_WARPS (GATV2_MERGE_THREADS / 32)
-#define GATV2_MERGE_AHEAD 4
-
-// Fold one chunk's (m, l, acc) of a single column into the running state of that column.
-__device__ __forceinline__ void gatv2_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {
-    GfSoftmaxState other;
-    other.m = m2;
-    other.l = l2;
-    float f1, f2;
-    gf_softmax_merge(st, other, f1, f2);
-    acc = acc * f1 + acc2 * f2;
-}
-
+// Merge the chunk states of split rows (gf_merge_chunks). Needs blockDim.x == GATV2_MERGE_THREADS.
 template <typename TO>
 __global__ void __launch_bounds__(GATV2_MERGE_THREADS)
 gatv2_fwd_merge(const int4* __restrict__ split, int n_split, const float* __restrict__ part_acc,
                 const float* __restrict__ part_m, const float* __restrict__ part_l, int H, int D,
                 TO* __restrict__ out, float* __restrict__ lse) {
-    __shared__ float sm_m[GATV2_MERGE_WARPS][32], sm_l[GATV2_MERGE_WARPS][32], sm_a[GATV2_MERGE_WARPS][32];
-    const int HD = H * D;
-    const int n_ctiles = (HD + 31) / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int r = blockIdx.x; r < n_split; r += gridDim.x) {
-        const int4 sp = split[r];
-        const int row = sp.x, first = sp.y, n = sp.z;
-        for (int t = blockIdx.y; t < n_ctiles; t += gridDim.y) {  // block-uniform loops
-            const int c = t * 32 + lane;
-            const bool on = c < HD;
-            const int h = on ? c / D : 0;
-            GfSoftmaxState st = gf_softmax_init();
-            float acc = 0.f;
-            for (int k0 = warp; k0 < n; k0 += GATV2_MERGE_WARPS * GATV2_MERGE_AHEAD) {
-                float m2[GATV2_MERGE_AHEAD], l2[GATV2_MERGE_AHEAD], a2[GATV2_MERGE_AHEAD];
-#pragma unroll
-                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) {
-                    const int k = k0 + u * GATV2_MERGE_WARPS;
-                    const long long s = (long long)first + k;
-                    const bool ok = on && k < n;
-                    m2[u] = ok ? part_m[s * H + h] : GF_NEG_INF;
-                    l2[u] = ok ? part_l[s * H + h] : 0.f;
-                    a2[u] = ok ? part_acc[s * HD + c] : 0.f;
-                }
-#pragma unroll
-                for (int u = 0; u < GATV2_MERGE_AHEAD; ++u) gatv2_fold(st, acc, m2[u], l2[u], a2[u]);
-            }
-            sm_m[warp][lane] = st.m;
-            sm_l[warp][lane] = st.l;
-            sm_a[warp][lane] = acc;
-            __syncthreads();
-            if (warp == 0 && on) {
-                for (int w = 1; w < GATV2_MERGE_WARPS; ++w) gatv2_fold(st, acc, sm_m[w][lane], sm_l[w][lane], sm_a[w][lane]);
-                // split rows have edges: l == 0 means every logit was -inf (torch: NaN)
-                const float nan = __int_as_float(0x7fc00000);
-                gf_st(out + (long long)row * HD + c, st.l != 0.f ? acc / st.l : nan);
-                if (c == h * D) lse[(long long)row * H + h] = st.l != 0.f ? gf_softmax_lse(st) : nan;
-            }
-            __syncthreads();
-        }
-    }
+    gf_merge_chunks<TO, GATV2_MERGE_THREADS>(split, n_split, part_acc, part_m, part_l, H, D, out, lse);
 }
 
 // alpha[caller edge, h] <- exp(logits[caller edge, h] - lse[row, h]) (times the dropout
@@ -329,20 +153,7 @@ __global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long lon
                                         int H, float p, unsigned long long seed,
                                         unsigned long long offset, int dropped, const float* logits,
                                         TO* alpha) {
-    const int lane = threadIdx.x & 31;
-    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
-        const int4 it = items[w];
-        for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
-            const int pe = perm[e];
-            for (int h = 0; h < H; ++h) {
-                const long long o = (long long)pe * H + h;
-                float v = __expf(logits[o] - lse[(long long)it.x * H + h]);
-                if (dropped) v *= gf_dropout_scale(p, seed, offset, (unsigned)pe, (unsigned)h);
-                gf_st(alpha + o, v);
-            }
-        }
-    }
+    gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, seed, offset, dropped, logits, alpha, nullptr);
 }
 
 // delta_alpha[row, h] = sum over the row's edges of alpha_out[e, h] * grad_alpha[e, h] (caller order):
@@ -352,23 +163,7 @@ template <typename TO>
 __global__ void gatv2_delta_alpha(const int4* __restrict__ items, long long n_items,
                                   const int* __restrict__ perm, const TO* __restrict__ alpha,
                                   const TO* __restrict__ grad_alpha, int H, float* __restrict__ delta_alpha) {
-    const int lane = threadIdx.x & 31;
-    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_items; w += n_warps) {
-        const int4 it = items[w];
-        for (int h = 0; h < H; ++h) {
-            float sum = 0.f;
-            for (long long e = (long long)it.y + lane; e < it.z; e += 32) {
-                const long long o = (long long)perm[e] * H + h;
-                sum = fmaf(gf_to_float(alpha[o]), gf_to_float(grad_alpha[o]), sum);
-            }
-            sum = gf_group_sum<32>(sum);
-            if (lane == 0 && it.z > it.y) {
-                if (it.w < 0) delta_alpha[(long long)it.x * H + h] = sum;
-                else atomicAdd(delta_alpha + (long long)it.x * H + h, sum);
-            }
-        }
-    }
+    gf_delta_alpha<TO>(items, n_items, perm, alpha, grad_alpha, H, delta_alpha);
 }
 
 // =======================================================================================
@@ -397,7 +192,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
               unsigned long long offset, float* dx_src, TI* dx_dst, float* dx_dst_acc,
               const int* __restrict__ acc_index, TI* __restrict__ d_edge_term,
               float* datt, int datt_smem, float* __restrict__ delta_out) {
-    using R = Gatv2Row<VW, LH, K, DC>;
+    using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     extern __shared__ float sm_datt[];
     const int D = DC > 0 ? DC : D_rt;
@@ -416,7 +211,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
         const int tile = (int)(w - item * n_tiles);
         const int4 it = items[item];
         const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const GfLane ln = gf_lane<LH>(H, tile);
         const int l = ln.l, s = ln.s, ES = ln.ES;
         const int hoff = (ln.on ? ln.head : 0) * D;
         const long long rh = (long long)row * H + (ln.on ? ln.head : 0);
@@ -472,7 +267,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                         float z = x + xd[k];
                         if constexpr (ET) z += et[u][k];
                         xs[u][k] = z;
-                        pe_part = fmaf(a[k], gatv2_lrelu(z, slope), pe_part);
+                        pe_part = fmaf(a[k], gf_lrelu(z, slope), pe_part);
                         po_part = fmaf(dO[k], x, po_part);
                     }
                     const float e = gf_group_sum<LH>(pe_part);
@@ -489,7 +284,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                             const float z = xs[u][k];
                             dz[k] = de * a[k] * (z > 0.f ? 1.f : slope);
                             gd[k] += dz[k];
-                            gt[k] = fmaf(de, gatv2_lrelu(z, slope), gt[k]);
+                            gt[k] = fmaf(de, gf_lrelu(z, slope), gt[k]);
                         }
                         if (d_edge_term != nullptr) R::store(d_edge_term + (long long)pe[u] * HD + hoff, dz, l, D);
                         if (dx_src != nullptr) {
@@ -502,28 +297,10 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
             }
         }
 
-        for (int t = 1; t < ES; ++t) {
-            const int src = gatv2_slot_src(ln, t, LH);
-#pragma unroll
-            for (int k = 0; k < KV; ++k) {
-                const float g2 = __shfl_sync(GF_FULL_MASK, gd[k], src);
-                const float t2 = __shfl_sync(GF_FULL_MASK, gt[k], src);
-                if (s == 0) {
-                    gd[k] += g2;
-                    gt[k] += t2;
-                }
-            }
-        }
+        gf_sum_slots<KV, LH>(gd, gt, ln);
 
         if (ln.on && s == 0) {
-            if (dx_dst != nullptr) {
-                if (slot < 0) {
-                    R::store(dx_dst + (long long)row * HD + hoff, gd, l, D);
-                } else {
-                    if constexpr (Gatv2IsFloat<TI>::value) R::atomic_add(dx_dst + (long long)row * HD + hoff, gd, l, D);
-                    else R::atomic_add(dx_dst_acc + (long long)acc_index[slot] * HD + hoff, gd, l, D);
-                }
-            }
+            if (dx_dst != nullptr) gf_store_row_grad<R>(dx_dst, dx_dst_acc, acc_index, gd, ln, row, slot, HD, hoff, D);
             if (datt != nullptr && end > start) {
 #pragma unroll
                 for (int k = 0; k < K; ++k) {
@@ -565,7 +342,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
               const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
               float slope, float p, unsigned long long seed, unsigned long long offset, TI* dx_src,
               float* dx_src_acc, const int* __restrict__ acc_index) {
-    using R = Gatv2Row<VW, LH, K, DC>;
+    using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
     const int HD = H * D;  // < 2**31 (checked by the launcher)
@@ -577,7 +354,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
         const int tile = (int)(w - item * n_tiles);
         const int4 it = items[item];
         const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const Gatv2Lane ln = gatv2_lane<LH>(H, tile);
+        const GfLane ln = gf_lane<LH>(H, tile);
         const int l = ln.l, s = ln.s, ES = ln.ES;
         const int hc = ln.on ? ln.head : 0;
         const int hoff = hc * D;
@@ -619,7 +396,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                         float z = zt[u][k] + xs[k];
                         if constexpr (ET) z += et[u][k];
                         zt[u][k] = z;
-                        pe_part = fmaf(a[k], gatv2_lrelu(z, slope), pe_part);
+                        pe_part = fmaf(a[k], gf_lrelu(z, slope), pe_part);
                         po_part = fmaf(dO[u][k], xs[k], po_part);
                     }
                     const float e = gf_group_sum<LH>(pe_part);
@@ -640,21 +417,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
             }
         }
 
-        for (int t = 1; t < ES; ++t) {
-            const int src = gatv2_slot_src(ln, t, LH);
-#pragma unroll
-            for (int k = 0; k < KV; ++k) {
-                const float a2 = __shfl_sync(GF_FULL_MASK, acc[k], src);
-                if (s == 0) acc[k] += a2;
-            }
-        }
-        if (ln.on && s == 0) {
-            if (slot < 0) {
-                R::store(dx_src + (long long)row * HD + hoff, acc, l, D);
-            } else {
-                if constexpr (Gatv2IsFloat<TI>::value) R::atomic_add(dx_src + (long long)row * HD + hoff, acc, l, D);
-                else R::atomic_add(dx_src_acc + (long long)acc_index[slot] * HD + hoff, acc, l, D);
-            }
-        }
+        gf_sum_slots<KV, LH>(acc, ln);
+        if (ln.on && s == 0) gf_store_row_grad<R>(dx_src, dx_src_acc, acc_index, acc, ln, row, slot, HD, hoff, D);
     }
 }

@@ -12,64 +12,40 @@ longer than this are cut into chunks), ``GNN_FASTPATH_GATV2_BWD`` (``atomic`` or
 Dtypes: features (x_src, x_dst, edge_term) in one storage dtype T (float32, float16,
 bfloat16), ``att`` float32 (the op converts it), outputs in ``out_dtype`` (T or float32).
 Gradients that atomics add into are accumulated in float32 scratch and cast to T once.
+
+The lane layout, grids and split-row accumulators are shared with the GAT launcher
+(:mod:`gnn_fastpath.cuda.row_attention`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import config
-from . import launch, worklist
+from . import launch, row_attention, worklist
+from .row_attention import MAX_D, SPECIALISED, SPECIALISED_16, Config  # noqa: F401 (this module's names)
 
 SOURCE = "gatv2_attention.cu"
-THREADS = 256
+THREADS = row_attention.THREADS
 #: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
 #: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
 #: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
 VEC16_BYTES = 8
-WARPS_PER_BLOCK = THREADS // 32
+WARPS_PER_BLOCK = row_attention.WARPS_PER_BLOCK
 MERGE_THREADS = 256
 KERNELS = launch.Family(SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
                         together=("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
-#: Head widths with a compile-time specialisation (16-byte vector loads): D -> (VW, LH, K)
-#: for float32 features (float4: 4 floats per lane and vector) ...
-SPECIALISED = {32: (4, 8, 1), 64: (4, 16, 1), 128: (4, 32, 1), 256: (4, 32, 2)}
-#: ... and for 16-bit features: 8 halves per 16-byte vector, so a head takes half the lanes
-#: of float32 and a warp covers twice the heads (or edge slots) for the same registers per
-#: lane; fewer shuffles and index broadcasts per byte moved than 8-byte (VW = 4) loads.
-SPECIALISED_16 = {32: (8, 4, 1), 64: (8, 8, 1), 128: (8, 16, 1), 256: (8, 32, 1)}
-#: Largest head width of the generic path: 32 lanes x 16 columns (scalar float32).
-MAX_D = 512
 #: Cap on grid size (the kernels loop grid-stride over their work).
-_MAX_BLOCKS = 1 << 30
+_MAX_BLOCKS = row_attention.MAX_BLOCKS
 #: The forward and the source-major backward use a persistent grid (resident blocks only,
 #: warps striding over the work items) when every resident warp gets at least this many
 #: items, else one warp per item (benchmarks/results: striding wins on graphs with many
 #: rows, one warp per item on tolokers). The destination-major backward is always
 #: persistent, so its per-block datt atomics stay few.
 PERSISTENT_MIN_ITEMS_PER_WARP = 16
-
-
-@dataclass(frozen=True)
-class Config:
-    """One instantiation: VW floats per vector, LH lanes per head, K vectors per lane,
-    DC the compile-time head width (0: runtime D), U edges in flight per step."""
-
-    vw: int
-    lh: int
-    k: int
-    dc: int
-    u: int
-
-    def n_tiles(self, H: int) -> int:
-        return launch.cdiv(H, min(H, 32 // self.lh))
-
-    def args(self, edge_term: bool) -> tuple:
-        """Template arguments of the gatv2_fwd/bwd_dst/bwd_src instantiation."""
-        return (self.vw, self.lh, self.k, self.dc, self.u, edge_term)
 
 
 def _unroll(floats_per_lane: int) -> int:
@@ -80,50 +56,20 @@ def _unroll(floats_per_lane: int) -> int:
 
 def unsupported(H: int, D: int) -> Optional[str]:
     """Why the kernels cannot take heads of this shape, or None when they can."""
-    if H < 1 or not 1 <= D <= MAX_D:
-        return f"head shape H={H}, D={D} (the GATv2 kernels take 1 <= D <= {MAX_D})"
-    if H * D >= 2**31:
-        return f"H * D = {H * D} (the GATv2 kernels index rows with int32)"
-    return None
+    return row_attention.unsupported(H, D, "GATv2")
 
 
 def config_for(D: int, aligned: bool) -> Config:
     """The float32 instantiation for head width ``D``; ``aligned``: every row pointer is
     16-byte aligned."""
-    if aligned and D in SPECIALISED:
-        vw, lh, k = SPECIALISED[D]
-        return Config(vw, lh, k, D, _unroll(vw * k))
-    return _generic(D, 1)
+    return row_attention.config_for(D, aligned, _unroll, "GATv2")
 
 
 def config_for_16bit(D: int, *tensors: Optional[Tensor]) -> Config:
     """The instantiation for 16-bit features of head width ``D``, read with the widest vector
     (8, 4, 2 or 1 elements: 16, 8, 4 or 2 bytes) that ``D`` and the alignment of every one of
     ``tensors`` (the pass's row tensors, 16-bit and float32 alike) allow."""
-    widest = launch.bytes16(VEC16_BYTES) // 2
-    for vw in (8, 4, 2):
-        if vw <= widest and D % vw == 0 and launch.vector_ok(vw, *tensors):
-            if vw == 8 and D in SPECIALISED_16:
-                _, lh, k = SPECIALISED_16[D]
-                return Config(vw, lh, k, D, _unroll(vw * k))
-            if vw == 4 and D in SPECIALISED:  # GNN_FASTPATH_VEC16=8: the float32 lane layout
-                _, lh, k = SPECIALISED[D]
-                return Config(vw, lh, k, D, _unroll(vw * k))
-            return _generic(D, vw)
-    return _generic(D, 1)
-
-
-def _generic(D: int, vw: int) -> Config:
-    """Runtime-D instantiation: vectors of ``vw`` elements (D a multiple of it), LH lanes per
-    head (a power of two; at least 4 for the scalar float32 path, as it always was; vector
-    paths go down to 1, e.g. D = 8 halves: one 16-byte vector per lane, 32 edge slots per
-    warp for H = 1), K vectors per lane."""
-    if not 1 <= D <= MAX_D:
-        raise ValueError(f"GATv2 kernels take head widths 1..{MAX_D}, got {D}")
-    n_vec = D // vw
-    lh = min(32, max(4 if vw == 1 else 1, launch.next_pow2(n_vec)))
-    k = launch.next_pow2(launch.cdiv(n_vec, lh))
-    return Config(vw, lh, k, 0, _unroll(vw * k))
+    return row_attention.config_for_16bit(D, *tensors, vec16_bytes=VEC16_BYTES, unroll=_unroll, family="GATv2")
 
 
 def _config(D: int, *tensors: Optional[Tensor]) -> Config:
@@ -146,32 +92,17 @@ def forward_config(cfg: Config, dtype: torch.dtype) -> Config:
     return replace(cfg, u=4)
 
 
-def _split_index(graph, work: worklist.RowChunks, source_major: bool) -> Tensor:
-    """int32 [n_slots]: the index in ``work.split_rows`` of each chunk slot's row (slots of
-    one row are consecutive), cached with the graph; no host synchronisation."""
-    def make():
-        owner = torch.arange(work.n_split, device=work.split.device, dtype=torch.int32)
-        return torch.repeat_interleave(owner, work.split[:, 2], output_size=work.n_slots)
-
-    # work lists live in the graph's memo as long as the graph: id(work) names this one
-    return graph.memo(("gatv2_split_index", source_major, id(work)), make)
-
-
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     chunk = config.setting("GNN_FASTPATH_GATV2_CHUNK")
     return worklist.for_graph(graph, chunk, chunk + 1, source_major=source_major, order="degree")
 
 
-def _blocks(n_warps: int) -> int:
-    return max(1, min(launch.cdiv(n_warps, WARPS_PER_BLOCK), _MAX_BLOCKS))
+_blocks = row_attention.blocks
 
 
 def _grid(kernel: launch.Kernel, n_work: int, shared_mem: int = 0, always_persistent: bool = False) -> int:
     """Blocks for a launch over ``n_work`` warp-sized work items (see PERSISTENT_MIN_ITEMS_PER_WARP)."""
-    resident = launch.resident_blocks(kernel, THREADS, shared_mem)
-    if always_persistent or n_work >= resident * WARPS_PER_BLOCK * PERSISTENT_MIN_ITEMS_PER_WARP:
-        return min(_blocks(n_work), resident)
-    return _blocks(n_work)
+    return row_attention.grid(kernel, n_work, PERSISTENT_MIN_ITEMS_PER_WARP, shared_mem, always_persistent)
 
 
 def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], slope: float,
@@ -228,27 +159,8 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     return out, lse, alpha
 
 
-def _accumulator(out: Optional[Tensor], graph, work: worklist.RowChunks, source_major: bool):
-    """(acc, acc_index): where the chunks of split rows add ``out``'s rows.
-
-    float32 ``out``: into ``out`` itself (the kernel's float path), its split rows zeroed
-    here; (None, None). 16-bit ``out``: a zeroed float32 [n_split, ...] scratch and the split
-    row of each chunk slot (cast into ``out`` by :func:`_finish_accumulator`). (None, None)
-    too without split rows or without ``out``.
-    """
-    if out is None or not work.n_split:
-        return None, None
-    if out.dtype == torch.float32:
-        out.index_fill_(0, work.split_rows, 0.0)
-        return None, None
-    acc = torch.zeros((work.n_split,) + tuple(out.shape[1:]), dtype=torch.float32, device=out.device)
-    return acc, _split_index(graph, work, source_major)
-
-
-def _finish_accumulator(out: Optional[Tensor], acc: Optional[Tensor], work: worklist.RowChunks) -> None:
-    """Cast the float32 sums of the split rows into the 16-bit ``out`` (once, after the kernel)."""
-    if acc is not None:
-        out.index_copy_(0, work.split_rows, acc.to(out.dtype))
+_accumulator = row_attention.accumulator
+_finish_accumulator = row_attention.finish_accumulator
 
 
 def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], out: Tensor,

@@ -39,7 +39,7 @@ REFERENCE = "reference"
 #: dtypes the CUDA kernels take (features stored in these, arithmetic in float32).
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The ops that have CUDA kernels.
-OPS = ("gatv2_attention", "dot_attention", "spmm", "segment_reduce", "gcn_norm_values")
+OPS = ("gat_attention", "gatv2_attention", "dot_attention", "spmm", "segment_reduce", "gcn_norm_values")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
     """Why op ``op``'s kernels cannot take heads of shape ``heads`` = (H, D), or None."""
     if heads is None:
         return None
-    if op == "gatv2_attention":
+    if op == "gat_attention":
+        from ..cuda import gat_attention as kernels
+    elif op == "gatv2_attention":
         from ..cuda import gatv2_attention as kernels
     elif op == "dot_attention":
         from ..cuda import dot_attention as kernels

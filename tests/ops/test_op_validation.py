@@ -141,6 +141,80 @@ def test_dropout_boundaries_accepted(g, gat_args, p):
     ops.gatv2_attention(g, **gat_args, dropout=p)
 
 
+# ---------------------------------------------------------------------------- gat
+@pytest.fixture
+def gat1_args():
+    return {"x_src": t(N_SRC, H, D), "score_src": t(N_SRC, H), "score_dst": t(N_DST, H)}
+
+
+def test_gat_valid_calls_pass(g, gat1_args):
+    assert ops.gat_attention(g, **gat1_args).shape == (N_DST, H, D)
+    out, alpha = ops.gat_attention(g, **gat1_args, edge_score=t(M, H), edge_weight=t(M), return_attention="dropped")
+    assert out.shape == (N_DST, H, D) and alpha.shape == (M, H)
+
+
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("x_src", t(N_SRC + 1, H, D), r"x_src must have shape \[5, \*, \*\], got \[6, 2, 3\]"),
+    ("x_src", t(N_SRC, H * D), r"x_src must have shape \[5, \*, \*\], got \[5, 6\]"),
+    ("x_src", torch.zeros(N_SRC, H, D, dtype=torch.int64), r"x_src must be a floating-point tensor.*int64"),
+    ("score_src", t(N_SRC, H + 1), r"score_src must have shape \[5, 2\], got \[5, 3\]"),
+    ("score_src", t(N_DST, H), r"score_src must have shape \[5, 2\], got \[4, 2\]"),
+    ("score_src", t(N_SRC, H, 1), r"score_src must have shape \[5, 2\], got \[5, 2, 1\]"),
+    ("score_dst", t(N_SRC, H), r"score_dst must have shape \[4, 2\], got \[5, 2\]"),
+    ("score_dst", torch.zeros(N_DST, H, dtype=torch.int32), r"score_dst must be a floating-point tensor.*int32"),
+    ("score_dst", [[0.0]], r"score_dst must be a torch.Tensor, got list"),
+    ("edge_score", t(M + 1, H), r"edge_score must have shape \[7, 2\], got \[8, 2\]"),
+    ("edge_score", t(M, H, 1), r"edge_score must have shape \[7, 2\], got \[7, 2, 1\]"),
+    ("edge_weight", t(M, 1), r"edge_weight must have shape \[7\], got \[7, 1\]"),
+    ("edge_weight", t(M + 1), r"edge_weight must have shape \[7\], got \[8\]"),
+    ("edge_weight", torch.ones(M, dtype=torch.int64), r"edge_weight must be a floating-point tensor"),
+])
+def test_gat_bad_tensor(g, gat1_args, arg, value, pattern):
+    gat1_args[arg] = value
+    with pytest.raises(ValueError, match=pattern):
+        ops.gat_attention(g, **gat1_args)
+
+
+@pytest.mark.parametrize("arg, value, pattern", [
+    ("dropout", -0.1, r"dropout must be in \[0, 1\], got -0.1"),
+    ("dropout", float("nan"), r"dropout must be in \[0, 1\], got nan"),
+    ("return_attention", "yes", r"return_attention must be False, True or 'dropped', got 'yes'"),
+    ("return_attention", None, r"return_attention must be False, True or 'dropped', got None"),
+    ("negative_slope", float("inf"), r"negative_slope must be finite, got inf"),
+    ("negative_slope", "a", r"negative_slope must be a real number, got 'a' of type str"),
+    ("out_dtype", torch.float16, r"out_dtype must be None, the features' dtype \(torch.float32\) or torch.float32"),
+])
+def test_gat_bad_option(g, gat1_args, arg, value, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ops.gat_attention(g, **gat1_args, **{arg: value})
+
+
+@pytest.mark.parametrize("on_meta, pattern", [
+    (["score_src"], r"score_src is on meta, x_src and score_dst on cpu"),
+    (["x_src"], r"x_src is on meta, score_src and score_dst on cpu"),
+    (["edge_weight"], r"edge_weight is on meta, x_src, score_src and score_dst on cpu"),
+])
+def test_gat_device_mismatch_names_the_odd_ones(g, gat1_args, on_meta, pattern):
+    if "edge_weight" in on_meta:
+        gat1_args["edge_weight"] = t(M)
+    for name in on_meta:
+        gat1_args[name] = meta(gat1_args[name])
+    with pytest.raises(ValueError, match=pattern + r": the tensor arguments must all be on one device"):
+        ops.gat_attention(g, **gat1_args)
+
+
+def test_gat_score_dtypes_may_differ(g, gat1_args):
+    """Scores and weights are parameter-like: float32 next to 16-bit features (autocast)."""
+    gat1_args["x_src"] = gat1_args["x_src"].to(torch.bfloat16)
+    assert ops.gat_attention(g, **gat1_args, edge_weight=t(M)).dtype == torch.bfloat16
+    assert ops.gat_attention(g, **gat1_args, out_dtype=torch.float32).dtype == torch.float32
+
+
+def test_gat_bipartite_shapes_checked_per_side(g):
+    with pytest.raises(ValueError, match=r"score_src must have shape \[5"):
+        ops.gat_attention(g, t(N_SRC, H, D), t(N_DST, H), t(N_SRC, H))
+
+
 # ---------------------------------------------------------------------------- spmm / segment_reduce
 @pytest.mark.parametrize("op", ["spmm", "segment_reduce"])
 @pytest.mark.parametrize("x, pattern", [
@@ -213,6 +287,7 @@ def test_bipartite_shapes_checked_per_side(g):
 
 def test_backend_is_reference_on_cpu(g):
     assert ops.backend_for("gatv2_attention", t(N_SRC, H, D)) == "reference"
+    assert ops.backend_for("gat_attention", t(N_SRC, H, D)) == "reference"
     with ops.force_reference():
         assert ops.backend_for("spmm", t(N_SRC, F)) == "reference"
 
@@ -330,10 +405,11 @@ def test_features_on_one_device_take_the_graph_from_any(g, gat_args, dot_args):
     assert ops.segment_reduce(g, meta(t(N_SRC, F)), "max", meta(t(M))).device.type == "meta"
 
 
-@pytest.mark.parametrize("op", ["gatv2_attention", "dot_attention", "spmm", "segment_reduce"])
+@pytest.mark.parametrize("op", ["gat_attention", "gatv2_attention", "dot_attention", "spmm", "segment_reduce"])
 def test_graph_on_meta_cannot_serve_real_features(g, gat_args, dot_args, op):
     """Was: NotImplementedError 'Cannot copy out of meta tensor' from inside Graph.to."""
-    args = {"gatv2_attention": gat_args, "dot_attention": dot_args}.get(op, {"x": t(N_SRC, F)})
+    gat1 = {"x_src": t(N_SRC, H, D), "score_src": t(N_SRC, H), "score_dst": t(N_DST, H)}
+    args = {"gat_attention": gat1, "gatv2_attention": gat_args, "dot_attention": dot_args}.get(op, {"x": t(N_SRC, F)})
     with pytest.raises(ValueError, match=r"graph is on meta, a device without data; it cannot be copied to cpu"):
         getattr(ops, op)(g.to("meta"), **args)
 

@@ -1,0 +1,224 @@
+"""Launcher of the fused GAT (additive) attention kernels (``gat_attention.cu``).
+
+One call per pass: :func:`forward` and :func:`backward` take the Graph, pick the template
+instantiation for the head width, fetch the cached work lists, allocate outputs and launch
+on torch's current stream, with no host synchronisation (the work lists sync once per graph
+when built). The autograd Function and the design note are in
+:mod:`gnn_fastpath.ops.gat_attention`. The lane layout, grids and split-row accumulators are
+the GATv2 family's (:mod:`gnn_fastpath.cuda.row_attention`).
+
+Backward variant (:func:`backward_mode`): ``"atomic"`` (one destination-major pass; dx_src and
+d score_src by atomics) or ``"transposed"`` (a source-major pass; d score_dst by scalar
+atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the graph's mean out-degree decides.
+
+Dtypes: x_src in storage dtype T (float32, float16, bfloat16); score_src, score_dst,
+edge_score and edge_weight float32 (the op converts them); out and alpha in ``out_dtype`` (T
+or float32). dx_src comes back in T (atomic sums in float32 scratch, cast once), the other
+gradients in float32 (the op casts them to their tensors' dtypes).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import config
+from . import launch, row_attention, worklist
+from .row_attention import Config
+
+SOURCE = "gat_attention.cu"
+THREADS = row_attention.THREADS
+MERGE_THREADS = 256
+#: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16
+#: overrides): 8, the float32 lane layout (4 halves per lane), as for GATv2, whose rows and
+#: gathers these kernels share.
+VEC16_BYTES = 8
+KERNELS = launch.Family(SOURCE, {"GAT_THREADS": THREADS, "GAT_MERGE_THREADS": MERGE_THREADS},
+                        together=("gat_fwd", "gat_bwd_dst", "gat_bwd_src", "gat_delta"))
+#: Rows longer than this are cut into chunks of this many edges (super nodes); GATv2's default,
+#: so both families share one cached work list per graph.
+CHUNK_EDGES = 256
+#: Persistent grid (resident blocks, warps striding over the items) when every resident warp
+#: gets at least this many items, else one warp per item (as GATv2).
+PERSISTENT_MIN_ITEMS_PER_WARP = 16
+#: The backward variants; the setting ``GNN_FASTPATH_GAT_BWD`` forces one (empty:
+#: :func:`backward_mode` decides).
+BACKWARDS = ("atomic", "transposed")
+#: Mean out-degree (M / N_src) from which the source-major backward is the default: full
+#: graphs, where the source CSR is built once and reused; sampled blocks (many sources, few
+#: edges each) keep the atomic pass and build no source CSR.
+TRANSPOSED_MIN_MEAN_DEGREE = 4.0
+
+
+def _unroll(floats_per_lane: int) -> int:
+    """Edges in flight per step. A GAT lane holds no x_dst or att row (GATv2's does), so it
+    keeps 4 gathered rows in flight up to 8 floats per lane (the float32 and 16-bit
+    specialisations), 2 for the widest generic rows (16 floats per lane)."""
+    return 4 if floats_per_lane <= 8 else 2
+
+
+def unsupported(H: int, D: int) -> Optional[str]:
+    """Why the kernels cannot take heads of this shape, or None when they can."""
+    return row_attention.unsupported(H, D, "GAT")
+
+
+def config_for(D: int, aligned: bool) -> Config:
+    """The float32 instantiation for head width ``D`` (``aligned``: rows 16-byte aligned)."""
+    return row_attention.config_for(D, aligned, _unroll, "GAT")
+
+
+def config_for_16bit(D: int, *tensors: Optional[Tensor]) -> Config:
+    """The instantiation for 16-bit rows of width ``D`` over ``tensors`` (their alignment)."""
+    return row_attention.config_for_16bit(D, *tensors, vec16_bytes=VEC16_BYTES, unroll=_unroll, family="GAT")
+
+
+def _config(D: int, *tensors: Optional[Tensor]) -> Config:
+    """The instantiation for the storage dtype of ``tensors[0]`` (x_src) over the pass's row
+    tensors ``tensors``."""
+    if tensors[0].dtype == torch.float32:
+        return config_for(D, launch.aligned16(*tensors))
+    return config_for_16bit(D, *tensors)
+
+
+def backward_mode(graph) -> str:
+    """``"atomic"`` or ``"transposed"`` for ``graph`` (``GNN_FASTPATH_GAT_BWD`` forces one)."""
+    forced = config.setting("GNN_FASTPATH_GAT_BWD")
+    if forced:
+        return forced
+    return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+def _work(graph, source_major: bool = False) -> worklist.RowChunks:
+    return worklist.for_graph(graph, CHUNK_EDGES, CHUNK_EDGES + 1, source_major=source_major, order="degree")
+
+
+def _grid(kernel: launch.Kernel, n_work: int) -> int:
+    return row_attention.grid(kernel, n_work, PERSISTENT_MIN_ITEMS_PER_WARP)
+
+
+def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
+            edge_weight: Optional[Tensor], slope: float, p: float, seed: int, offset: int, return_attention,
+            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Fused forward. Inputs contiguous on one GPU, graph on that GPU: x_src [N_src, H, D] in
+    T; score_src [N_src, H], score_dst [N_dst, H], edge_score [M, H] and edge_weight [M]
+    (caller order, optional) float32.
+
+    Returns (out [N_dst, H, D] in ``out_dtype`` (default T), lse [N_dst, H] float32, alpha
+    [M, H] in ``out_dtype``, caller order, or None). ``return_attention``: False, True
+    (softmax weights) or "dropped" (after dropout, times edge_weight).
+    """
+    dev = x_src.device
+    n_dst, H, D = graph.n_dst, x_src.shape[1], x_src.shape[2]
+    M = graph.num_edges
+    out_dtype = x_src.dtype if out_dtype is None else out_dtype
+    f32 = dict(dtype=torch.float32, device=dev)
+    out = torch.empty(n_dst, H, D, dtype=out_dtype, device=dev)
+    lse = torch.empty(n_dst, H, **f32)
+    alpha = torch.empty(M, H, dtype=out_dtype, device=dev) if return_attention else None
+    if n_dst == 0:
+        return out, lse, alpha
+    # raw logits stay float32 (rounding them would perturb exp(logit - lse)); for a float32
+    # alpha they are normalised in place
+    logits = None
+    if return_attention:
+        logits = alpha if out_dtype == torch.float32 else torch.empty(M, H, **f32)
+    kc = graph.kernel_csr()
+    work = _work(graph)
+    cfg = _config(D, x_src, out)
+    ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
+    n_tiles = cfg.n_tiles(H)
+    S = work.n_slots
+    part_acc = torch.empty(S, H, D, **f32) if S else None
+    part_m = torch.empty(S, H, **f32) if S else None
+    part_l = torch.empty(S, H, **f32) if S else None
+    n_work = work.n_items * n_tiles
+    fwd = KERNELS.kernel(dev, "gat_fwd", ti, to, *cfg.args())
+    fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
+               indices=kc.indices, perm=kc.perm, x_src=x_src, score_src=score_src, score_dst=score_dst,
+               edge_score=edge_score, edge_weight=edge_weight, H=H, D_rt=D, slope=slope, p=p, seed=seed,
+               offset=offset, out=out, lse=lse, part_acc=part_acc, part_m=part_m, part_l=part_l, logits=logits)
+    if work.n_split:
+        merge = KERNELS.kernel(dev, "gat_fwd_merge", to)
+        merge.launch((min(work.n_split, row_attention.MAX_BLOCKS), min(launch.cdiv(H * D, 32), 65535)),
+                     MERGE_THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc, part_m=part_m,
+                     part_l=part_l, H=H, D=D, out=out, lse=lse)
+    if return_attention and M:
+        norm = KERNELS.kernel(dev, "gat_alpha_from_logits", to)
+        norm.launch(row_attention.blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items,
+                    perm=kc.perm, lse=lse, H=H, p=p, seed=seed, offset=offset,
+                    dropped=int(return_attention == "dropped"), logits=logits, alpha=alpha, edge_weight=edge_weight)
+    return out, lse, alpha
+
+
+def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
+             edge_weight: Optional[Tensor], out: Tensor, lse: Tensor, grad_out: Tensor, alpha: Optional[Tensor],
+             grad_alpha: Optional[Tensor], alpha_dropped: bool, slope: float, p: float, seed: int, offset: int,
+             needs: Tuple[bool, bool, bool, bool, bool]):
+    """Gradients (dx_src, d_score_src, d_score_dst, d_edge_score, d_edge_weight), each None
+    where ``needs`` (in that order) says so or the tensor is absent.
+
+    Inputs as :func:`forward`'s; ``out`` (saved), ``grad_out`` [N_dst, H, D] contiguous,
+    ``alpha`` and ``grad_alpha`` [M, H] (caller order, the gradient of the returned attention,
+    None when there is none) in out's dtype. dx_src comes back in T, the others in float32.
+    """
+    dev = x_src.device
+    n_src, n_dst, M = graph.n_src, graph.n_dst, graph.num_edges
+    H, D = x_src.shape[1], x_src.shape[2]
+    T = x_src.dtype
+    f32 = dict(dtype=torch.float32, device=dev)
+    need_x, need_s, need_t, need_u, need_w = needs
+    need_u = need_u and edge_score is not None
+    need_w = need_w and edge_weight is not None
+
+    d_s = torch.zeros(n_src, H, **f32) if need_s else None
+    d_t = torch.zeros(n_dst, H, **f32) if need_t else None
+    d_u = torch.empty(M, H, **f32) if need_u else None  # every (edge, head) written once
+    d_w = torch.zeros(M, **f32) if need_w else None  # heads (and head tiles) add into it
+    if M == 0 or not any((need_x, need_s, need_t, need_u, need_w)):
+        dx = torch.zeros(n_src, H, D, dtype=T, device=dev) if need_x else None
+        return dx, d_s, d_t, d_u, d_w
+
+    kc = graph.kernel_csr()
+    work = _work(graph)
+    cfg = _config(D, x_src, out, grad_out)
+    ti, to = launch.ctype(T), launch.ctype(out.dtype)
+    n_tiles = cfg.n_tiles(H)
+
+    delta_alpha = None
+    if grad_alpha is not None:
+        delta_alpha = torch.zeros(n_dst, H, **f32)
+        k = KERNELS.kernel(dev, "gat_delta_alpha", to)
+        k.launch(row_attention.blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm,
+                 alpha=alpha, grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
+    common = dict(x_src=x_src, score_src=score_src, score_dst=score_dst, edge_score=edge_score,
+                  edge_weight=edge_weight, grad_out=grad_out, lse=lse, grad_alpha=grad_alpha,
+                  grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed, offset=offset,
+                  d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
+
+    if backward_mode(graph) == "atomic":
+        dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
+        n_work = work.n_items * n_tiles
+        bwd = KERNELS.kernel(dev, "gat_bwd_dst", ti, to, *cfg.args())
+        bwd.launch(_grid(bwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
+                   indices=kc.indices, perm=kc.perm, out=out, delta_alpha=delta_alpha, dx_src=dx_acc, **common)
+        dx_src = None if dx_acc is None else dx_acc if T == torch.float32 else dx_acc.to(T)  # one rounding
+        return dx_src, d_s, d_t, d_u, d_w
+
+    # transposed: delta per destination, then one source-major pass
+    delta = torch.empty(n_dst, H, **f32)
+    n_rows = n_dst * n_tiles
+    dk = KERNELS.kernel(dev, "gat_delta", ti, to, *cfg.args())
+    dk.launch(row_attention.blocks(n_rows), THREADS, n_work=n_rows, n_tiles=n_tiles, out=out, grad_out=grad_out,
+              delta_alpha=delta_alpha, H=H, D_rt=D, delta=delta)
+    scsr = graph.kernel_source_csr()
+    swork = _work(graph, source_major=True)
+    dx_src = torch.empty(n_src, H, D, dtype=T, device=dev) if need_x else None
+    src_acc, src_index = row_attention.accumulator(dx_src, graph, swork, source_major=True)
+    n_swork = swork.n_items * n_tiles
+    src = KERNELS.kernel(dev, "gat_bwd_src", ti, to, *cfg.args())
+    src.launch(_grid(src, n_swork), THREADS, items=swork.items, n_work=n_swork, n_tiles=n_tiles,
+               s_indices=scsr.indices, s_perm=scsr.perm, delta=delta, dx_src=dx_src, dx_src_acc=src_acc,
+               acc_index=src_index, **common)
+    row_attention.finish_accumulator(dx_src, src_acc, swork)
+    return dx_src, d_s, d_t, d_u, d_w

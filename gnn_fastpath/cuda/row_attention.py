@@ -1,0 +1,158 @@
+"""Launcher glue of the row-attention kernel families (GATv2, GAT): what their launchers share.
+
+Both walk the destination rows (or, in a source-major backward, the source rows) of the
+row-chunk work list with one warp per (work item, head tile), in the lane layout of
+``attention_common.cuh`` (``GfRow``, ``gf_lane``): :class:`Config` and the functions that pick
+it from the head width, the dtype and the rows' alignment; the grid (one warp per item or a
+persistent grid); and the float32 accumulators of split rows. Each family keeps its own
+tuning (edges in flight, 16-bit vector width, persistence threshold) and passes it in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from . import launch, worklist
+
+#: Threads per block of the row kernels.
+THREADS = 256
+WARPS_PER_BLOCK = THREADS // 32
+#: Head widths with a compile-time specialisation (16-byte vector loads): D -> (VW, LH, K)
+#: for float32 features (float4: 4 floats per lane and vector) ...
+SPECIALISED = {32: (4, 8, 1), 64: (4, 16, 1), 128: (4, 32, 1), 256: (4, 32, 2)}
+#: ... and for 16-bit features: 8 halves per 16-byte vector, so a head takes half the lanes
+#: of float32 and a warp covers twice the heads (or edge slots) for the same registers per
+#: lane; fewer shuffles and index broadcasts per byte moved than 8-byte (VW = 4) loads.
+SPECIALISED_16 = {32: (8, 4, 1), 64: (8, 8, 1), 128: (8, 16, 1), 256: (8, 32, 1)}
+#: Largest head width of the generic path: 32 lanes x 16 columns (scalar float32).
+MAX_D = 512
+#: Cap on grid size (the kernels loop grid-stride over their work).
+MAX_BLOCKS = 1 << 30
+
+
+@dataclass(frozen=True)
+class Config:
+    """One instantiation: VW floats per vector, LH lanes per head, K vectors per lane,
+    DC the compile-time head width (0: runtime D), U edges in flight per step."""
+
+    vw: int
+    lh: int
+    k: int
+    dc: int
+    u: int
+
+    def n_tiles(self, H: int) -> int:
+        return launch.cdiv(H, min(H, 32 // self.lh))
+
+    def args(self, *extra) -> tuple:
+        """Template arguments of a row kernel's instantiation (after its storage types)."""
+        return (self.vw, self.lh, self.k, self.dc, self.u) + tuple(extra)
+
+
+def unsupported(H: int, D: int, family: str) -> Optional[str]:
+    """Why the row kernels cannot take heads of this shape, or None when they can."""
+    if H < 1 or not 1 <= D <= MAX_D:
+        return f"head shape H={H}, D={D} (the {family} kernels take 1 <= D <= {MAX_D})"
+    if H * D >= 2**31:
+        return f"H * D = {H * D} (the {family} kernels index rows with int32)"
+    return None
+
+
+def config_for(D: int, aligned: bool, unroll: Callable[[int], int], family: str = "row attention") -> Config:
+    """The float32 instantiation for head width ``D``; ``aligned``: every row pointer is
+    16-byte aligned; ``unroll``: edges in flight for a given number of floats per lane."""
+    if aligned and D in SPECIALISED:
+        vw, lh, k = SPECIALISED[D]
+        return Config(vw, lh, k, D, unroll(vw * k))
+    return generic(D, 1, unroll, family)
+
+
+def config_for_16bit(D: int, *tensors: Optional[Tensor], vec16_bytes: int, unroll: Callable[[int], int],
+                     family: str = "row attention") -> Config:
+    """The instantiation for 16-bit features of head width ``D``, read with the widest vector
+    (8, 4, 2 or 1 elements: 16, 8, 4 or 2 bytes) that ``D``, the family's default access width
+    ``vec16_bytes`` (``GNN_FASTPATH_VEC16`` overrides it) and the alignment of every one of
+    ``tensors`` (the pass's row tensors, 16-bit and float32 alike) allow."""
+    widest = launch.bytes16(vec16_bytes) // 2
+    for vw in (8, 4, 2):
+        if vw <= widest and D % vw == 0 and launch.vector_ok(vw, *tensors):
+            if vw == 8 and D in SPECIALISED_16:
+                _, lh, k = SPECIALISED_16[D]
+                return Config(vw, lh, k, D, unroll(vw * k))
+            if vw == 4 and D in SPECIALISED:  # GNN_FASTPATH_VEC16=8: the float32 lane layout
+                _, lh, k = SPECIALISED[D]
+                return Config(vw, lh, k, D, unroll(vw * k))
+            return generic(D, vw, unroll, family)
+    return generic(D, 1, unroll, family)
+
+
+def generic(D: int, vw: int, unroll: Callable[[int], int], family: str = "row attention") -> Config:
+    """Runtime-D instantiation: vectors of ``vw`` elements (D a multiple of it), LH lanes per
+    head (a power of two; at least 4 for the scalar float32 path; vector paths go down to 1,
+    e.g. D = 8 halves: one 16-byte vector per lane, 32 edge slots per warp for H = 1), K
+    vectors per lane."""
+    if not 1 <= D <= MAX_D:
+        raise ValueError(f"{family} kernels take head widths 1..{MAX_D}, got {D}")
+    n_vec = D // vw
+    lh = min(32, max(4 if vw == 1 else 1, launch.next_pow2(n_vec)))
+    k = launch.next_pow2(launch.cdiv(n_vec, lh))
+    return Config(vw, lh, k, 0, unroll(vw * k))
+
+
+# ----------------------------------------------------------------------------------------
+# Grids.
+
+def blocks(n_warps: int) -> int:
+    """Blocks of THREADS threads for one warp per work item."""
+    return max(1, min(launch.cdiv(n_warps, WARPS_PER_BLOCK), MAX_BLOCKS))
+
+
+def grid(kernel: launch.Kernel, n_work: int, min_items_per_warp: int, shared_mem: int = 0,
+         always_persistent: bool = False) -> int:
+    """Blocks for a launch over ``n_work`` warp-sized work items: a persistent grid
+    (resident blocks only, warps striding over the items) when every resident warp gets at
+    least ``min_items_per_warp`` items (or ``always_persistent``), else one warp per item."""
+    resident = launch.resident_blocks(kernel, THREADS, shared_mem)
+    if always_persistent or n_work >= resident * WARPS_PER_BLOCK * min_items_per_warp:
+        return min(blocks(n_work), resident)
+    return blocks(n_work)
+
+
+# ----------------------------------------------------------------------------------------
+# Split rows.
+
+def split_index(graph, work: worklist.RowChunks, source_major: bool) -> Tensor:
+    """int32 [n_slots]: the index in ``work.split_rows`` of each chunk slot's row (slots of
+    one row are consecutive), cached with the graph; no host synchronisation."""
+    def make():
+        owner = torch.arange(work.n_split, device=work.split.device, dtype=torch.int32)
+        return torch.repeat_interleave(owner, work.split[:, 2], output_size=work.n_slots)
+
+    # work lists live in the graph's memo as long as the graph: id(work) names this one
+    return graph.memo(("row_attention_split_index", source_major, id(work)), make)
+
+
+def accumulator(out: Optional[Tensor], graph, work: worklist.RowChunks, source_major: bool):
+    """(acc, acc_index): where the chunks of split rows add ``out``'s rows.
+
+    float32 ``out``: into ``out`` itself (the kernel's float path), its split rows zeroed
+    here; (None, None). 16-bit ``out``: a zeroed float32 [n_split, ...] scratch and the split
+    row of each chunk slot (cast into ``out`` by :func:`finish_accumulator`). (None, None)
+    too without split rows or without ``out``.
+    """
+    if out is None or not work.n_split:
+        return None, None
+    if out.dtype == torch.float32:
+        out.index_fill_(0, work.split_rows, 0.0)
+        return None, None
+    acc = torch.zeros((work.n_split,) + tuple(out.shape[1:]), dtype=torch.float32, device=out.device)
+    return acc, split_index(graph, work, source_major)
+
+
+def finish_accumulator(out: Optional[Tensor], acc: Optional[Tensor], work: worklist.RowChunks) -> None:
+    """Cast the float32 sums of the split rows into the 16-bit ``out`` (once, after the kernel)."""
+    if acc is not None:
+        out.index_copy_(0, work.split_rows, acc.to(out.dtype))

@@ -1,0 +1,138 @@
+"""Dry launches of the gat_attention launchers on the CPU (see dry_launch.py): every path
+reaches its kernels with matching arguments, and every instantiation compiles for sm_90:
+float32 and 16-bit features (float16, bfloat16) with out_dtype T or float32, float32 or 16-bit
+scores, edge_score and edge_weight, over every vector width the 16-bit path picks, for both
+backward variants (destination-major with atomics, source-major), with and without dropout,
+return_attention True / "dropped" and a gradient on the returned attention."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath.cuda import gat_attention as kernels
+from gnn_fastpath.ops import dispatch
+from gnn_fastpath.ops.gat_attention import GATAttentionFunction
+
+
+def _apply(g, xs, s, t, u, w, return_attention, p, out_dtype=None):
+    return GATAttentionFunction.apply(xs, s, t, u, w, g, 0.2, return_attention, p, 7, 9, out_dtype)
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("H,D", [(2, 64), (3, 100), (1, 256), (8, 32), (2, 7)])
+@pytest.mark.parametrize("variant", kernels.BACKWARDS)
+def test_gat_attention_launches(launches, monkeypatch, graph_name, H, D, variant):
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", variant)
+    g = graph(*GRAPHS[graph_name])
+    xs, s, t = leaf(g.n_src, H, D), leaf(g.n_src, H), leaf(g.n_dst, H)
+    u, w = leaf(g.num_edges, H), leaf(g.num_edges)
+    out, alpha = _apply(g, xs, s, t, u, w, "dropped", 0.1)
+    (out.sum() + alpha.sum()).backward()
+    assert {"gat_fwd", "gat_alpha_from_logits", "gat_delta_alpha"} <= set(launches)
+    assert ("gat_bwd_dst" in launches) == (variant == "atomic")
+    assert ("gat_bwd_src" in launches) == ("gat_delta" in launches) == (variant == "transposed")
+    assert ("gat_fwd_merge" in launches) == (graph_name != "plain")
+    for x in (xs, s, t, u, w):
+        assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+
+
+@pytest.mark.parametrize("variant", kernels.BACKWARDS)
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_optional_inputs_and_partial_gradients(launches, monkeypatch, variant, return_attention):
+    """No edge_score / edge_weight, no dropout; only some inputs need a gradient."""
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", variant)
+    g = graph(True)
+    xs, s, t = leaf(g.n_src, 2, 32), leaf(g.n_src, 2), torch.randn(g.n_dst, 2)
+    res = _apply(g, xs, s, t, None, None, return_attention, 0.0)
+    out = res[0] if return_attention else res
+    out.sum().backward()
+    assert xs.grad.shape == xs.shape and s.grad.shape == s.shape and t.grad is None
+    assert "gat_delta_alpha" not in launches  # no gradient on the attention
+    xs2 = torch.randn(g.n_src, 2, 32)
+    t2 = leaf(g.n_dst, 2)
+    _apply(g, xs2, s.detach(), t2, None, None, False, 0.0).sum().backward()
+    assert t2.grad.shape == t2.shape
+
+
+def _leaf(*shape, dtype, offset=0):
+    """A leaf of ``dtype``; ``offset`` elements into its storage (misaligned rows)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + offset).to(dtype)[offset:].view(*shape).requires_grad_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("H,D,offset,vw", [(2, 64, 0, 8), (4, 32, 0, 8), (1, 256, 0, 8), (2, 128, 0, 8),
+                                           (2, 8, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4), (1, 6, 0, 2),
+                                           (2, 7, 0, 1)])
+@pytest.mark.parametrize("variant", kernels.BACKWARDS)
+@pytest.mark.parametrize("vec16", ["16", "8"])
+def test_gat_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, variant, vec16):
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", variant)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)  # 8: at most 4 halves per access (float32 layout)
+    vw = vw if vec16 == "16" else min(vw, 4)
+    g = graph(True, True)  # split rows both ways: the float32 accumulators of chunked rows
+    xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
+    # scores: float32 parameters-like (autocast) or 16-bit, per out_fp32 to cover both
+    sdt = torch.float32 if out_fp32 else dtype
+    s, t, u, w = _leaf(g.n_src, H, dtype=sdt), _leaf(g.n_dst, H, dtype=dtype), _leaf(g.num_edges, H, dtype=sdt), \
+        _leaf(g.num_edges, dtype=dtype)
+    out_dtype = torch.float32 if out_fp32 else dtype
+    assert kernels._config(D, xs.detach()).vw == vw
+    out, alpha = _apply(g, xs, s, t, u, w, True, 0.1, out_dtype)
+    assert out.dtype == alpha.dtype == out_dtype
+    (out.float().sum() + alpha.float().sum()).backward()
+    assert {"gat_fwd", "gat_fwd_merge", "gat_alpha_from_logits", "gat_delta_alpha"} <= set(launches)
+    assert ("gat_bwd_src" in launches) == (variant == "transposed")
+    for x in (xs, s, t, u, w):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
+
+
+def test_gat_configs(monkeypatch):
+    """The GATv2 lane layouts with GAT's edges in flight (4 rows up to 8 floats per lane)."""
+    assert [kernels.config_for(D, True) for D in (32, 64, 128, 256, 100)] == [
+        kernels.Config(4, 8, 1, 32, 4), kernels.Config(4, 16, 1, 64, 4), kernels.Config(4, 32, 1, 128, 4),
+        kernels.Config(4, 32, 2, 256, 4), kernels.Config(1, 32, 4, 0, 4)]
+    assert kernels.config_for(512, True) == kernels.Config(1, 32, 16, 0, 2)
+    x16 = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    assert kernels.config_for_16bit(64, x16) == kernels.Config(4, 16, 1, 64, 4)  # float32 layout by default
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", "16")
+    assert kernels.config_for_16bit(64, x16) == kernels.Config(8, 8, 1, 64, 4)
+    assert kernels.config_for_16bit(7, x16).vw == 1
+
+
+def test_backward_mode(monkeypatch):
+    """By mean out-degree unless forced; a bad forced value is reported."""
+    dense, sparse = graph(True), graph(False, True)
+    assert dense.num_edges >= 4 * dense.n_src and kernels.backward_mode(dense) == "transposed"
+    import types
+    few = types.SimpleNamespace(num_edges=10, n_src=100)
+    assert kernels.backward_mode(few) == "atomic"
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "atomic")
+    assert kernels.backward_mode(dense) == "atomic" and kernels.backward_mode(sparse) == "atomic"
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "sideways")
+    with pytest.raises(ValueError, match="GNN_FASTPATH_GAT_BWD"):
+        kernels.backward_mode(dense)
+
+
+def test_registered_with_dispatch():
+    assert "gat_attention" in dispatch.OPS
+    assert dispatch.kernel_limit("gat_attention", (2, 64)) is None
+    assert "GAT kernels take 1 <= D <= 512" in dispatch.kernel_limit("gat_attention", (2, 513))
+
+
+def test_zero_edge_graph(launches):
+    """No edges: zeros out and gradients, no kernel needed in the backward."""
+    from gnn_fastpath import Graph
+
+    g = Graph.from_edge_index(torch.empty(2, 0, dtype=torch.int64), num_nodes=(6, 4))
+    xs, s, t, w = leaf(6, 2, 32), leaf(6, 2), leaf(4, 2), leaf(0)
+    out, alpha = _apply(g, xs, s, t, None, w, True, 0.1)
+    assert out.shape == (4, 2, 32) and alpha.shape == (0, 2)
+    out.sum().backward()
+    for x in (xs, s, t, w):
+        assert x.grad.shape == x.shape and not x.grad.any()
+    assert launches == ["gat_fwd"]
