@@ -248,15 +248,15 @@ def import_pyg():
     except Exception as exc:  # noqa: BLE001
         print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
         return None
-    _skip_cpu_only_torch_scatter(pyg)
+    scatter_without_cpu_only_torch_scatter(pyg)
     return pyg
 
 
-def _skip_cpu_only_torch_scatter(pyg) -> None:
+def scatter_without_cpu_only_torch_scatter(pyg) -> None:
     """PyG routes scatter (e.g. SAGEConv's max) to torch_scatter whenever it imports; a
     CPU-only build (what the device runs get, built from source for NeighborLoader's sampling)
-    then fails on CUDA tensors ("Not compiled with CUDA support"). Stock is measured as it runs
-    without torch_scatter: torch's own scatter_reduce."""
+    then fails on CUDA tensors ("Not compiled with CUDA support"). Stock is measured (and, in
+    the tests, compared) as it runs without torch_scatter: torch's own scatter_reduce."""
     if not (getattr(pyg.typing, "WITH_TORCH_SCATTER", False) and torch.cuda.is_available()):
         return
     try:

@@ -17,6 +17,18 @@ def _cuda_reason():
     return gnn_fastpath.cuda.unavailable_reason()
 
 
+def pytest_configure(config):
+    # The device machine's torch_scatter is a CPU-only source build (for NeighborLoader's
+    # sampling); stock PyG would send its CUDA scatter there and fail. Stock runs as it
+    # would without torch_scatter instead.
+    pyg = import_pyg()
+    if pyg is not None:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+        from benchmarks.timing import scatter_without_cpu_only_torch_scatter
+
+        scatter_without_cpu_only_torch_scatter(pyg)
+
+
 def pytest_collection_modifyitems(config, items):
     cuda_reason = _cuda_reason()
     dgl_missing = import_dgl() is None

@@ -93,6 +93,10 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 float xs[U][KV], c[U], wm[U];
                 int pe[U];
                 bool v[U];
+                // All U rows and scores are requested before anything branches: the optional
+                // terms below are runtime branches, and loads behind a branch are not hoisted
+                // above it (4 rows in flight, not 1). j is a valid source id (or 0) even for
+                // an invalid slot, so the score load needs no guard.
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int q = (r0 + u) * ES + s;
@@ -100,7 +104,11 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const int j = __shfl_sync(GF_FULL_MASK, my_j, q & 31);
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(xs[u], x_src + (long long)j * HD + hoff, l, D, v[u]);
-                    float z = v[u] ? __ldg(score_src + (long long)j * H + hc) + t : 0.f;
+                    c[u] = __ldg(score_src + (long long)j * H + hc);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    float z = c[u] + t;
                     if (edge_score != nullptr && v[u]) z += __ldg(edge_score + (long long)pe[u] * H + hc);
                     c[u] = v[u] ? gf_lrelu(z, slope) : GF_NEG_INF;
                     wm[u] = (edge_weight != nullptr && v[u]) ? __ldg(edge_weight + pe[u]) : 1.f;
@@ -245,7 +253,11 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     jj[u] = __shfl_sync(GF_FULL_MASK, my_j, q & 31);
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(xs[u], x_src + (long long)jj[u] * HD + hoff, l, D, v[u]);
-                    z[u] = v[u] ? __ldg(score_src + (long long)jj[u] * H + hc) + t : 0.f;
+                    z[u] = __ldg(score_src + (long long)jj[u] * H + hc);  // jj valid (or 0): as the forward
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {  // the optional terms branch: after every row load (forward)
+                    z[u] = v[u] ? z[u] + t : 0.f;
                     if (edge_score != nullptr && v[u]) z[u] += __ldg(edge_score + (long long)pe[u] * H + hc);
                     wm[u] = (edge_weight != nullptr && v[u]) ? __ldg(edge_weight + pe[u]) : 1.f;
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
@@ -377,11 +389,17 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const int i = __shfl_sync(GF_FULL_MASK, my_i, q & 31);
                     pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
                     R::load(dO[u], grad_out + (long long)i * HD + hoff, l, D, v[u]);
-                    ih[u] = (long long)i * H + hc;
-                    z[u] = v[u] ? sj + __ldg(score_dst + ih[u]) : 0.f;
+                    ih[u] = (long long)i * H + hc;  // i valid (or 0): no guard, as the forward
+                    z[u] = __ldg(score_dst + ih[u]);
+                    Lv[u] = __ldg(lse + ih[u]);
+                    dl[u] = __ldg(delta + ih[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {  // the optional terms branch: after every row load
+                    z[u] = v[u] ? sj + z[u] : 0.f;
+                    Lv[u] = v[u] ? Lv[u] : 0.f;
+                    dl[u] = v[u] ? dl[u] : 0.f;
                     if (edge_score != nullptr && v[u]) z[u] += __ldg(edge_score + (long long)pe[u] * H + hc);
-                    Lv[u] = v[u] ? __ldg(lse + ih[u]) : 0.f;
-                    dl[u] = v[u] ? __ldg(delta + ih[u]) : 0.f;
                     wm[u] = (edge_weight != nullptr && v[u]) ? __ldg(edge_weight + pe[u]) : 1.f;
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                     ds[u] = 1.f;

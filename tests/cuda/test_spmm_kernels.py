@@ -98,6 +98,9 @@ def test_each_algorithm(monkeypatch, alg, graph_name, F):
     """Every algorithm (forced; a fresh Graph so nothing is cached), also those the timing
     leaves out (CSR_ALG1/ALG3 spread NaN across rows; their finite results are right)."""
     monkeypatch.setenv("GNN_FASTPATH_SPMM_ALG", alg)
+    # the backward on the explicit transpose (its own matrix), so the forward matrix has
+    # made exactly one choice: the one forced here
+    monkeypatch.setenv("GNN_FASTPATH_SPMM_BWD", "transposed")
     edge_index, sizes = _GRAPHS[graph_name]()
     graph = Graph.from_edge_index(edge_index.cuda(), sizes)
     _check(graph, F, "both", weighted=True, seed=5)
