@@ -29,6 +29,21 @@ def pytest_configure(config):
         scatter_without_cpu_only_torch_scatter(pyg)
 
 
+@pytest.fixture
+def no_cpu_only_torch_sparse(monkeypatch):
+    """Stock PyG without a CPU-only torch_sparse for CUDA tensors (e.g. EdgeIndex.matmul would
+    call it and fail); not session-wide, as NeighborLoader samples with it on the CPU."""
+    import torch_geometric.typing as pyg_typing
+
+    if pyg_typing.WITH_TORCH_SPARSE and torch.cuda.is_available():
+        try:
+            cpu_only = torch.ops.torch_sparse.cuda_version() == -1
+        except Exception:  # noqa: BLE001 - no such op in this build: leave PyG's choice
+            cpu_only = False
+        if cpu_only:
+            monkeypatch.setattr(pyg_typing, "WITH_TORCH_SPARSE", False)
+
+
 def pytest_collection_modifyitems(config, items):
     cuda_reason = _cuda_reason()
     dgl_missing = import_dgl() is None

@@ -246,7 +246,7 @@ def test_fallbacks(check, case):
 @pytest.mark.cuda
 @pytest.mark.parametrize("aggr,kind", [("add", "tensor"), ("mean", "sorted_edge_index"), ("add", "csr"),
                                        ("max", "tensor"), ("min", "edge_index_obj"), ("mean", "super_node")])
-def test_cuda_matches_stock(check, aggr, kind):
+def test_cuda_matches_stock(check, aggr, kind, no_cpu_only_torch_sparse):
     import torch_geometric.typing
 
     if kind == "super_node":
