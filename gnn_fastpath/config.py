@@ -95,10 +95,9 @@ SETTINGS = (
             "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
             "out-degree",
             _optional_choice("atomic", "transposed")),
-    Setting("GNN_FASTPATH_SPMM_BWD", "auto", "auto, transposed, flag",
-            "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag; auto: "
-            "the flag on a graph's first backward, the transpose once the graph is used again",
-            _choice("auto", "transposed", "flag")),
+    Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
+            "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag",
+            _choice("transposed", "flag")),
     Setting("GNN_FASTPATH_SPMM_ALG", "", "default, alg1, alg2, alg3, custom (empty: timed)",
             "SpMM algorithm: force one instead of timing cuSPARSE's CSR algorithms and the own kernel",
             _optional_choice("default", "alg1", "alg2", "alg3", "custom")),

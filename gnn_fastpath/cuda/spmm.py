@@ -14,16 +14,11 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
   training loop that builds a new weight tensor every step keeps only the newest). In-place
   writes through ``tensor.data`` do not bump ``_version`` and are not noticed: write weights
   in place under ``torch.no_grad()`` instead (what optimizers do);
-- for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed``: the transposed matrix A^T
-  [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed values per
-  cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With ``flag``: nothing
-  extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32 C cast once when
-  dX is 16-bit: its transposed product adds into C with atomics). ``auto`` (default) takes
-  the flag on a graph's first backward and the explicit transpose from its second on: a
-  sampled mini-batch graph lives for one step, and building its transpose (a sort of M
-  edges, new descriptors) cost more than the one transposed product it would serve (3.0 ms
-  of a 9.4 ms GCN step, arxiv-like batch 1024 on the H200), while a full-batch graph pays
-  the build once and then runs the faster plain product every step.
+- for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
+  matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
+  values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
+  ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32
+  C cast once when dX is 16-bit: its transposed product adds into C with atomics).
 
 The gradient w.r.t. the edge weights is the SDDMM
 ``dw_e = c_dst[row] c_src[col] <dY[row], X[col]>`` (``spmm_edge_grad``), in caller order.
@@ -134,7 +129,6 @@ class SpmmCache:
         self.csr = CsrMatrix(kc.indptr, kc.indices, graph.n_dst, graph.n_src,
                              lambda values, b, c: own_spmm(kc.indices, kc.indptr, work, values, b, c))
         self._csr_t: Optional[CsrMatrix] = None
-        self.backward_calls = 0  # GNN_FASTPATH_SPMM_BWD=auto: the transpose pays from the second
         self._unweighted = {}
         self._weighted = {}
         build_counts["csr"] += 1
@@ -216,9 +210,7 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
         # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
         # those always take the explicit transposed matrix (run by the own kernel).
-        mode = config.setting("GNN_FASTPATH_SPMM_BWD")
-        cache.backward_calls += 1
-        transposed = (mode == "transposed" or (mode == "auto" and cache.backward_calls > 1)
+        transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
                       or cache.csr.nnz > cache.n_src * cache.n_dst)
         if not transposed:
             try:

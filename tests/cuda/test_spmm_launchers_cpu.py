@@ -66,29 +66,3 @@ def test_csr_build_launch(launches):
 
     csr_indptr(torch.tensor([0, 0, 2, 5]), 7)
     assert launches == ["csr_indptr_from_sorted"]
-
-
-def test_backward_auto_builds_the_transpose_only_for_a_reused_graph(launches, monkeypatch):
-    """GNN_FASTPATH_SPMM_BWD=auto (the default): a graph's first backward runs cuSPARSE's
-    transposed product on A (no source-major CSR built: a sampled graph lives one step);
-    its second backward builds the explicit transpose and uses it from then on."""
-    from gnn_fastpath.cuda.cusparse import CsrMatrix
-
-    monkeypatch.delenv("GNN_FASTPATH_SPMM_BWD", raising=False)
-    products = []
-    plain = CsrMatrix.matmul
-
-    def spy(self, values, b, c, transpose=False):
-        products.append(((self.n_rows, self.n_cols), transpose))
-        return plain(self, values, b, c, transpose=False) if not transpose else c.zero_()
-
-    monkeypatch.setattr(CsrMatrix, "matmul", spy)
-    g = graph(False)
-    x = leaf(g.n_src, 8)
-    SpmmFunction.apply(x, None, g, "both").sum().backward()
-    assert [t for _, t in products] == [False, True]  # forward, then the flag
-    assert spmm_kernels.cache_of(g)._csr_t is None
-    products.clear()
-    SpmmFunction.apply(x, None, g, "both").sum().backward()
-    assert [t for _, t in products] == [False, False]  # forward, then the explicit transpose
-    assert spmm_kernels.cache_of(g)._csr_t is not None
