@@ -26,31 +26,20 @@ differ (stock fails: no destination ``norm_h``), and a ``beta`` of another dtype
 """
 from __future__ import annotations
 
-from torch import Tensor
-
 from ...ops.dispatch import require
 from .. import agnn
 from ..shim import Shim, Unsupported, check_like
-from .graph import (check_device, check_graph, check_precision, check_zero_in_degree, features_of, graph_of,
-                    sparse_cast)
+from .graph import check_call, check_zero_in_degree, features_of, graph_of, sparse_cast, split_feat
 
 
 def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool):
     """(feat_src, feat_dst or None when the destination side is the source's first rows)."""
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
-        src, dst = feat
-        if not isinstance(src, Tensor):
-            raise Unsupported("input", f"feat[0] is a {type(src).__name__}")
-        check_like("feat[1]", dst, src)
+    src, dst = split_feat(feat)
+    if dst is not None:
         if dst.shape[1:] != src.shape[1:]:
             raise Unsupported("input", f"feat_src {tuple(src.shape)} and feat_dst {tuple(dst.shape)} differ "
                                        "in trailing shape")
     else:
-        src, dst = feat, None
-        if not isinstance(src, Tensor):
-            raise Unsupported("input", f"feat is a {type(src).__name__}")
         etype = g.canonical_etypes[0]
         if not is_block and etype[0] != etype[2]:
             raise Unsupported("input", "one feature tensor on a graph whose source and destination node types "
@@ -65,10 +54,7 @@ def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool):
 def fused_forward(module, backend, graph, feat):
     """``AGNNConv.forward(graph, feat)`` on the fused op."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     feat_src, feat_dst = _check_features(g, feat, n_src, n_dst, is_block)
     beta = check_like("beta", module.beta, feat_src)
 

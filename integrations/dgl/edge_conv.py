@@ -53,12 +53,12 @@ match the graph, a ``theta`` that is not a hook-free ``nn.Linear``, and a graph 
 """
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
 from ...ops.dispatch import require
 from .. import edge_conv
 from ..shim import Shim, Unsupported, autocast_dtype, check_like, has_module_hooks, linear_dtype
-from .graph import check_device, check_graph, check_precision, check_zero_in_degree, features_of, graph_of
+from .graph import check_call, check_zero_in_degree, features_of, graph_of, node_features
 
 
 def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
@@ -70,24 +70,7 @@ def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
     if type(theta) is not nn.Linear or has_module_hooks(theta):
         what = "an nn.Linear with hooks" if type(theta) is nn.Linear else f"a {type(theta).__name__}"
         raise Unsupported("theta", f"theta is {what} (the fused path reads a plain nn.Linear's weight and bias)")
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
-        feat_src, feat_dst = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat[0] is a {type(feat_src).__name__}")
-        check_like("feat[1]", feat_dst, feat_src)
-    else:
-        feat_src = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat is a {type(feat_src).__name__}")
-        feat_dst = feat_src[:n_dst] if is_block else feat_src
-    if feat_src.dim() < 2 or feat_dst.shape[1:] != feat_src.shape[1:]:
-        raise Unsupported("input", "the fused path takes [N, *, F] features of at least 2 dimensions, one "
-                                   "trailing shape on both sides")
-    if feat_src.shape[0] != n_src or feat_dst.shape[0] != n_dst:
-        raise Unsupported("input", f"feature rows ({feat_src.shape[0]}, {feat_dst.shape[0]}) for a graph of "
-                                   f"({n_src}, {n_dst}) nodes")
+    feat_src, feat_dst = node_features(feat, n_src, n_dst, is_block, "[N, *, F]")
     if theta.weight.shape[1] != feat_src.shape[-1]:
         raise Unsupported("input", f"theta takes {theta.weight.shape[1]} features, the input has {feat_src.shape[-1]}")
     for name, p in module.named_parameters():
@@ -98,10 +81,7 @@ def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
 def fused_forward(module, backend, graph, feat):
     """``EdgeConv.forward(g, feat)`` on the fused op."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     feat_src, feat_dst = _check_inputs(module, g, feat, n_src, n_dst, is_block)
 
     G = graph_of(g)

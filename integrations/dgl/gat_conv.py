@@ -44,8 +44,8 @@ from torch import Tensor
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like
-from .graph import (check_attention_modules, check_attention_vector, check_device, check_features, check_graph,
-                    check_precision, check_zero_in_degree, features_of, graph_of, sparse_cast)
+from .graph import (check_attention_modules, check_attention_vector, check_call, check_features,
+                    check_zero_in_degree, features_of, graph_of, sparse_cast)
 
 
 def _edge_weight(edge_weight, num_edges: int, like: Tensor):
@@ -63,10 +63,7 @@ def _edge_weight(edge_weight, num_edges: int, like: Tensor):
 def fused_forward(module, backend, graph, feat, edge_weight=None, get_attention=False):
     """``GATConv.forward(graph, feat, edge_weight=None, get_attention=False)`` on the fused op."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     negative_slope, p = check_attention_modules(module)
     H, D = int(module._num_heads), int(module._out_feats)
     check_attention_vector("attn_l", module.attn_l, x, H, D)

@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, has_module_hooks
-from .graph import (check_attention_modules, check_attention_vector, check_device, check_features, check_graph,
-                    check_precision, check_zero_in_degree, features_of, graph_of, sparse_cast)
+from .graph import (check_attention_modules, check_attention_vector, check_call, check_features,
+                    check_zero_in_degree, features_of, graph_of, sparse_cast)
 
 
 def _check_module(module, x: Tensor):
@@ -53,10 +53,7 @@ def _fc_dst_rows(module, h_dst: Tensor, n_dst: int) -> Tensor:
 def fused_forward(module, backend, graph, feat, get_attention=False):
     """``GATv2Conv.forward(graph, feat, get_attention=False)`` on the fused op."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     H, D, att, negative_slope, p = _check_module(module, x)
     check_features(feat, n_src, n_dst, is_block)
 

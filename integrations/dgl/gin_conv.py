@@ -32,14 +32,13 @@ a graph without edges (DGL 2.1's max then sends every destination's gradient to 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like
-from .graph import check_device, check_graph, check_precision, features_of, graph_of, sparse_cast
+from .graph import (apply_optional, check_call, features_of, graph_of, node_features, scalar_edge_weight,
+                    sparse_cast)
 
 
 def op_for(module) -> str:
@@ -52,37 +51,13 @@ def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block
     aggr = module._aggregator_type
     if aggr not in ("sum", "mean", "max"):
         raise Unsupported("aggregator_type", f"aggregator_type={aggr!r}")
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
-        feat_src, feat_dst = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat[0] is a {type(feat_src).__name__}")
-        check_like("feat[1]", feat_dst, feat_src)
-    else:
-        feat_src = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat is a {type(feat_src).__name__}")
-        feat_dst = feat_src[:n_dst] if is_block else feat_src
-    if feat_src.dim() < 2 or feat_dst.shape[1:] != feat_src.shape[1:]:
-        raise Unsupported("input", "the fused path takes [N, *] features of at least 2 dimensions, one trailing "
-                                   "shape on both sides")
-    if feat_src.shape[0] != n_src or feat_dst.shape[0] != n_dst:
-        raise Unsupported("input", f"feature rows ({feat_src.shape[0]}, {feat_dst.shape[0]}) for a graph of "
-                                   f"({n_src}, {n_dst}) nodes")
+    feat_src, feat_dst = node_features(feat, n_src, n_dst, is_block, "[N, *]")
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, feat_src)
     eps = module.eps
     if not isinstance(eps, Tensor) or eps.device != feat_src.device:
         raise Unsupported("device", f"eps is not a tensor on {feat_src.device}")
-    weight: Optional[Tensor] = None
-    if edge_weight is not None:
-        check_like("edge_weight", edge_weight, feat_src)
-        m = g.num_edges()
-        if edge_weight.shape not in ((m,), (m, 1)):
-            raise Unsupported("edge_weight", f"edge_weight of shape {tuple(edge_weight.shape)} "
-                                             f"(the fused path takes one scalar per edge, [{m}] or [{m}, 1])")
-        weight = edge_weight.reshape(m)
+    weight = scalar_edge_weight(g, edge_weight, feat_src)
     if aggr == "max" and g.num_edges() == 0:
         raise Unsupported("empty_graph", "max on a graph without edges (DGL 2.1's max then sends every "
                                          "destination's gradient to source node 0)")
@@ -92,10 +67,7 @@ def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block
 def fused_forward(module, backend, graph, feat, edge_weight=None):
     """``GINConv.forward(graph, feat, edge_weight=None)`` on the fused ops."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     feat_src, feat_dst, weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
     require(op_for(module), x.device, x.dtype, G)  # before apply_func or activation runs
@@ -108,11 +80,7 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     else:
         neigh = ops.spmm(G, h, edge_weight=w, norm="right" if aggr == "mean" else "none")
     rst = (1 + module.eps) * feat_dst + neigh
-    if module.apply_func is not None:
-        rst = module.apply_func(rst)
-    if module.activation is not None:
-        rst = module.activation(rst)
-    return rst
+    return apply_optional(rst, module.apply_func, module.activation)
 
 
 def make_shim() -> Shim:

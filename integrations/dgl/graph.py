@@ -78,6 +78,18 @@ def sparse_cast(*tensors: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
                  else t for t in tensors)
 
 
+def check_call(g, feat) -> Tuple[int, int, bool, Tensor]:
+    """The checks every DGL shim opens with: ``(n_src, n_dst, is_block)`` of ``g``
+    (:func:`check_graph`) and the features deciding device and dtype (:func:`features_of`),
+    on a device (:func:`check_device`) and in a precision (:func:`check_precision`) the fused
+    path takes; returned as ``(n_src, n_dst, is_block, x)``."""
+    n_src, n_dst, is_block = check_graph(g)
+    x = features_of(g, feat)
+    check_device(g, x)
+    check_precision(x)
+    return n_src, n_dst, is_block, x
+
+
 def check_device(g, x: Tensor) -> None:
     """Graph on the CPU (any feature device) or on the features' device; else Unsupported."""
     if g.device.type != "cpu" and g.device != x.device:
@@ -200,3 +212,59 @@ def check_features(feat, n_src: int, n_dst: int, is_block: bool) -> Tensor:
     if feat.shape[0] != n_src or (n_src != n_dst if not is_block else n_src < n_dst):
         raise Unsupported("input", f"feat has {feat.shape[0]} rows for a graph of ({n_src}, {n_dst}) nodes")
     return feat
+
+
+# --------------------------------------------------------------------------- feature and weight inputs
+def split_feat(feat) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(feat_src, feat_dst)`` of a pair (the second like the first, :func:`..shim.check_like`),
+    ``(feat, None)`` of one tensor; Unsupported for anything else."""
+    if isinstance(feat, tuple):
+        if len(feat) != 2:
+            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
+        feat_src, feat_dst = feat
+        if not isinstance(feat_src, Tensor):
+            raise Unsupported("input", f"feat[0] is a {type(feat_src).__name__}")
+        check_like("feat[1]", feat_dst, feat_src)
+        return feat_src, feat_dst
+    if not isinstance(feat, Tensor):
+        raise Unsupported("input", f"feat is a {type(feat).__name__}")
+    return feat, None
+
+
+def node_features(feat, n_src: int, n_dst: int, is_block: bool, layout: str) -> Tuple[Tensor, Tensor]:
+    """``(feat_src, feat_dst)`` as stock's ``expand_as_pair`` gives them (a block's destination
+    features are its first ``n_dst`` rows), of at least 2 dimensions with one trailing shape on
+    both sides and one row per node; Unsupported otherwise (``layout`` names the shape taken,
+    such as ``"[N, *]"``, in the reason)."""
+    feat_src, feat_dst = split_feat(feat)
+    if feat_dst is None:
+        feat_dst = feat_src[:n_dst] if is_block else feat_src
+    if feat_src.dim() < 2 or feat_dst.shape[1:] != feat_src.shape[1:]:
+        raise Unsupported("input", f"the fused path takes {layout} features of at least 2 dimensions, one "
+                                   "trailing shape on both sides")
+    if feat_src.shape[0] != n_src or feat_dst.shape[0] != n_dst:
+        raise Unsupported("input", f"feature rows ({feat_src.shape[0]}, {feat_dst.shape[0]}) for a graph of "
+                                   f"({n_src}, {n_dst}) nodes")
+    return feat_src, feat_dst
+
+
+def scalar_edge_weight(g, edge_weight: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
+    """``edge_weight`` as [M] (None stays None): one scalar per edge, ``[M]`` or ``[M, 1]``, like
+    the features ``like`` (:func:`..shim.check_like`); Unsupported otherwise."""
+    if edge_weight is None:
+        return None
+    check_like("edge_weight", edge_weight, like)
+    m = g.num_edges()
+    if edge_weight.shape not in ((m,), (m, 1)):
+        raise Unsupported("edge_weight", f"edge_weight of shape {tuple(edge_weight.shape)} "
+                                         f"(the fused path takes one scalar per edge, [{m}] or [{m}, 1])")
+    return edge_weight.reshape(m)
+
+
+def apply_optional(rst: Tensor, *modules) -> Tensor:
+    """``rst`` through each of ``modules`` that is not None, in order (stock's optional
+    ``apply_func``, ``activation``, ``norm`` calls)."""
+    for module in modules:
+        if module is not None:
+            rst = module(rst)
+    return rst

@@ -34,8 +34,7 @@ import torch
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like, out_dtype_of, result_dtype
-from .graph import (check_device, check_graph, check_precision, check_zero_in_degree,
-                    dgl_error, features_of, graph_of, sparse_cast)
+from .graph import check_call, check_zero_in_degree, dgl_error, features_of, graph_of, sparse_cast
 
 _NORMS = ("none", "both", "right", "left")
 _EXTERNAL_WEIGHT_MESSAGE = (
@@ -96,10 +95,7 @@ def _stock_dtype(norm: str, aggregated: torch.dtype, like: torch.Tensor) -> torc
 def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
     """``GraphConv.forward(graph, feat, weight=None, edge_weight=None)`` on the fused op."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     feat_src, w = _check_inputs(module, g, feat, weight, edge_weight, n_src, n_dst, is_block)
 
     G = graph_of(g)

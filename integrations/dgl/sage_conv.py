@@ -55,7 +55,8 @@ from ... import ops
 from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Shim, Unsupported, check_like
-from .graph import check_device, check_graph, check_precision, features_of, graph_of, sparse_cast
+from .graph import (apply_optional, check_call, features_of, graph_of, scalar_edge_weight, sparse_cast,
+                    split_feat)
 
 _AGGREGATORS = ("mean", "gcn", "pool")
 
@@ -71,17 +72,9 @@ def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block
     if aggr not in _AGGREGATORS:
         raise Unsupported("aggregator_type", f"aggregator_type={aggr!r} (the fused path takes "
                                              f"{', '.join(_AGGREGATORS)})")
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise Unsupported("input", f"feat is a tuple of {len(feat)} (expected (feat_src, feat_dst))")
-        feat_src, feat_dst = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat[0] is a {type(feat_src).__name__}")
-        check_like("feat[1]", feat_dst, feat_src)
-    else:
-        feat_src = feat_dst = feat
-        if not isinstance(feat_src, Tensor):
-            raise Unsupported("input", f"feat is a {type(feat_src).__name__}")
+    feat_src, feat_dst = split_feat(feat)
+    if feat_dst is None:
+        feat_dst = feat_src
     if feat_src.dim() != 2 or feat_dst.dim() != 2:
         raise Unsupported("input", "the fused path takes 2-D [N, F] features")
     if aggr == "gcn" and feat_src.shape[1:] != feat_dst.shape[1:]:
@@ -95,13 +88,7 @@ def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block
                                    "destination nodes")
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, feat_src)
-    if edge_weight is not None:
-        check_like("edge_weight", edge_weight, feat_src)
-        m = g.num_edges()
-        if edge_weight.shape not in ((m,), (m, 1)):
-            raise Unsupported("edge_weight", f"edge_weight of shape {tuple(edge_weight.shape)} "
-                                             f"(the fused path takes one scalar per edge, [{m}] or [{m}, 1])")
-        edge_weight = edge_weight.reshape(m)
+    edge_weight = scalar_edge_weight(g, edge_weight, feat_src)
     if aggr == "pool" and g.num_edges() == 0:
         raise Unsupported("empty_graph", "pool on a graph without edges (DGL 2.1's max then sends every "
                                          "destination's gradient to source node 0)")
@@ -119,10 +106,7 @@ def _gcn_denominator(graph: Graph, like: Tensor) -> Tensor:
 def fused_forward(module, backend, graph, feat, edge_weight=None):
     """``SAGEConv.forward(graph, feat, edge_weight=None)`` on the fused ops."""
     g = graph
-    n_src, n_dst, is_block = check_graph(g)
-    x = features_of(g, feat)
-    check_device(g, x)
-    check_precision(x)
+    n_src, n_dst, is_block, x = check_call(g, feat)
     weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
     require(op_for(module), x.device, x.dtype, G)  # before feat_drop or any fc runs
@@ -166,11 +150,7 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
             rst = rst + module.bias
     else:
         rst = module.fc_self(h_self) + h_neigh
-    if module.activation is not None:
-        rst = module.activation(rst)
-    if module.norm is not None:
-        rst = module.norm(rst)
-    return rst
+    return apply_optional(rst, module.activation, module.norm)
 
 
 def make_shim() -> Shim:

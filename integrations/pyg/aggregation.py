@@ -28,7 +28,7 @@ from torch import Tensor
 from ... import ops
 from ...graph import Graph
 from ..shim import Unsupported, check_like
-from .graph import EdgeIndex, check_sparse_product, is_sparse, sparse_values
+from .graph import EdgeIndex, check_sparse_product, is_sparse, sparse_values, split_pair
 
 #: The plain aggregation modules by class name, and the reduction each performs.
 PLAIN = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
@@ -74,19 +74,7 @@ def check_module(module, base: type) -> str:
 def split(x) -> Tuple[Tensor, Optional[Tensor]]:
     """(x_src, x_dst or None) of ``x`` or ``(x_src, x_dst)``, both 2-D with one dtype and
     device; a single tensor is both sides (``x = (x, x)`` in stock)."""
-    if isinstance(x, Tensor):
-        x_src, x_dst = x, x
-    elif isinstance(x, (tuple, list)) and len(x) == 2:
-        x_src, x_dst = x
-        if not isinstance(x_src, Tensor):
-            raise Unsupported("input", f"x[0] is a {type(x_src).__name__}")
-        if x_dst is not None:
-            check_like("x[1]", x_dst, x_src)
-    else:
-        raise Unsupported("input", f"x is a {type(x).__name__}, not a tensor or a pair of tensors")
-    if x_src.dim() != 2 or (x_dst is not None and x_dst.dim() != 2):
-        raise Unsupported("input", "node features must be 2-D [N, F]")
-    return x_src, x_dst
+    return split_pair(x, single_is_target=True, none_target=True)
 
 
 def _size_entry(value):

@@ -50,10 +50,10 @@ from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Unsupported, check_like, finite_number, out_dtype_of, result_dtype
-from .graph import (EdgeIndex, attention_dropout, check_fill, check_inputs, check_message_passing, graph_of,
-                    is_sparse, looped_edge_attr, pair_features, pyg_softmax, replace_self_loops,
-                    stock_looped_edge_index)
+from ..shim import Unsupported, check_like, finite_number
+from .graph import (EdgeIndex, attention_dropout, attention_out_dtype, attention_result, attention_self_loops,
+                    check_inputs, check_message_passing, check_return_attention, graph_of, is_sparse,
+                    looped_edge_attr, pair_features, pyg_softmax, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
@@ -64,25 +64,6 @@ def _stock_dtypes(x: Tensor, att: Tensor):
     score = (x * att).sum(dim=-1)
     alpha = pyg_softmax(torch.nn.functional.leaky_relu(score + score))
     return alpha, alpha.unsqueeze(-1) * x
-
-
-def _split(x) -> Tuple[Tensor, Optional[Tensor]]:
-    """``(x, None)`` for one tensor (the homogeneous case), ``(x_src, x_dst)`` for a pair whose
-    ``x_dst`` may be None (stock takes that: no target term, no residual); 2-D, one dtype and
-    device, else Unsupported."""
-    if isinstance(x, Tensor):
-        x_src, x_dst = x, None
-    elif isinstance(x, (tuple, list)) and len(x) == 2:
-        x_src, x_dst = x
-        if not isinstance(x_src, Tensor):
-            raise Unsupported("input", f"x[0] is a {type(x_src).__name__}")
-        if x_dst is not None:
-            check_like("x[1]", x_dst, x_src)
-    else:
-        raise Unsupported("input", f"x is a {type(x).__name__}, not a tensor or a pair of tensors")
-    if x_src.dim() != 2 or (x_dst is not None and x_dst.dim() != 2):
-        raise Unsupported("input", "node features must be 2-D [N, F]")
-    return x_src, x_dst
 
 
 def _propagate_size(edge_index, size) -> list:
@@ -171,24 +152,16 @@ def _check_att(name: str, param, H: int, C: int) -> None:
 def forward(module, backend: str, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
     """Fused ``GATConv.forward``: same arguments, same return value."""
     check_message_passing(module)
-    x_src, x_dst = _split(x)
+    x_src, x_dst = split_pair(x, none_target=True)
     pair = not isinstance(x, Tensor)
     check_inputs(module, x_src)
-    if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
-        raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
+    check_return_attention(return_attention_weights)
     targets = x_src if not pair else x_dst  # stock's x_dst: the same tensor for one x
     n_src, n_dst = _sizes(edge_index, size, x_src.size(0), targets)
     base = graph_of(edge_index, n_src, n_dst, x_src)
     use_edge = _check_edge_attr(module, edge_attr, base.num_edges, x_src)
-    looped = None
-    graph = base
-    if module.add_self_loops:
-        if is_sparse(edge_index):
-            raise Unsupported("sparse_self_loops", "add_self_loops on a torch.sparse adjacency "
-                                                   "(stock rebuilds and coalesces it)")
-        looped = replace_self_loops(base, _num_loops(size, n_src, n_dst, targets))
-        check_fill(module.fill_value, edge_attr, looped)
-        graph = looped.graph
+    graph, looped = attention_self_loops(module, edge_index, base, edge_attr,
+                                         lambda: _num_loops(size, n_src, n_dst, targets))
     p = attention_dropout(module)
     slope = finite_number("negative_slope", module.negative_slope)
 
@@ -229,32 +202,9 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, size=None, retu
             edge_attr = edge_attr.view(-1, 1)
         edge_score = (module.lin_edge(edge_attr).view(-1, H, C) * module.att_edge).sum(dim=-1)
 
-    alpha_dtype, message_dtype = result_dtype(_stock_dtypes, h_src.device, h_src.dtype, module.att_src.dtype)
-    out_dtype = out_dtype_of("GATConv", h_src.dtype, message_dtype)
-    if alpha_dtype != out_dtype:
-        raise Unsupported("dtype", f"stock's attention weights ({alpha_dtype}) and messages ({out_dtype}) differ")
+    out_dtype = attention_out_dtype("GATConv", _stock_dtypes, h_src, module.att_src.dtype)
     # Stock returns alpha after dropout ("dropped"): its edge_update applies the dropout.
     out = ops.gat_attention(graph, h_src, score_src, score_dst, edge_score, negative_slope=slope,
                             return_attention="dropped" if return_attention_weights else False, dropout=p,
                             out_dtype=out_dtype)
-    if return_attention_weights:
-        out, alpha = out
-
-    if module.concat:
-        out = out.view(-1, H * C)
-    else:
-        out = out.mean(dim=1)
-    if res is not None:
-        out = out + res
-    if module.bias is not None:
-        out = out + module.bias
-
-    if return_attention_weights:
-        if is_sparse(edge_index):
-            from torch_geometric.utils.sparse import set_sparse_value
-
-            return out, (set_sparse_value(edge_index, alpha), alpha)
-        if looped is not None:
-            edge_index = stock_looped_edge_index(edge_index, looped.num_loops)
-        return out, (edge_index, alpha)
-    return out
+    return attention_result(module, out, res, edge_index, looped, return_attention_weights)

@@ -45,10 +45,10 @@ from torch import Tensor
 
 from ... import ops
 from ...ops.dispatch import require
-from ..shim import Unsupported, finite_number, out_dtype_of, result_dtype
-from .graph import (attention_dropout, check_fill, check_inputs, check_like, check_message_passing, graph_of,
-                    is_sparse, looped_edge_attr, pair_features, pyg_softmax, replace_self_loops, split_pair,
-                    stock_looped_edge_index)
+from ..shim import Unsupported, finite_number
+from .graph import (attention_dropout, attention_out_dtype, attention_result, attention_self_loops, check_inputs,
+                    check_like, check_message_passing, check_return_attention, graph_of, looped_edge_attr,
+                    pair_features, pyg_softmax, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
@@ -65,8 +65,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     check_message_passing(module)
     x_src, x_dst = split_pair(x)
     check_inputs(module, x_src)
-    if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
-        raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
+    check_return_attention(return_attention_weights)
     n_src = x_src.size(0)
     n_dst = n_src if x_dst is None else x_dst.size(0)
     base = graph_of(edge_index, n_src, n_dst, x_src)
@@ -77,15 +76,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
         if edge_attr.dim() not in (1, 2) or edge_attr.size(0) != base.num_edges:
             raise Unsupported("edge_attr", f"edge_attr of shape {tuple(edge_attr.shape)} "
                                            f"(expected [{base.num_edges}] or [{base.num_edges}, edge_dim])")
-    looped = None
-    graph = base
-    if module.add_self_loops:
-        if is_sparse(edge_index):
-            raise Unsupported("sparse_self_loops", "add_self_loops on a torch.sparse adjacency "
-                                                   "(stock rebuilds and coalesces it)")
-        looped = replace_self_loops(base, min(n_src, n_dst))
-        check_fill(module.fill_value, edge_attr, looped)
-        graph = looped.graph
+    graph, looped = attention_self_loops(module, edge_index, base, edge_attr, lambda: min(n_src, n_dst))
     p = attention_dropout(module)
     slope = finite_number("negative_slope", module.negative_slope)
 
@@ -111,33 +102,9 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
             edge_attr = edge_attr.view(-1, 1)
         edge_term = module.lin_edge(edge_attr).view(-1, H, C)
 
-    alpha_dtype, message_dtype = result_dtype(_stock_dtypes, x_l.device, x_l.dtype, module.att.dtype)
-    out_dtype = out_dtype_of("GATv2Conv", x_l.dtype, message_dtype)
-    if alpha_dtype != out_dtype:
-        raise Unsupported("dtype", f"stock's attention weights ({alpha_dtype}) and messages ({out_dtype}) differ")
+    out_dtype = attention_out_dtype("GATv2Conv", _stock_dtypes, x_l, module.att.dtype)
     # Stock returns alpha after dropout ("dropped"): its edge_update applies the dropout.
     out = ops.gatv2_attention(graph, x_l, x_r, module.att.view(H, C), negative_slope=slope,
                               edge_term=edge_term, dropout=p, out_dtype=out_dtype,
                               return_attention="dropped" if return_attention_weights else False)
-    if return_attention_weights:
-        out, alpha = out
-
-    if module.concat:
-        out = out.view(-1, H * C)
-    else:
-        out = out.mean(dim=1)
-    if res is not None:
-        out = out + res
-    if module.bias is not None:
-        out = out + module.bias
-
-    if return_attention_weights:
-        if is_sparse(edge_index):
-            from torch_geometric.utils.sparse import set_sparse_value
-
-            return out, (set_sparse_value(edge_index, alpha), alpha)
-        if looped is not None:
-            edge_index = stock_looped_edge_index(edge_index, looped.num_loops)
-        return out, (edge_index, alpha)
-    return out
-
+    return attention_result(module, out, res, edge_index, looped, return_attention_weights)

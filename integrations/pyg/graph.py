@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ...graph import Graph
 from ...graph.convert import edge_index_to_coo, tensor_version
-from ..shim import Unsupported, check_like
+from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
 
 try:  # PyG >= 2.5
     from torch_geometric import EdgeIndex
@@ -72,18 +72,23 @@ def check_sparse_product(values: Tensor, dtype: torch.dtype, reduce: str) -> Non
         raise Unsupported("dtype", f"a {dtype} sum over a torch.sparse adjacency on the CPU (stock raises)")
 
 
-def split_pair(x) -> Tuple[Tensor, Optional[Tensor]]:
-    """``(x, None)`` for one feature tensor, ``(x_src, x_dst)`` for a pair; both 2-D with one
-    dtype and device, else Unsupported (a ``None`` target side too: stock asserts)."""
+def split_pair(x, *, single_is_target: bool = False,
+               none_target: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(x, None)`` for one feature tensor (``(x, x)`` with ``single_is_target``, stock's
+    ``x = (x, x)``), ``(x_src, x_dst)`` for a pair; both 2-D with one dtype and device, else
+    Unsupported. A ``None`` target side of a pair is Unsupported (stock asserts) unless
+    ``none_target`` (the layers whose stock takes it)."""
     if isinstance(x, Tensor):
-        x_src, x_dst = x, None
+        x_src, x_dst = x, (x if single_is_target else None)
     elif isinstance(x, (tuple, list)) and len(x) == 2:
         x_src, x_dst = x
         if not isinstance(x_src, Tensor):
             raise Unsupported("input", f"x[0] is a {type(x_src).__name__}")
         if x_dst is None:
-            raise Unsupported("input", "x[1] is None")
-        check_like("x[1]", x_dst, x_src)
+            if not none_target:
+                raise Unsupported("input", "x[1] is None")
+        else:
+            check_like("x[1]", x_dst, x_src)
     else:
         raise Unsupported("input", f"x is a {type(x).__name__}, not a tensor or a pair of tensors")
     if x_src.dim() != 2 or (x_dst is not None and x_dst.dim() != 2):
@@ -110,6 +115,50 @@ def check_inputs(module, x: Tensor) -> None:
         return  # the common case, without building a name per parameter
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, x)
+
+
+def check_return_attention(return_attention_weights) -> None:
+    """Unsupported unless ``return_attention_weights`` is None or a bool (stock's attention
+    layers test it for truth; other values run stock, which decides)."""
+    if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
+        raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
+
+
+def attention_out_dtype(name: str, stock_dtypes, h: Tensor, *dtypes: torch.dtype) -> torch.dtype:
+    """The ``out_dtype`` of an attention op fed projections ``h``: the dtype of stock's messages,
+    as ``stock_dtypes(h, *others)`` (returning ``(alpha, message)``) gives it for ``h``'s dtype and
+    ``dtypes`` (:func:`..shim.result_dtype`, :func:`..shim.out_dtype_of` for layer ``name``);
+    Unsupported where stock's attention weights would have another dtype."""
+    alpha_dtype, message_dtype = result_dtype(stock_dtypes, h.device, h.dtype, *dtypes)
+    out_dtype = out_dtype_of(name, h.dtype, message_dtype)
+    if alpha_dtype != out_dtype:
+        raise Unsupported("dtype", f"stock's attention weights ({alpha_dtype}) and messages ({out_dtype}) differ")
+    return out_dtype
+
+
+def attention_result(module, result, res: Optional[Tensor], edge_index, looped: Optional[Looped],
+                     return_attention_weights: Optional[bool]):
+    """What stock's attention layer returns from the op's ``result`` ([N, H, C], or with the
+    attention weights ``(out, alpha)`` when ``return_attention_weights``): heads concatenated
+    (``module.concat``) or averaged, plus the residual ``res`` (None: none) and ``module.bias``;
+    with the weights ``(out, (edge_index, alpha))``, the looped ``edge_index`` built as stock
+    builds it where loops were added (``looped``), or ``(out, (adj_with_alpha_values, alpha))``
+    for a torch.sparse adjacency."""
+    out, alpha = result if return_attention_weights else (result, None)
+    out = out.view(-1, out.size(1) * out.size(2)) if module.concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if module.bias is not None:
+        out = out + module.bias
+    if not return_attention_weights:
+        return out
+    if is_sparse(edge_index):
+        from torch_geometric.utils.sparse import set_sparse_value
+
+        return out, (set_sparse_value(edge_index, alpha), alpha)
+    if looped is not None:
+        edge_index = stock_looped_edge_index(edge_index, looped.num_loops)
+    return out, (edge_index, alpha)
 
 
 def attention_dropout(module) -> float:
@@ -250,6 +299,21 @@ def append_self_loops(base: Graph, num_loops: int) -> Looped:
     ``add_self_loops`` on a torch.sparse adjacency). Memoised on ``base``."""
     return base.memo(("pyg", "append_self_loops", int(num_loops)),
                      lambda: _looped(base, int(num_loops), remove_existing=False))
+
+
+def attention_self_loops(module, edge_index, base: Graph, edge_attr: Optional[Tensor],
+                         num_loops: Callable[[], int]) -> Tuple[Graph, Optional[Looped]]:
+    """``(graph, looped)`` of an attention layer with stock's ``add_self_loops`` handling:
+    ``(base, None)`` without it, else every loop replaced by ``num_loops()`` appended ones (a
+    torch.sparse adjacency and a ``fill_value`` stock cannot apply are Unsupported)."""
+    if not module.add_self_loops:
+        return base, None
+    if is_sparse(edge_index):
+        raise Unsupported("sparse_self_loops", "add_self_loops on a torch.sparse adjacency "
+                                               "(stock rebuilds and coalesces it)")
+    looped = replace_self_loops(base, num_loops())
+    check_fill(module.fill_value, edge_attr, looped)
+    return looped.graph, looped
 
 
 def edge_weight_of(name: str, edge_weight: Optional[Tensor], graph: Graph, like: Tensor) -> Optional[Tensor]:
