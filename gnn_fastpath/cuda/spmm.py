@@ -125,9 +125,7 @@ class SpmmCache:
         self._graph = weakref.ref(graph)  # the cache lives in graph.memo: no reference cycle
         self.kc = kc
         self.n_src, self.n_dst = graph.n_src, graph.n_dst
-        work = segment_reduce.row_chunks(graph)  # the min/max kernels' work list: same rows, same split
-        self.csr = CsrMatrix(kc.indptr, kc.indices, graph.n_dst, graph.n_src,
-                             lambda values, b, c: own_spmm(kc.indices, kc.indptr, work, values, b, c))
+        self.csr = CsrMatrix(kc.indptr, kc.indices, graph.n_dst, graph.n_src, _own_kernel(self._graph, kc, False))
         self._csr_t: Optional[CsrMatrix] = None
         self._unweighted = {}
         self._weighted = {}
@@ -176,14 +174,26 @@ class SpmmCache:
         if self._csr_t is None:
             graph = self._graph()
             sc = graph.kernel_source_csr()
-            work = segment_reduce.row_chunks(graph, source_major=True)
-            self._csr_t = CsrMatrix(sc.indptr, sc.indices, self.n_src, self.n_dst,
-                                    lambda values, b, c: own_spmm(sc.indices, sc.indptr, work, values, b, c))
+            self._csr_t = CsrMatrix(sc.indptr, sc.indices, self.n_src, self.n_dst, _own_kernel(self._graph, sc, True))
             build_counts["csr_t"] += 1
         return self._csr_t
 
     def transposed_positions(self) -> Tensor:
         return self._graph().kernel_source_csr().csr_pos
+
+
+def _own_kernel(graph_ref, csr, source_major: bool):
+    """The CsrMatrix's own-kernel callback. Its work list (the min/max kernels' list: same rows,
+    same split; cached with the graph) is built on the first own-kernel product only: when
+    cuSPARSE serves the matrix, as for most graphs of a size class whose timed choice was a
+    cuSPARSE algorithm, a sampled graph never pays for it (a degree sort, and a host sync when
+    a row is long enough to split). ``graph_ref`` is a weak reference: the cache lives in the
+    graph's memo."""
+    def run(values, b, c):
+        work = segment_reduce.row_chunks(graph_ref(), source_major=source_major)
+        own_spmm(csr.indices, csr.indptr, work, values, b, c)
+
+    return run
 
 
 def cache_of(graph) -> SpmmCache:
