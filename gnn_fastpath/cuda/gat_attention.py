@@ -112,37 +112,25 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     n_dst, H, D = graph.n_dst, x_src.shape[1], x_src.shape[2]
     M = graph.num_edges
     out_dtype = x_src.dtype if out_dtype is None else out_dtype
-    f32 = dict(dtype=torch.float32, device=dev)
-    out = torch.empty(n_dst, H, D, dtype=out_dtype, device=dev)
-    lse = torch.empty(n_dst, H, **f32)
-    alpha = torch.empty(M, H, dtype=out_dtype, device=dev) if return_attention else None
+    buf = row_attention.forward_buffers(n_dst, M, H, D, out_dtype, dev, return_attention)
+    out, lse, alpha, logits = buf.out, buf.lse, buf.alpha, buf.logits
     if n_dst == 0:
         return out, lse, alpha
-    # raw logits stay float32 (rounding them would perturb exp(logit - lse)); for a float32
-    # alpha they are normalised in place
-    logits = None
-    if return_attention:
-        logits = alpha if out_dtype == torch.float32 else torch.empty(M, H, **f32)
     kc = graph.kernel_csr()
     work = _work(graph)
     cfg = _config(D, x_src, out)
     ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
     n_tiles = cfg.n_tiles(H)
-    S = work.n_slots
-    part_acc = torch.empty(S, H, D, **f32) if S else None
-    part_m = torch.empty(S, H, **f32) if S else None
-    part_l = torch.empty(S, H, **f32) if S else None
+    row_attention.with_chunks(buf, work)
     n_work = work.n_items * n_tiles
     fwd = KERNELS.kernel(dev, "gat_fwd", ti, to, *cfg.args())
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, score_src=score_src, score_dst=score_dst,
                edge_score=edge_score, edge_weight=edge_weight, H=H, D_rt=D, slope=slope, p=p, seed=seed,
-               offset=offset, out=out, lse=lse, part_acc=part_acc, part_m=part_m, part_l=part_l, logits=logits)
+               offset=offset, out=out, lse=lse, part_acc=buf.part_acc, part_m=buf.part_m, part_l=buf.part_l,
+               logits=logits)
     if work.n_split:
-        merge = KERNELS.kernel(dev, "gat_fwd_merge", to)
-        merge.launch((min(work.n_split, row_attention.MAX_BLOCKS), min(launch.cdiv(H * D, 32), 65535)),
-                     MERGE_THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc, part_m=part_m,
-                     part_l=part_l, H=H, D=D, out=out, lse=lse)
+        row_attention.merge_chunks(KERNELS.kernel(dev, "gat_fwd_merge", to), MERGE_THREADS, buf, work)
     if return_attention and M:
         norm = KERNELS.kernel(dev, "gat_alpha_from_logits", to)
         norm.launch(row_attention.blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items,

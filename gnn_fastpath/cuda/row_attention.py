@@ -105,6 +105,55 @@ def generic(D: int, vw: int, unroll: Callable[[int], int], family: str = "row at
 # ----------------------------------------------------------------------------------------
 # Grids.
 
+@dataclass
+class ForwardBuffers:
+    """What a row-attention forward writes: out [N_dst, H, D] (out dtype), lse [N_dst, H]
+    float32, alpha [M, H] (out dtype) when attention is returned, logits [M, H] float32 for the
+    raw logits behind alpha (alpha itself for a float32 alpha: normalised in place; rounding
+    them to 16 bits would perturb exp(logit - lse)), and the chunk state of split rows
+    (part_acc [S, H, D], part_m / part_l [S, H] float32; None without split rows)."""
+
+    out: Tensor
+    lse: Tensor
+    alpha: Optional[Tensor]
+    logits: Optional[Tensor]
+    part_acc: Optional[Tensor] = None
+    part_m: Optional[Tensor] = None
+    part_l: Optional[Tensor] = None
+
+
+def forward_buffers(n_dst: int, M: int, H: int, D: int, out_dtype: torch.dtype, device: torch.device,
+                    return_attention) -> ForwardBuffers:
+    """The outputs of a forward (chunk state not yet: :meth:`with_chunks` once the work list is known)."""
+    f32 = dict(dtype=torch.float32, device=device)
+    alpha = torch.empty(M, H, dtype=out_dtype, device=device) if return_attention else None
+    logits = None
+    if return_attention:
+        logits = alpha if out_dtype == torch.float32 else torch.empty(M, H, **f32)
+    return ForwardBuffers(torch.empty(n_dst, H, D, dtype=out_dtype, device=device), torch.empty(n_dst, H, **f32),
+                          alpha, logits)
+
+
+def with_chunks(buf: ForwardBuffers, work: worklist.RowChunks) -> ForwardBuffers:
+    """``buf`` with the chunk state of ``work``'s split rows allocated (none without them)."""
+    S = work.n_slots
+    if S:
+        H, D = buf.out.shape[1], buf.out.shape[2]
+        f32 = dict(dtype=torch.float32, device=buf.out.device)
+        buf.part_acc, buf.part_m, buf.part_l = torch.empty(S, H, D, **f32), torch.empty(S, H, **f32), \
+            torch.empty(S, H, **f32)
+    return buf
+
+
+def merge_chunks(merge: launch.Kernel, threads: int, buf: ForwardBuffers, work: worklist.RowChunks) -> None:
+    """Launch a family's ``*_fwd_merge`` kernel (``gf_merge_chunks``) over ``work``'s split rows:
+    out and lse of each split row from its chunks' states."""
+    H, D = buf.out.shape[1], buf.out.shape[2]
+    merge.launch((min(work.n_split, MAX_BLOCKS), min(launch.cdiv(H * D, 32), 65535)), threads, split=work.split,
+                 n_split=work.n_split, part_acc=buf.part_acc, part_m=buf.part_m, part_l=buf.part_l, H=H, D=D,
+                 out=buf.out, lse=buf.lse)
+
+
 def blocks(n_warps: int) -> int:
     """Blocks of THREADS threads for one warp per work item."""
     return max(1, min(launch.cdiv(n_warps, WARPS_PER_BLOCK), MAX_BLOCKS))
