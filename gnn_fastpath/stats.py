@@ -54,6 +54,14 @@ def record_fallback(layer: str, reason: str, detail: str = "") -> None:
         warnings.warn(msg + "; warned once per layer and reason", FastpathFallbackWarning, stacklevel=4)
 
 
+def record_compiled(layer: str, outcome: str) -> None:
+    """A patched layer traced by ``torch.compile``: ``outcome`` is the backend its custom
+    operators run on (``"cuda"``/``"reference"``) or ``"fallback:<reason>"``. Called while
+    dynamo traces, so it counts compiled graphs, not calls; no lock (dynamo cannot trace one)."""
+    compiled = _entry(layer).setdefault("compiled", defaultdict(int))
+    compiled[outcome] += 1
+
+
 def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
     """Per layer class, fused calls by backend and fallbacks by reason, as plain data.
 
@@ -71,6 +79,8 @@ def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
             fused = {"cuda": 0, "reference": 0}
             fused.update(entry["fused"])
             out[layer] = {"fused": fused, "fallback": dict(entry["fallback"])}
+            if "compiled" in entry:
+                out[layer]["compiled"] = dict(entry["compiled"])
         return copy.deepcopy(out)
 
 

@@ -33,9 +33,10 @@ import torch
 from torch import Tensor
 from torch.nn.modules import module as _module_mod
 
-from ..ops import dispatch
+from .. import config
+from ..ops import dispatch, library
 from ..ops._checks import check_real
-from ..stats import record_fallback, record_fused
+from ..stats import record_compiled, record_fallback, record_fused
 
 
 class Unsupported(Exception):
@@ -319,8 +320,7 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     :class:`dispatch.FallbackRequired`, and the layer falls back like any other case.
     """
     if _is_compiling():
-        # torch.compile traces the stock forward; the stats' lock would break its graph.
-        return torch.nn.Module.__call__(module, *args, **kwargs)
+        return _run_compiled(shim, module, args, kwargs)
     blocker = _framework_blocker(shim, module)
     backend = None
     if blocker is None:
@@ -338,6 +338,57 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
             record_fused(shim.key, ran.backend or backend)
             return out
     record_fallback(shim.key, *blocker)
+    return torch.nn.Module.__call__(module, *args, **kwargs)
+
+
+def _compile_blocker(shim: Shim, module: torch.nn.Module, x) -> Optional[Tuple[str, str]]:
+    """:func:`_framework_blocker` and :func:`_backend_or_blocker` as torch.compile can trace
+    them: the same rules, read from state that dynamo guards on (module attributes, the
+    features' device and dtype) rather than from per-process caches."""
+    if not library.AVAILABLE:
+        return "compile", f"torch {torch.__version__} has no torch.library.register_fake (torch >= 2.4 compiles the fused path)"
+    if has_module_hooks(module) or any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
+        return "hooks", "module hooks are registered"
+    if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):
+        return "hooks", "message-passing hooks are registered"
+    if getattr(module, "_explain", None) or getattr(module, "explain", None) is True:
+        return "explain", "explain mode"
+    if getattr(module, "decomposed_layers", 1) > 1:
+        return "decomposed_layers", f"decomposed_layers={module.decomposed_layers}"
+    override = _class_override(shim, type(module))
+    if override:
+        return "subclass", override
+    if not isinstance(x, Tensor):
+        return "input", f"unsupported input type {type(x).__name__}"
+    if x.dtype not in dispatch.CUDA_DTYPES:
+        return "dtype", f"{x.dtype} input (the fused path takes float32, float16 and bfloat16)"
+    if x.device.type != "cuda" and config.cpu_mode() != "reference":
+        return "cpu", "CPU tensors run stock code (enable(cpu='reference') to force the shims)"
+    return None
+
+
+def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
+    """:func:`run` under ``torch.compile``: the fused forward traced onto the custom operators
+    (:mod:`gnn_fastpath.ops.library`), the graph built inside the traced region
+    (:mod:`gnn_fastpath.graph.tensors`). What runs is decided while tracing and recorded in
+    ``stats()`` then, once per compiled graph (not per call: a compiled call runs no Python)
+    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``."""
+    try:
+        x = shim.features(*args, **kwargs)
+    except Unsupported as exc:
+        blocker = (exc.reason, exc.detail)
+    else:
+        blocker = _compile_blocker(shim, module, x)
+    if blocker is None:
+        backend = dispatch.CUDA if x.device.type == "cuda" else dispatch.REFERENCE
+        try:
+            out = shim.forward(module, backend, *args, **kwargs)
+        except Unsupported as exc:
+            blocker = (exc.reason, exc.detail)
+        else:
+            record_compiled(shim.key, backend)
+            return out
+    record_compiled(shim.key, "fallback:" + blocker[0])
     return torch.nn.Module.__call__(module, *args, **kwargs)
 
 

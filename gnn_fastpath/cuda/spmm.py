@@ -125,7 +125,7 @@ class SpmmCache:
         self._graph = weakref.ref(graph)  # the cache lives in graph.memo: no reference cycle
         self.kc = kc
         self.n_src, self.n_dst = graph.n_src, graph.n_dst
-        self.csr = CsrMatrix(kc.indptr, kc.indices, graph.n_dst, graph.n_src, _own_kernel(self._graph, kc, False))
+        self.csr = _matrix(self._graph, kc, graph.n_dst, graph.n_src, False)
         self._csr_t: Optional[CsrMatrix] = None
         self._unweighted = {}
         self._weighted = {}
@@ -174,7 +174,7 @@ class SpmmCache:
         if self._csr_t is None:
             graph = self._graph()
             sc = graph.kernel_source_csr()
-            self._csr_t = CsrMatrix(sc.indptr, sc.indices, self.n_src, self.n_dst, _own_kernel(self._graph, sc, True))
+            self._csr_t = _matrix(self._graph, sc, self.n_src, self.n_dst, True)
             build_counts["csr_t"] += 1
         return self._csr_t
 
@@ -194,6 +194,32 @@ def _own_kernel(graph_ref, csr, source_major: bool):
         own_spmm(csr.indices, csr.indptr, work, values, b, c)
 
     return run
+
+
+class OwnMatrix:
+    """A CSR matrix served by the own kernels only: what a static Graph (built inside a custom
+    operator, see :mod:`gnn_fastpath.graph.tensors`) uses, since choosing a cuSPARSE algorithm
+    times candidates on the host and a CUDA graph must not record that. No transposed product:
+    the backward takes the explicit transposed matrix."""
+
+    def __init__(self, indptr: Tensor, indices: Tensor, own):
+        self.nnz = indices.numel()
+        self._own = own
+
+    def matmul(self, values, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
+        if transpose:
+            raise NoAlgorithm("the own kernels take no transposed product")
+        self._own(values, b, c)
+        return c
+
+
+def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
+    """The product's matrix: cuSPARSE with the own kernel as a timed candidate, or the own
+    kernel alone on a static graph."""
+    own = _own_kernel(graph_ref, csr, source_major)
+    if graph_ref().static:
+        return OwnMatrix(csr.indptr, csr.indices, own)
+    return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, own)
 
 
 def cache_of(graph) -> SpmmCache:

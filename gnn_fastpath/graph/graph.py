@@ -250,6 +250,17 @@ class Graph:
         self._degree_bounds: Tuple[Optional[int], Optional[int]] = (None, None)
         self._bounds_exact = False
         self._num_self_loops: Optional[int] = None
+        # Static: built from tensors inside a custom operator (graph.tensors.as_graph);
+        # launch geometry from shapes only, nothing read back to the host.
+        self._static = False
+
+    @property
+    def static(self) -> bool:
+        """Whether this Graph came from tensors inside a custom operator (see
+        :func:`gnn_fastpath.graph.tensors.as_graph`): kernels then choose their launch
+        geometry from shapes alone, so that a recorded CUDA graph replays correctly on any
+        graph of the same size."""
+        return self._static
 
     def _set_facts(self, max_in: Optional[int], max_out: Optional[int], self_loops: Optional[int],
                    exact: bool = True) -> None:

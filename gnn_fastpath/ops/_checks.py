@@ -14,11 +14,13 @@ from typing import Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from ..graph import Graph
+from ..graph import Graph, GraphTensors
 
 
 def check_graph(graph) -> Graph:
-    if not isinstance(graph, Graph):
+    """A Graph, or the GraphTensors a compiled layer builds (which the ops run on their
+    custom operators, :mod:`.library`)."""
+    if not isinstance(graph, (Graph, GraphTensors)):
         raise ValueError(f"graph must be a gnn_fastpath.Graph (see Graph.of), got {type(graph).__name__}")
     return graph
 
@@ -90,6 +92,8 @@ def graph_on(graph: Graph, x: Tensor) -> Graph:
     """
     if graph.device == x.device:
         return graph
+    if isinstance(graph, GraphTensors):
+        raise ValueError(f"graph tensors are on {graph.device} but the features on {x.device}")
     if graph.device.type == "meta":
         raise ValueError(f"graph is on {graph.device}, a device without data; it cannot be copied to {x.device}, "
                          "where the features are: build the Graph on a real device")

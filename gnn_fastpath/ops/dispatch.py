@@ -120,6 +120,11 @@ class recording:
 _warned: set = set()
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
     """Why op ``op``'s kernels cannot take heads of shape ``heads`` = (H, D), or None."""
     if heads is None:
@@ -138,8 +143,10 @@ def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
 def require(op: str, device: torch.device, dtype: torch.dtype, graph=None,
             heads: Optional[Tuple[int, int]] = None) -> None:
     """Inside a patched layer's call: raise :class:`FallbackRequired` now when op ``op``
-    will not run fused on this graph (and head shape); outside a layer, nothing."""
-    if getattr(_local, "call", None) is None:
+    will not run fused on this graph (and head shape); outside a layer, nothing. Under
+    torch.compile, nothing: the traced layer decided before it started (its graph is tensors,
+    whose limits the operators' shapes carry)."""
+    if _compiling() or getattr(_local, "call", None) is None:
         return
     decision = decide(device, dtype, graph, kernel_limit(op, heads))
     if not accepted(decision):

@@ -75,11 +75,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .. import reference
+from ..graph import GraphTensors
 from ..cuda import dot_attention as kernels
 from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
+from . import library
 from .dispatch import CUDA, choose
 
 
@@ -135,6 +137,9 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     dropout = check_probability("dropout", dropout)
     out_dtype = check_out_dtype(out_dtype, k.dtype, "the inputs' dtype")
     graph = graph_on(graph, k)
+    if isinstance(graph, GraphTensors):
+        scale = 1.0 / math.sqrt(D) if scale is None else scale
+        return library.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout, out_dtype)
     if choose("dot_attention", k.device, k.dtype, graph, heads=(H, D)) == CUDA:
         scale = 1.0 / math.sqrt(D) if scale is None else scale
         seed, offset = philox_seed(dropout)

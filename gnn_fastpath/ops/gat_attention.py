@@ -83,11 +83,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .. import reference
+from ..graph import GraphTensors
 from ..cuda import gat_attention as kernels
 from ..reference._precision import check_out_dtype
 from ._attention import incoming, keep, outputs, philox_seed
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
+from . import library
 from .dispatch import CUDA, choose
 
 
@@ -143,6 +145,9 @@ def gat_attention(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, ed
     dropout = check_probability("dropout", dropout)
     out_dtype = check_out_dtype(out_dtype, x_src.dtype, "the features' dtype")
     graph = graph_on(graph, x_src)
+    if isinstance(graph, GraphTensors):
+        return library.gat_attention(graph, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
+                                     dropout, edge_weight, out_dtype)
     if choose("gat_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATAttentionFunction.apply(x_src, score_src, score_dst, edge_score, edge_weight, graph,

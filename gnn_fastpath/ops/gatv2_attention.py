@@ -96,11 +96,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .. import reference
+from ..graph import GraphTensors
 from ..cuda import gatv2_attention as kernels
 from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from ._attention import incoming, keep, outputs, philox_seed
+from . import library
 from .dispatch import CUDA, choose
 
 
@@ -152,6 +154,9 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     dropout = check_probability("dropout", dropout)
     out_dtype = check_out_dtype(out_dtype, x_src.dtype, "the features' dtype")
     graph = graph_on(graph, x_src)
+    if isinstance(graph, GraphTensors):
+        return library.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
+                                       out_dtype)
     if choose("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, negative_slope,

@@ -28,9 +28,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .. import reference
+from ..graph import GraphTensors
 from ..cuda import segment_reduce as kernels
 from ..reference._precision import product_dtype
 from ._checks import check_choice, check_features, check_graph, graph_on, row_width
+from . import library
 from .dispatch import CUDA, CUDA_DTYPES, choose
 
 REDUCES = ("max", "min")
@@ -96,6 +98,8 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
     if non_finite == "drop" and tie_break not in ("first", "last"):
         raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
+    if isinstance(graph, GraphTensors):
+        return library.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
     out_dtype = product_dtype(x, edge_weight)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("segment_reduce", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:

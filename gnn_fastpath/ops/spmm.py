@@ -25,8 +25,10 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .. import reference
+from ..graph import GraphTensors
 from ..cuda import spmm as kernels
 from ._checks import check_choice, check_features, check_graph, graph_on, row_width
+from . import library
 from .dispatch import CUDA, CUDA_DTYPES, choose
 
 NORMS = ("none", "left", "right", "both")
@@ -63,6 +65,8 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     check_choice("norm", norm, NORMS)
     out_dtype = reference.aggregation.spmm_out_dtype(x, edge_weight, out_dtype)
     graph = graph_on(graph, x)
+    if isinstance(graph, GraphTensors):
+        return library.spmm(graph, x, edge_weight, norm, out_dtype)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("spmm", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
         return SpmmFunction.apply(x, edge_weight, graph, norm, out_dtype)

@@ -25,7 +25,8 @@ from typing import Callable, Hashable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...graph import Graph
+from ...graph import Graph, GraphTensors
+from ...graph.tensors import from_coo
 from ...graph.convert import edge_index_to_coo, tensor_version
 from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
 
@@ -181,6 +182,8 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
     if edge_index.device != like.device:
         raise Unsupported("device", f"edge_index is on {edge_index.device}, features on {like.device}")
     if edge_index.layout in _SPARSE:
+        if compiling():
+            raise Unsupported("compile", "a torch.sparse adjacency under torch.compile (stock runs)")
         if edge_index.dim() != 2 or edge_index.dense_dim() != 0:
             raise Unsupported("edge_index", f"sparse adjacency of shape {tuple(edge_index.shape)} "
                                             f"with {edge_index.dense_dim()} dense dimensions")
@@ -200,10 +203,25 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
         if rows not in (None, n_src) or cols not in (None, n_dst):
             raise Unsupported("size", f"EdgeIndex sparse size {(rows, cols)} but the features give "
                                       f"({n_src}, {n_dst})")
+    if compiling():
+        return traced_graph(edge_index, n_src, n_dst)
     try:
         return Graph.of(edge_index, num_nodes=(n_src, n_dst))
     except ValueError as exc:  # node ids out of range: stock reports its own error
         raise Unsupported("edge_index", str(exc)) from None
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing this call (the layers then build GraphTensors)."""
+    return torch.compiler.is_compiling()
+
+
+def traced_graph(edge_index: Tensor, n_src: int, n_dst: int, removed: Optional[Tensor] = None) -> GraphTensors:
+    """The graph of an ``edge_index`` built inside a compiled region (see
+    :mod:`gnn_fastpath.graph.tensors`); ``removed`` edges go to the extra row ``n_dst``."""
+    if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    return from_coo(edge_index[0], edge_index[1], n_src, n_dst, removed=removed)
 
 
 def describe(edge_index, num_nodes=None) -> Tuple[str, Hashable, Callable[[], Graph]]:

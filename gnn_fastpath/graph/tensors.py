@@ -1,0 +1,142 @@
+"""A graph as tensors only: what the custom operators take, and how a compiled model builds it.
+
+Under ``torch.compile`` no Python object may cross the compiled graph, and under CUDA graphs
+(``mode="reduce-overhead"``) nothing may be computed on the host per step: a replay reruns
+the recorded kernels on new data in the same buffers. So a compiled layer builds its graph
+inside the traced region, with plain torch operations on the ``edge_index`` it was given
+(:func:`from_coo`: two stable sorts and two ``searchsorted``; no host synchronisation, static
+shapes), and passes the result, a :class:`GraphTensors`, to the custom operators of
+:mod:`gnn_fastpath.ops.library`. AOTAutograd's common-subexpression elimination builds it
+once per step when several layers share one ``edge_index``; what no operator reads (the
+source-major CSR when every backward walks destinations) is dropped by dead-code elimination.
+
+Inside an operator, :func:`as_graph` turns the tensors back into a :class:`Graph` for the
+launchers: a *static* Graph, whose launch geometry depends on shapes only (no degree-aware
+row splitting, no cuSPARSE algorithm timing, no host reads), so that a recorded CUDA graph
+stays correct for every graph of the same size.
+
+Edges removed by a layer (PyG drops existing self loops before adding its own) cannot leave
+a static-shape edge list; :func:`from_coo` moves them to an extra destination row ``n_dst``
+instead (``extra_row=True``), whose output the caller slices off: every kernel sees ordinary
+edges, and the removed ones receive exactly zero gradient.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from .graph import DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
+
+
+class GraphTensors(NamedTuple):
+    """A graph as int32 tensors: destination-major CSR and, optionally, its transpose.
+
+    Attributes:
+        indptr: [n_dst + 1] row offsets (rows are destinations).
+        indices: [M] the source id of each CSR edge.
+        perm: [M] the caller's edge id of each CSR edge.
+        src_indptr, src_indices, src_perm, src_csr_pos: the source-major CSR ([n_src + 1],
+            [M] destination ids, [M] caller edge ids, [M] positions in the destination-major
+            CSR), or None where no backward needs it.
+        n_src: number of source nodes (a SymInt under dynamic shapes).
+    """
+
+    indptr: Tensor
+    indices: Tensor
+    perm: Tensor
+    src_indptr: Optional[Tensor]
+    src_indices: Optional[Tensor]
+    src_perm: Optional[Tensor]
+    src_csr_pos: Optional[Tensor]
+    n_src: int
+
+    @property
+    def n_dst(self) -> int:
+        return self.indptr.shape[0] - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def destination_major(self) -> "GraphTensors":
+        """The same graph without its source-major CSR (for ops whose backward never walks it)."""
+        return self._replace(src_indptr=None, src_indices=None, src_perm=None, src_csr_pos=None)
+
+
+def _csr(rows: Tensor, cols: Tensor, n_rows: int) -> tuple:
+    """(indptr, cols in row order, order), int32: a stable sort by row, so edges of one row
+    keep the caller's order (duplicates included)."""
+    order = torch.sort(rows.to(torch.int32), stable=True).indices
+    indptr = torch.searchsorted(rows[order], torch.arange(n_rows + 1, device=rows.device, dtype=rows.dtype))
+    return indptr.to(torch.int32), cols[order].to(torch.int32), order
+
+
+def from_coo(src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, removed: Optional[Tensor] = None,
+             source_major: bool = True) -> GraphTensors:
+    """The graph of edges ``src[e] -> dst[e]`` (integer [M] each, caller order), traceable.
+
+    ``removed``: bool [M], edges the caller drops; they are moved to an extra destination row
+    ``n_dst`` (so ``indptr`` has ``n_dst + 2`` entries and every destination-indexed input
+    needs one more row, see the module docstring). ``source_major``: also build the transpose.
+
+    Node ids must lie in range; under compilation they are checked on the device
+    (``torch._assert_async``: a host check would synchronise every step).
+    """
+    src = src.to(torch.int64)
+    dst = dst.to(torch.int64)
+    if src.numel():
+        ok = (src.min() >= 0) & (src.max() < n_src) & (dst.min() >= 0) & (dst.max() < n_dst)
+        torch._assert_async(ok, "gnn_fastpath: edge_index holds a node id out of range")
+    rows = dst if removed is None else torch.where(removed, n_dst, dst)
+    n_rows = n_dst if removed is None else n_dst + 1
+    indptr, indices, perm = _csr(rows, src, n_rows)
+    if not source_major:
+        return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src)
+    s_indptr, s_indices, s_order = _csr(src, rows, n_src)
+    csr_pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
+    return GraphTensors(indptr, indices, perm.to(torch.int32), s_indptr, s_indices, s_order.to(torch.int32),
+                        csr_pos[s_order].to(torch.int32), n_src)
+
+
+def of_graph(graph: Graph, source_major: bool = True) -> GraphTensors:
+    """A built Graph's int32 tensors (eager; the operators' own tests use it)."""
+    kc = graph.kernel_csr()
+    if not source_major:
+        return GraphTensors(kc.indptr, kc.indices, kc.perm, None, None, None, None, graph.n_src)
+    sc = graph.kernel_source_csr()
+    return GraphTensors(kc.indptr, kc.indices, kc.perm, sc.indptr, sc.indices, sc.perm, sc.csr_pos, graph.n_src)
+
+
+def as_graph(gt: GraphTensors) -> Graph:
+    """A static :class:`Graph` over the tensors of ``gt``, for the operators' implementations.
+
+    No host synchronisation: degree facts come from shapes (the mean in-degree; row bounds of
+    0, so no work list splits a row), the out-degrees from the source-major CSR (or a
+    scatter), the destination of each edge from ``searchsorted``. On the CPU (the reference
+    ops) the index tensors are widened to int64, as torch's scatter operations need.
+    """
+    on_cpu = gt.indptr.device.type == "cpu"
+    wide = (lambda t: t.to(torch.int64)) if on_cpu else (lambda t: t)
+    graph = Graph(wide(gt.indptr), wide(gt.indices), wide(gt.perm), int(gt.n_src), int(gt.n_dst))
+    m, n_dst = graph.num_edges, graph.n_dst
+    graph._set_facts(0, 0, None, exact=False)
+    graph._stats = DegreeStats(-1, m / n_dst if n_dst else 0.0)
+    graph._static = True
+    graph._kernel_csr = KernelCSR(gt.indptr, gt.indices, gt.perm)
+    positions = torch.arange(m, device=gt.device, dtype=torch.int64)
+    graph._dst_index = torch.searchsorted(gt.indptr.to(torch.int64), positions, right=True) - 1
+    if gt.src_indptr is not None:
+        graph._source_csr = SourceCSR(wide(gt.src_indptr), wide(gt.src_indices), wide(gt.src_csr_pos))
+        graph._memo["kernel_source_csr"] = KernelSourceCSR(gt.src_indptr, gt.src_indices, gt.src_perm,
+                                                           gt.src_csr_pos)
+        graph._memo["out_degree"] = (gt.src_indptr[1:] - gt.src_indptr[:-1]).to(torch.int64)
+    else:
+        graph._memo["out_degree"] = torch.zeros(graph.n_src, dtype=torch.int64, device=gt.device).index_add_(
+            0, gt.indices.to(torch.int64), torch.ones_like(positions))
+    return graph

@@ -1,0 +1,587 @@
+"""The kernel families as PyTorch custom operators (``torch.ops.gnn_fastpath.*``).
+
+``torch.compile`` cannot trace into an autograd Function that launches CuPy kernels and
+keeps a Python Graph in its context, so the compiled path runs the same kernels through
+operators registered with :mod:`torch.library`:
+
+- one forward and one backward operator per family (``gat_attention`` and
+  ``gat_attention_backward``, ...), with a CUDA implementation (the launchers of
+  :mod:`gnn_fastpath.cuda`), a CPU implementation (the reference ops: ``enable(cpu=
+  "reference")`` compiles too), and a fake implementation that gives shapes and dtypes
+  without touching data;
+- autograd registered on the forward operator (:func:`torch.library.register_autograd`), whose
+  backward calls the backward operator: the compiled backward graph holds custom operators
+  too, and AOTAutograd saves exactly what the math names (``lse``, the inputs);
+- the graph enters as tensors (:class:`~gnn_fastpath.graph.tensors.GraphTensors`: int32
+  CSR, optional transpose, ``n_src``), never as a Python object; inside, the launchers see a
+  static Graph (:func:`~gnn_fastpath.graph.tensors.as_graph`) whose launch geometry depends on
+  shapes alone, so a CUDA graph recorded by ``mode="reduce-overhead"`` replays correctly on
+  new graphs of the same size;
+- attention dropout takes its Philox ``(seed, offset)`` from an int64 [2] tensor ``rng``
+  drawn on the features' device by the caller's traced code (torch's generator, which CUDA
+  graphs advance on every replay), and the backward reads the same tensor.
+
+The public ops (:func:`gnn_fastpath.gat_attention`, ...) route here when their ``graph`` is a
+:class:`GraphTensors`; the eager path keeps its autograd Functions over cached Graphs.
+:data:`AVAILABLE` is False on torch without :func:`torch.library.register_fake` (< 2.4):
+the layers then run stock code under compilation, as before.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..graph.tensors import GraphTensors, as_graph
+from ..reference._precision import product_dtype
+
+NAMESPACE = "gnn_fastpath"
+AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "register_autograd", "impl"))
+#: The graph arguments every operator starts with (:class:`GraphTensors`' fields).
+GRAPH_SCHEMA = ("Tensor indptr, Tensor indices, Tensor perm, Tensor? src_indptr, Tensor? src_indices, "
+                "Tensor? src_perm, Tensor? src_csr_pos, SymInt n_src")
+N_GRAPH = len(GraphTensors._fields)
+#: return_attention as the operators take it (an int: the schema has no str-or-bool type).
+ATTENTION_CODES = {False: 0, True: 1, "dropped": 2}
+_ATTENTION_VALUES = {v: k for k, v in ATTENTION_CODES.items()}
+
+_lib = torch.library.Library(NAMESPACE, "FRAGMENT") if AVAILABLE else None
+
+
+def _qualname(name: str) -> str:
+    return f"{NAMESPACE}::{name}"
+
+
+def _define(name: str, schema: str, impl: Callable, fake: Callable) -> None:
+    """Define ``gnn_fastpath::name(GRAPH, schema)`` with one implementation for CPU and CUDA
+    (the implementation looks at the device) and its fake."""
+    _lib.define(f"{name}({GRAPH_SCHEMA}, {schema}")
+    torch.library.impl(_qualname(name), ("CPU", "CUDA"), impl, lib=_lib)
+    torch.library.register_fake(_qualname(name), fake, lib=_lib)
+
+
+def _op(name: str):
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+def _graph(args: Sequence) -> Tuple[GraphTensors, tuple]:
+    return GraphTensors(*args[:N_GRAPH]), tuple(args[N_GRAPH:])
+
+
+def _seed(rng: Optional[Tensor]) -> Tuple[int, int]:
+    """(seed, offset) of the kernels' Philox stream from ``rng`` (None: no dropout)."""
+    if rng is None:
+        return 0, 0
+    seed, offset = rng.tolist()
+    return int(seed), int(offset)
+
+
+def _empty(like: Tensor) -> Tensor:
+    """The placeholder of an absent output (operators return tensors, never None)."""
+    return like.new_empty(0)
+
+
+def _or_none(t: Tensor, present: bool) -> Optional[Tensor]:
+    return t if present else None
+
+
+def _grads_or_empty(grads: Sequence[Optional[Tensor]], like: Tensor) -> Tuple[Tensor, ...]:
+    return tuple(_empty(like) if g is None else g for g in grads)
+
+
+def _reference_grads(run: Callable[..., Tuple[Tensor, ...]], inputs: Sequence[Optional[Tensor]],
+                     needs: Sequence[bool], grads: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """The gradients of ``run(*inputs)`` (a tuple of outputs) for the inputs ``needs`` marks,
+    by recomputing the reference with autograd (the CPU backward operators)."""
+    leaves = [None if t is None else t.detach().requires_grad_(bool(n) and t.is_floating_point())
+              for t, n in zip(inputs, needs)]
+    wanted = [t for t, n in zip(leaves, needs) if n and t is not None]
+    with torch.enable_grad():
+        outs = run(*leaves)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o is not None and o.requires_grad]
+        found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True) \
+            if pairs and wanted else [None] * len(wanted)
+    found = iter(found)
+    result = []
+    for t, n in zip(leaves, needs):
+        g = next(found) if (n and t is not None) else None
+        result.append(None if not n or t is None else (torch.zeros_like(t) if g is None else g))
+    return result
+
+
+class _fixed_rng:
+    """The CPU reference's dropout mask drawn from torch's CPU generator seeded by ``rng``, so
+    the backward recomputation draws the forward's mask."""
+
+    def __init__(self, rng: Optional[Tensor]):
+        self.rng = rng
+
+    def __enter__(self):
+        if self.rng is not None:
+            self._fork = torch.random.fork_rng(devices=[])
+            self._fork.__enter__()
+            torch.manual_seed(int(self.rng[0]) & (2**63 - 1))
+
+    def __exit__(self, *exc):
+        if self.rng is not None:
+            self._fork.__exit__(*exc)
+
+
+def _autograd_backward(name: str, n_inputs: int, grad_positions: Sequence[int], call_backward: Callable):
+    """register_autograd's pair for a forward operator with ``n_inputs`` arguments whose
+    differentiable inputs sit at ``grad_positions``: setup_context keeps the inputs and the
+    outputs; backward calls ``call_backward(ctx, needs, *grad_outputs)`` (a tuple of gradients,
+    one per grad position) and spreads them over the inputs."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.inputs = inputs
+        ctx.output = output if isinstance(output, tuple) else (output,)
+        ctx.needs = [bool(ctx.needs_input_grad[i]) for i in grad_positions]
+
+    def backward(ctx, *grad_outputs):
+        result = [None] * n_inputs
+        if not any(ctx.needs):
+            return tuple(result)
+        grads = call_backward(ctx, ctx.needs, *grad_outputs)
+        for pos, need, g in zip(grad_positions, ctx.needs, grads):
+            result[pos] = g if need else None
+        return tuple(result)
+
+    torch.library.register_autograd(_qualname(name), backward, setup_context=setup_context, lib=_lib)
+
+
+def _incoming(out: Tensor, grad_out: Optional[Tensor], grad_alpha: Optional[Tensor], attention: bool):
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    grad_alpha = grad_alpha.contiguous() if attention and grad_alpha is not None else None
+    return grad_out, grad_alpha
+
+
+def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(torch.float32).contiguous()
+
+
+# ------------------------------------------------------------------------------- gat_attention
+def _gat_forward(*args):
+    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
+    graph = as_graph(gt)
+    ret = _ATTENTION_VALUES[code]
+    if x_src.is_cuda:
+        from ..cuda import gat_attention as kernels
+
+        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), *(_float32(t) for t in (
+            score_src, score_dst, edge_score, edge_weight)), slope, p, *_seed(rng), ret, out_dtype)
+        return out, lse, alpha if alpha is not None else _empty(out)
+    with _fixed_rng(rng):
+        result = reference.gat_attention(graph, x_src, score_src, score_dst, edge_score, slope, ret, p, edge_weight,
+                                         out_dtype=out_dtype)
+    out, alpha = result if ret else (result, None)
+    lse = torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32)  # the CPU backward recomputes
+    return out, lse, alpha if alpha is not None else _empty(out)
+
+
+def _gat_forward_fake(*args):
+    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
+    H, D = x_src.shape[1], x_src.shape[2]
+    out = x_src.new_empty((gt.n_dst, H, D), dtype=out_dtype)
+    alpha = x_src.new_empty((gt.num_edges, H), dtype=out_dtype) if code else x_src.new_empty(0, dtype=out_dtype)
+    return out, x_src.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
+
+
+def _gat_backward(*args):
+    gt, rest = _graph(args)
+    (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha, slope, p, rng,
+     code, needs) = rest
+    graph = as_graph(gt)
+    scalars = (score_src, score_dst, edge_score, edge_weight)
+    if x_src.is_cuda:
+        from ..cuda import gat_attention as kernels
+
+        dx, *dscalars = kernels.backward(graph, x_src.contiguous(), *(_float32(t) for t in scalars), out, lse,
+                                         grad_out, alpha, grad_alpha, code == 2, slope, p, *_seed(rng), tuple(needs))
+        dscalars = [None if g is None else g.to(t.dtype) for g, t in zip(dscalars, scalars)]
+        return _grads_or_empty([dx] + dscalars, x_src)
+    ret = _ATTENTION_VALUES[code]
+
+    def run(x, s, t, u, w):
+        with _fixed_rng(rng):
+            r = reference.gat_attention(graph, x, s, t, u, slope, ret, p, w, out_dtype=out.dtype)
+        return r if ret else (r,)
+
+    grads = (grad_out, grad_alpha) if ret else (grad_out,)
+    return _grads_or_empty(_reference_grads(run, (x_src,) + scalars, needs, grads), x_src)
+
+
+def _gat_backward_fake(*args):
+    gt, rest = _graph(args)
+    x_src, score_src, score_dst, edge_score, edge_weight = rest[:5]
+    needs = rest[-1]
+    inputs = (x_src, score_src, score_dst, edge_score, edge_weight)
+    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(x_src) for t, n in zip(inputs, needs))
+
+
+def _gat_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
+    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, _) = _graph(ctx.inputs)
+    out, lse, alpha = ctx.output
+    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
+    grads = _op("gat_attention_backward")(*gt, x_src, score_src, score_dst, edge_score, edge_weight, out, lse,
+                                          grad_out, _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code,
+                                          needs)
+    return grads
+
+
+# ----------------------------------------------------------------------------- gatv2_attention
+def _gatv2_forward(*args):
+    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
+    graph = as_graph(gt)
+    ret = _ATTENTION_VALUES[code]
+    if x_src.is_cuda:
+        from ..cuda import gatv2_attention as kernels
+
+        et = None if edge_term is None else edge_term.contiguous()
+        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, slope,
+                                          p, *_seed(rng), ret, out_dtype)
+        return out, lse, alpha if alpha is not None else _empty(out)
+    with _fixed_rng(rng):
+        result = reference.gatv2_attention(graph, x_src, x_dst, att, slope, edge_term, ret, p, out_dtype=out_dtype)
+    out, alpha = result if ret else (result, None)
+    lse = torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32)
+    return out, lse, alpha if alpha is not None else _empty(out)
+
+
+def _gatv2_forward_fake(*args):
+    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
+    H, D = x_src.shape[1], x_src.shape[2]
+    out = x_src.new_empty((gt.n_dst, H, D), dtype=out_dtype)
+    alpha = x_src.new_empty((gt.num_edges, H), dtype=out_dtype) if code else x_src.new_empty(0, dtype=out_dtype)
+    return out, x_src.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
+
+
+def _gatv2_backward(*args):
+    gt, rest = _graph(args)
+    x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, slope, p, rng, code, needs = rest
+    graph = as_graph(gt)
+    if x_src.is_cuda:
+        from ..cuda import gatv2_attention as kernels
+
+        et = None if edge_term is None else edge_term.contiguous()
+        dx_src, dx_dst, datt, d_et = kernels.backward(
+            graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, out, lse, grad_out, alpha, grad_alpha,
+            code == 2, slope, p, *_seed(rng), tuple(needs))
+        return _grads_or_empty([dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_et], x_src)
+    ret = _ATTENTION_VALUES[code]
+
+    def run(xs, xd, a, et):
+        with _fixed_rng(rng):
+            r = reference.gatv2_attention(graph, xs, xd, a, slope, et, ret, p, out_dtype=out.dtype)
+        return r if ret else (r,)
+
+    grads = (grad_out, grad_alpha) if ret else (grad_out,)
+    return _grads_or_empty(_reference_grads(run, (x_src, x_dst, att, edge_term), needs, grads), x_src)
+
+
+def _gatv2_backward_fake(*args):
+    gt, rest = _graph(args)
+    inputs, needs = rest[:4], rest[-1]
+    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
+
+
+def _gatv2_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
+    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, _) = _graph(ctx.inputs)
+    out, lse, alpha = ctx.output
+    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
+    return _op("gatv2_attention_backward")(*gt, x_src, x_dst, att, edge_term, out, lse, grad_out,
+                                           _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code, needs)
+
+
+# ------------------------------------------------------------------------------- dot_attention
+def _dot_forward(*args):
+    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
+    graph = as_graph(gt)
+    ret = _ATTENTION_VALUES[code]
+    if q.is_cuda:
+        from ..cuda import dot_attention as kernels
+
+        et = None if edge_term is None else edge_term.contiguous()
+        out, lse, alpha = kernels.forward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, scale, p,
+                                          *_seed(rng), ret, out_dtype)
+        return out, lse, alpha if alpha is not None else _empty(out)
+    with _fixed_rng(rng):
+        result = reference.dot_attention(graph, q, k, v, scale, edge_term, ret, p, out_dtype)
+    out, alpha = result if ret else (result, None)
+    lse = torch.zeros(graph.n_dst, q.shape[1], dtype=torch.float32)
+    return out, lse, alpha if alpha is not None else _empty(out)
+
+
+def _dot_forward_fake(*args):
+    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
+    H, D = k.shape[1], k.shape[2]
+    out = k.new_empty((gt.n_dst, H, D), dtype=out_dtype)
+    alpha = k.new_empty((gt.num_edges, H), dtype=out_dtype) if code else k.new_empty(0, dtype=out_dtype)
+    return out, k.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
+
+
+def _dot_backward(*args):
+    gt, rest = _graph(args)
+    q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, scale, p, rng, code, needs = rest
+    graph = as_graph(gt)
+    if q.is_cuda:
+        from ..cuda import dot_attention as kernels
+
+        et = None if edge_term is None else edge_term.contiguous()
+        dq, dk, dv, d_et = kernels.backward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, out, lse,
+                                            grad_out, alpha, grad_alpha, code == 2, scale, p, *_seed(rng),
+                                            need_d_edge_term=bool(needs[3]))
+        return _grads_or_empty([g if n else None for g, n in zip((dq, dk, dv, d_et), needs)], q)
+    ret = _ATTENTION_VALUES[code]
+
+    def run(q_, k_, v_, et):
+        with _fixed_rng(rng):
+            r = reference.dot_attention(graph, q_, k_, v_, scale, et, ret, p, out.dtype)
+        return r if ret else (r,)
+
+    grads = (grad_out, grad_alpha) if ret else (grad_out,)
+    return _grads_or_empty(_reference_grads(run, (q, k, v, edge_term), needs, grads), q)
+
+
+def _dot_backward_fake(*args):
+    gt, rest = _graph(args)
+    inputs, needs = rest[:4], rest[-1]
+    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
+
+
+def _dot_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
+    gt, (q, k, v, edge_term, scale, p, rng, code, _) = _graph(ctx.inputs)
+    out, lse, alpha = ctx.output
+    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
+    return _op("dot_attention_backward")(*gt, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
+                                         grad_alpha, scale, p, rng, code, needs)
+
+
+# ---------------------------------------------------------------------------------------- spmm
+def _rows(t: Tensor, n: int) -> Tensor:
+    """``t`` as [n, F] contiguous (F the product of the trailing dimensions)."""
+    return t.reshape(n, -1).contiguous()
+
+
+def _spmm_forward(*args):
+    gt, (x, edge_weight, norm, out_dtype) = _graph(args)
+    graph = as_graph(gt)
+    if x.is_cuda:
+        from ..cuda import spmm as kernels
+
+        out = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype, device=x.device)
+        x2 = _rows(x, graph.n_src)
+        kernels.forward(graph, x2, edge_weight, norm, out.view(graph.n_dst, x2.size(1)))
+        return out
+    return reference.spmm(graph, x, edge_weight, norm, out_dtype)
+
+
+def _spmm_forward_fake(*args):
+    gt, (x, edge_weight, norm, out_dtype) = _graph(args)
+    return x.new_empty((gt.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype)
+
+
+def _spmm_backward(*args):
+    gt, (x, edge_weight, norm, grad_out, need_x, need_w) = _graph(args)
+    graph = as_graph(gt)
+    if x.is_cuda:
+        from ..cuda import spmm as kernels
+
+        entry = kernels.cache_of(graph).values(norm, edge_weight)
+        dx, dw = kernels.backward(graph, entry, norm, _rows(x, graph.n_src), _rows(grad_out, graph.n_dst),
+                                  need_x, need_w, x.dtype)
+        dx = None if dx is None else dx.view(x.shape)
+        dw = None if dw is None else dw.to(edge_weight.dtype)
+        return _grads_or_empty((dx, dw), x)
+
+    def run(x_, w):
+        return (reference.spmm(graph, x_, w, norm, grad_out.dtype),)
+
+    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
+
+
+def _spmm_backward_fake(*args):
+    gt, (x, edge_weight, norm, grad_out, need_x, need_w) = _graph(args)
+    return (torch.empty_like(x) if need_x else _empty(x),
+            torch.empty_like(edge_weight) if need_w and edge_weight is not None else _empty(x))
+
+
+def _spmm_call_backward(ctx, needs, grad_out):
+    gt, (x, edge_weight, norm, _) = _graph(ctx.inputs)
+    return _op("spmm_backward")(*gt, x, edge_weight, norm, grad_out.contiguous(), needs[0], needs[1])
+
+
+# ------------------------------------------------------------------------------ segment_reduce
+def _segment_forward(*args):
+    gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
+    graph = as_graph(gt)
+    if x.is_cuda:
+        from ..cuda import segment_reduce as kernels
+
+        x2 = _rows(x, graph.n_src)
+        w = None if edge_weight is None else edge_weight.detach().to(torch.float32).contiguous()
+        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
+                             device=x.device)
+        aux = kernels.forward(graph, x2, w, 1.0 if reduce == "max" else -1.0, tie_break, non_finite, need_grad,
+                              result.view(graph.n_dst, x2.size(1)))
+        return result, aux if (need_grad and aux is not None) else x.new_empty(0, dtype=torch.int32)
+    result = reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
+    return result, x.new_empty(0, dtype=torch.int32)
+
+
+def _segment_forward_fake(*args):
+    gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
+    result = x.new_empty((gt.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight))
+    if need_grad and x.device.type != "cpu":
+        aux = x.new_empty((gt.n_dst, _width(x)), dtype=torch.int32)
+    else:
+        aux = x.new_empty(0, dtype=torch.int32)
+    return result, aux
+
+
+def _width(t: Tensor):
+    n = 1
+    for d in t.shape[1:]:
+        n = n * d
+    return n
+
+
+def _segment_backward(*args):
+    gt, (x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x, need_w) = _graph(args)
+    graph = as_graph(gt)
+    if x.is_cuda:
+        from ..cuda import segment_reduce as kernels
+
+        x2 = _rows(x, graph.n_src)
+        w = None if edge_weight is None else edge_weight.detach().to(torch.float32).contiguous()
+        g = grad_out.reshape(graph.n_dst, x2.size(1)).to(result.dtype).contiguous()
+        dx, dw = kernels.backward(graph, x2, w, 1.0 if reduce == "max" else -1.0, tie_break,
+                                  result.view(graph.n_dst, x2.size(1)), aux, g, need_x, need_w)
+        dx = None if dx is None else dx.view(x.shape)
+        dw = None if dw is None else dw.to(edge_weight.dtype)
+        return _grads_or_empty((dx, dw), x)
+
+    def run(x_, w):
+        return (reference.segment_reduce(graph, x_, reduce, w, tie_break, non_finite),)
+
+    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
+
+
+def _segment_backward_fake(*args):
+    gt, (x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x, need_w) = _graph(args)
+    return (torch.empty_like(x) if need_x else _empty(x),
+            torch.empty_like(edge_weight) if need_w and edge_weight is not None else _empty(x))
+
+
+def _segment_call_backward(ctx, needs, grad_out, grad_aux):
+    gt, (x, edge_weight, reduce, tie_break, non_finite, _) = _graph(ctx.inputs)
+    result, aux = ctx.output
+    return _op("segment_reduce_backward")(*gt, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
+                                          non_finite, needs[0], needs[1])
+
+
+# --------------------------------------------------------------------------------- registration
+_ATTENTION_TAIL = "float dropout, Tensor? rng, int return_attention"
+_NEEDS = "bool[] needs) -> (Tensor, Tensor, Tensor, Tensor)"
+
+if AVAILABLE:
+    _define("gat_attention",
+            "Tensor x_src, Tensor score_src, Tensor score_dst, Tensor? edge_score, Tensor? edge_weight, "
+            f"float negative_slope, {_ATTENTION_TAIL}, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
+            _gat_forward, _gat_forward_fake)
+    _define("gat_attention_backward",
+            "Tensor x_src, Tensor score_src, Tensor score_dst, Tensor? edge_score, Tensor? edge_weight, Tensor out, "
+            "Tensor lse, Tensor grad_out, Tensor? alpha, Tensor? grad_alpha, float negative_slope, "
+            f"{_ATTENTION_TAIL}, bool[] needs) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+            _gat_backward, _gat_backward_fake)
+    _autograd_backward("gat_attention", N_GRAPH + 10, [N_GRAPH + i for i in range(5)], _gat_call_backward)
+
+    _define("gatv2_attention",
+            "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, float negative_slope, "
+            f"{_ATTENTION_TAIL}, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
+            _gatv2_forward, _gatv2_forward_fake)
+    _define("gatv2_attention_backward",
+            "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
+            f"Tensor? alpha, Tensor? grad_alpha, float negative_slope, {_ATTENTION_TAIL}, {_NEEDS}",
+            _gatv2_backward, _gatv2_backward_fake)
+    _autograd_backward("gatv2_attention", N_GRAPH + 9, [N_GRAPH + i for i in range(4)], _gatv2_call_backward)
+
+    _define("dot_attention",
+            f"Tensor q, Tensor k, Tensor v, Tensor? edge_term, float scale, {_ATTENTION_TAIL}, "
+            "ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
+            _dot_forward, _dot_forward_fake)
+    _define("dot_attention_backward",
+            "Tensor q, Tensor k, Tensor v, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
+            f"Tensor? alpha, Tensor? grad_alpha, float scale, {_ATTENTION_TAIL}, {_NEEDS}",
+            _dot_backward, _dot_backward_fake)
+    _autograd_backward("dot_attention", N_GRAPH + 9, [N_GRAPH + i for i in range(4)], _dot_call_backward)
+
+    _define("spmm", "Tensor x, Tensor? edge_weight, str norm, ScalarType out_dtype) -> Tensor",
+            _spmm_forward, _spmm_forward_fake)
+    _define("spmm_backward",
+            "Tensor x, Tensor? edge_weight, str norm, Tensor grad_out, bool need_x, bool need_w) -> (Tensor, Tensor)",
+            _spmm_backward, _spmm_backward_fake)
+    _autograd_backward("spmm", N_GRAPH + 4, [N_GRAPH, N_GRAPH + 1], _spmm_call_backward)
+
+    _define("segment_reduce",
+            "Tensor x, Tensor? edge_weight, str reduce, str tie_break, str non_finite, bool need_grad) "
+            "-> (Tensor, Tensor)",
+            _segment_forward, _segment_forward_fake)
+    _define("segment_reduce_backward",
+            "Tensor x, Tensor? edge_weight, Tensor result, Tensor aux, Tensor grad_out, str reduce, str tie_break, "
+            "str non_finite, bool need_x, bool need_w) -> (Tensor, Tensor)",
+            _segment_backward, _segment_backward_fake)
+    _autograd_backward("segment_reduce", N_GRAPH + 6, [N_GRAPH, N_GRAPH + 1], _segment_call_backward)
+
+
+# ------------------------------------------------------------------------ what the ops call
+def _rng(dropout: float, like: Tensor) -> Optional[Tensor]:
+    """The Philox (seed, offset) of one dropout call, drawn on ``like``'s device by torch's
+    generator (traced: a CUDA graph draws anew on every replay)."""
+    if dropout <= 0.0:
+        return None
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)
+
+
+def _attention_result(out: Tensor, alpha: Tensor, return_attention):
+    return (out, alpha) if return_attention else out
+
+
+def gat_attention(graph: GraphTensors, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
+                  dropout, edge_weight, out_dtype):
+    """:func:`gnn_fastpath.gat_attention` on the operator (arguments checked by the caller)."""
+    out, _, alpha = _op("gat_attention")(*graph, x_src, score_src, score_dst, edge_score, edge_weight,
+                                         negative_slope, dropout, _rng(dropout, x_src),
+                                         ATTENTION_CODES[return_attention], out_dtype)
+    return _attention_result(out, alpha, return_attention)
+
+
+def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
+                    out_dtype):
+    """:func:`gnn_fastpath.gatv2_attention` on the operator (arguments checked by the caller)."""
+    out, _, alpha = _op("gatv2_attention")(*graph, x_src, x_dst, att, edge_term, negative_slope, dropout,
+                                           _rng(dropout, x_src), ATTENTION_CODES[return_attention], out_dtype)
+    return _attention_result(out, alpha, return_attention)
+
+
+def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attention, dropout, out_dtype):
+    """:func:`gnn_fastpath.dot_attention` on the operator (arguments checked by the caller)."""
+    out, _, alpha = _op("dot_attention")(*graph, q, k, v, edge_term, scale, dropout, _rng(dropout, k),
+                                         ATTENTION_CODES[return_attention], out_dtype)
+    return _attention_result(out, alpha, return_attention)
+
+
+def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
+    """:func:`gnn_fastpath.spmm` on the operator (arguments checked by the caller)."""
+    return _op("spmm")(*graph, x, edge_weight, norm, out_dtype)
+
+
+def segment_reduce(graph: GraphTensors, x, reduce, edge_weight, tie_break, non_finite):
+    """:func:`gnn_fastpath.segment_reduce` on the operator (arguments checked by the caller)."""
+    need_grad = torch.is_grad_enabled() and (x.requires_grad or (edge_weight is not None
+                                                                 and edge_weight.requires_grad))
+    result, _ = _op("segment_reduce")(*graph.destination_major(), x, edge_weight, reduce, tie_break, non_finite,
+                                      need_grad)
+    return result
