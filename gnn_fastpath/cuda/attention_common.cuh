@@ -114,6 +114,19 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
     return gf_philox_uniform(seed, offset, edge, head) >= p ? 1.f / (1.f - p) : 0.f;
 }
 
+// The dropout stream of a kernel: (rng[0], rng[1]) replace the scalar (seed, offset) when rng
+// is given (an int64 [2] tensor, 16-byte aligned: the launcher sees to it). Scalars are baked
+// into a captured CUDA graph; memory is read at every replay. Called once at kernel entry;
+// loads only with dropout (p > 0), the one case the stream is used.
+__device__ __forceinline__ void gf_philox_stream(const long long* __restrict__ rng, float p,
+                                                 unsigned long long& seed, unsigned long long& offset) {
+    if (p > 0.f && rng != nullptr) {
+        const longlong2 r = __ldg(reinterpret_cast<const longlong2*>(rng));  // one 16-byte load
+        seed = (unsigned long long)r.x;
+        offset = (unsigned long long)r.y;
+    }
+}
+
 // Online-softmax fold of one chunk's (m, l, acc) of a single column into a running state.
 __device__ __forceinline__ void gf_softmax_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {
     GfSoftmaxState other;

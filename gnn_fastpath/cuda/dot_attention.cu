@@ -223,7 +223,9 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
         const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
         const TI* __restrict__ edge_term, TO* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_acc, float* __restrict__ part_ml, float* __restrict__ logits, int H, int D_rt,
-        float scale, float p, unsigned long long seed, unsigned long long offset) {
+        float scale, float p, unsigned long long seed, unsigned long long offset,
+        const long long* __restrict__ rng) {
+    gf_philox_stream(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -353,7 +355,8 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
             const float* __restrict__ lse, const TO* __restrict__ grad_alpha, const float* __restrict__ delta_alpha,
             int grad_alpha_dropped, TI* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
             TI* __restrict__ d_edge_term, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
-            unsigned long long seed, unsigned long long offset) {
+            unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng) {
+    gf_philox_stream(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -491,7 +494,8 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
             const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped,
             TI* __restrict__ dk, TI* __restrict__ dv, float* __restrict__ part_dk,
             float* __restrict__ part_dv, int H, int D_rt, float scale, float p, unsigned long long seed,
-            unsigned long long offset) {
+            unsigned long long offset, const long long* __restrict__ rng) {
+    gf_philox_stream(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT, DOT_EDGE_FLOATS_SRC> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -675,7 +679,8 @@ template <typename TO>
 __global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* __restrict__ items,
                                       long long n_items, const float* __restrict__ lse, const float* logits,
                                       TO* alpha, int H, int dropped, float p, unsigned long long seed,
-                                      unsigned long long offset) {
+                                      unsigned long long offset, const long long* __restrict__ rng) {
+    gf_philox_stream(rng, p, seed, offset);
     const long long w = dot_warp_id();
     if (w >= n_items) return;
     const int lane = threadIdx.x & 31;

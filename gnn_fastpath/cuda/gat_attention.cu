@@ -57,10 +57,11 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
         const int* __restrict__ indices, const int* __restrict__ perm,
         const TI* __restrict__ x_src, const float* __restrict__ score_src, const float* __restrict__ score_dst,
         const float* __restrict__ edge_score, const float* __restrict__ edge_weight, int H, int D_rt, float slope,
-        float p, unsigned long long seed, unsigned long long offset,
+        float p, unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng,
         TO* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
         float* __restrict__ logits) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -165,8 +166,9 @@ template <typename TO>
 __global__ void gat_alpha_from_logits(const int4* __restrict__ items, long long n_items,
                                       const int* __restrict__ perm, const float* __restrict__ lse,
                                       int H, float p, unsigned long long seed, unsigned long long offset,
-                                      int dropped, const float* logits, TO* alpha,
-                                      const float* __restrict__ edge_weight) {
+                                      const long long* __restrict__ rng, int dropped, const float* logits,
+                                      TO* alpha, const float* __restrict__ edge_weight) {
+    gf_philox_stream(rng, p, seed, offset);
     gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, seed, offset, dropped, logits, alpha, edge_weight);
 }
 
@@ -203,8 +205,9 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
             const TO* __restrict__ out, const TO* __restrict__ grad_out, const float* __restrict__ lse,
             const float* __restrict__ delta_alpha, const TO* __restrict__ grad_alpha, int grad_alpha_dropped,
             int H, int D_rt, float slope, float p, unsigned long long seed, unsigned long long offset,
-            float* dx_src, float* d_score_src, float* d_score_dst, float* __restrict__ d_edge_score,
-            float* d_edge_weight) {
+            const long long* __restrict__ rng, float* dx_src, float* d_score_src, float* d_score_dst,
+            float* __restrict__ d_edge_score, float* d_edge_weight) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -344,9 +347,10 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
             const float* __restrict__ edge_score, const float* __restrict__ edge_weight,
             const TO* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
             const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt, float slope, float p,
-            unsigned long long seed, unsigned long long offset, TI* dx_src, float* dx_src_acc,
-            const int* __restrict__ acc_index, float* d_score_src, float* d_score_dst,
+            unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng, TI* dx_src,
+            float* dx_src_acc, const int* __restrict__ acc_index, float* d_score_src, float* d_score_dst,
             float* __restrict__ d_edge_score, float* d_edge_weight) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;

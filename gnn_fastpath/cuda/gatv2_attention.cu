@@ -46,10 +46,11 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
           const int* __restrict__ indices, const int* __restrict__ perm,
           const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
           const TI* __restrict__ edge_term, int H, int D_rt, float slope,
-          float p, unsigned long long seed, unsigned long long offset,
+          float p, unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng,
           TO* __restrict__ out, float* __restrict__ lse,
           float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
           float* __restrict__ logits) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -151,8 +152,9 @@ template <typename TO>
 __global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long long n_items,
                                         const int* __restrict__ perm, const float* __restrict__ lse,
                                         int H, float p, unsigned long long seed,
-                                        unsigned long long offset, int dropped, const float* logits,
-                                        TO* alpha) {
+                                        unsigned long long offset, const long long* __restrict__ rng,
+                                        int dropped, const float* logits, TO* alpha) {
+    gf_philox_stream(rng, p, seed, offset);
     gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, seed, offset, dropped, logits, alpha, nullptr);
 }
 
@@ -189,9 +191,10 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
               const TI* __restrict__ edge_term, const TO* __restrict__ out, const TO* __restrict__ grad_out,
               const float* __restrict__ lse, const float* __restrict__ delta_alpha, const TO* __restrict__ grad_alpha,
               int grad_alpha_dropped, int H, int D_rt, float slope, float p, unsigned long long seed,
-              unsigned long long offset, float* dx_src, TI* dx_dst, float* dx_dst_acc,
-              const int* __restrict__ acc_index, TI* __restrict__ d_edge_term,
+              unsigned long long offset, const long long* __restrict__ rng, float* dx_src, TI* dx_dst,
+              float* dx_dst_acc, const int* __restrict__ acc_index, TI* __restrict__ d_edge_term,
               float* datt, int datt_smem, float* __restrict__ delta_out) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     extern __shared__ float sm_datt[];
@@ -340,8 +343,9 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
               const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
               const TI* __restrict__ edge_term, const TO* __restrict__ grad_out, const float* __restrict__ lse,
               const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
-              float slope, float p, unsigned long long seed, unsigned long long offset, TI* dx_src,
-              float* dx_src_acc, const int* __restrict__ acc_index) {
+              float slope, float p, unsigned long long seed, unsigned long long offset,
+              const long long* __restrict__ rng, TI* dx_src, float* dx_src_acc, const int* __restrict__ acc_index) {
+    gf_philox_stream(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;

@@ -22,12 +22,16 @@ edges, and the removed ones receive exactly zero gradient.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .graph import DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
+
+
+#: How many leading fields of :class:`GraphTensors` the operators take.
+N_OPERANDS = 8
 
 
 class GraphTensors(NamedTuple):
@@ -51,10 +55,21 @@ class GraphTensors(NamedTuple):
     src_perm: Optional[Tensor]
     src_csr_pos: Optional[Tensor]
     n_src: int
+    #: Whether the last CSR row is the extra row of removed edges (see :func:`from_coo`);
+    #: not an operand: the ops pad destination inputs by one row and slice it off the result.
+    extra_row: bool = False
+    #: (src, dst) int64 [M] in the caller's order, as the graph was built from (not an operand).
+    coo: Optional[Tuple[Tensor, Tensor]] = None
+
+    @property
+    def operands(self) -> tuple:
+        """The fields the custom operators take (:data:`N_OPERANDS` of them)."""
+        return tuple(self)[:N_OPERANDS]
 
     @property
     def n_dst(self) -> int:
-        return self.indptr.shape[0] - 1
+        """Destination nodes (the extra row of removed edges not counted)."""
+        return self.indptr.shape[0] - 1 - int(self.extra_row)
 
     @property
     def num_edges(self) -> int:
@@ -64,9 +79,41 @@ class GraphTensors(NamedTuple):
     def device(self) -> torch.device:
         return self.indptr.device
 
+    def memo(self, key, build):
+        """What :meth:`Graph.memo` gives, built again: inside a compiled region the same
+        computation on the same inputs is merged by AOTAutograd instead of cached."""
+        return build()
+
+    def in_degree(self) -> Tensor:
+        """int32 [n_dst], in-degree of each destination."""
+        counts = self.indptr[1:] - self.indptr[:-1]
+        return counts[: self.n_dst] if self.extra_row else counts
+
+    def caller_coo(self) -> Tuple[Tensor, Tensor]:
+        """(src, dst) int64 [M] in the caller's edge order (removed edges' dst is the extra row)."""
+        if self.coo is not None and not self.extra_row:
+            return self.coo
+        m = self.num_edges
+        rows = torch.searchsorted(self.indptr.to(torch.int64), torch.arange(m, device=self.device), right=True) - 1
+        perm = self.perm.to(torch.int64)
+        src = torch.empty(m, dtype=torch.int64, device=self.device).scatter_(0, perm, self.indices.to(torch.int64))
+        dst = torch.empty(m, dtype=torch.int64, device=self.device).scatter_(0, perm, rows)
+        return src, dst
+
     def destination_major(self) -> "GraphTensors":
         """The same graph without its source-major CSR (for ops whose backward never walks it)."""
         return self._replace(src_indptr=None, src_indices=None, src_perm=None, src_csr_pos=None)
+
+    def pad(self, t: Optional[Tensor]) -> Optional[Tensor]:
+        """A destination-indexed input [n_dst, ...] with the extra row's zero row appended
+        (itself without an extra row)."""
+        if t is None or not self.extra_row:
+            return t
+        return torch.cat([t, t.new_zeros((1,) + tuple(t.shape[1:]))])
+
+    def unpad(self, t: Tensor) -> Tensor:
+        """A destination-indexed result without the extra row."""
+        return t[: self.n_dst] if self.extra_row else t
 
 
 def _csr(rows: Tensor, cols: Tensor, n_rows: int) -> tuple:
@@ -95,13 +142,14 @@ def from_coo(src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, removed: Optio
         torch._assert_async(ok, "gnn_fastpath: edge_index holds a node id out of range")
     rows = dst if removed is None else torch.where(removed, n_dst, dst)
     n_rows = n_dst if removed is None else n_dst + 1
+    extra = removed is not None
     indptr, indices, perm = _csr(rows, src, n_rows)
     if not source_major:
-        return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src)
+        return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src, extra, (src, dst))
     s_indptr, s_indices, s_order = _csr(src, rows, n_src)
     csr_pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
     return GraphTensors(indptr, indices, perm.to(torch.int32), s_indptr, s_indices, s_order.to(torch.int32),
-                        csr_pos[s_order].to(torch.int32), n_src)
+                        csr_pos[s_order].to(torch.int32), n_src, extra, (src, dst))
 
 
 def of_graph(graph: Graph, source_major: bool = True) -> GraphTensors:
@@ -123,7 +171,7 @@ def as_graph(gt: GraphTensors) -> Graph:
     """
     on_cpu = gt.indptr.device.type == "cpu"
     wide = (lambda t: t.to(torch.int64)) if on_cpu else (lambda t: t)
-    graph = Graph(wide(gt.indptr), wide(gt.indices), wide(gt.perm), int(gt.n_src), int(gt.n_dst))
+    graph = Graph(wide(gt.indptr), wide(gt.indices), wide(gt.perm), int(gt.n_src), int(gt.indptr.shape[0] - 1))
     m, n_dst = graph.num_edges, graph.n_dst
     graph._set_facts(0, 0, None, exact=False)
     graph._stats = DegreeStats(-1, m / n_dst if n_dst else 0.0)

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ..cuda import spmm as kernels
 from ..reference._precision import compute_dtype, no_autocast
+from ..graph import GraphTensors
 from ._checks import check_bool, check_graph, check_tensor, graph_on
 from .dispatch import CUDA, choose
 
@@ -78,6 +79,8 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
     check_bool("improved", improved)
     fill = 2.0 if improved else 1.0
     needs_grad = edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled()
+    if isinstance(graph, GraphTensors):  # compiled: plain torch operations, fused by the compiler
+        return _gcn_norm_torch(graph, edge_weight, fill, compute_dtype(dtype)).to(dtype)
     if choose("gcn_norm_values", graph.device, dtype, graph) == CUDA and not needs_grad:
         w = None if edge_weight is None else edge_weight.to(torch.float32).contiguous()  # kernels read float32
         return kernels.gcn_norm(graph, w, fill).to(dtype)
@@ -87,7 +90,7 @@ def gcn_norm_values(graph, edge_weight: Optional[Tensor] = None, improved: bool 
 
 def _gcn_norm_torch(graph, edge_weight, fill: float, dtype) -> Tensor:
     """The values in ``dtype`` (float32 or float64; a weight is converted to it)."""
-    n = graph.n_dst
+    n = graph.n_dst + int(getattr(graph, "extra_row", False))  # removed edges have their own row
     src, dst = graph.caller_coo()  # caller order, as PyG sees the edges
     if edge_weight is None:
         w = torch.where(src == dst, torch.tensor(fill, dtype=dtype, device=src.device),

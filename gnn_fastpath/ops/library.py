@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..graph.tensors import GraphTensors, as_graph
+from ..graph.tensors import N_OPERANDS, GraphTensors, as_graph
 from ..reference._precision import product_dtype
 
 NAMESPACE = "gnn_fastpath"
@@ -42,7 +42,7 @@ AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "regi
 #: The graph arguments every operator starts with (:class:`GraphTensors`' fields).
 GRAPH_SCHEMA = ("Tensor indptr, Tensor indices, Tensor perm, Tensor? src_indptr, Tensor? src_indices, "
                 "Tensor? src_perm, Tensor? src_csr_pos, SymInt n_src")
-N_GRAPH = len(GraphTensors._fields)
+N_GRAPH = N_OPERANDS
 #: return_attention as the operators take it (an int: the schema has no str-or-bool type).
 ATTENTION_CODES = {False: 0, True: 1, "dropped": 2}
 _ATTENTION_VALUES = {v: k for k, v in ATTENTION_CODES.items()}
@@ -225,7 +225,7 @@ def _gat_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
     gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, _) = _graph(ctx.inputs)
     out, lse, alpha = ctx.output
     grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    grads = _op("gat_attention_backward")(*gt, x_src, score_src, score_dst, edge_score, edge_weight, out, lse,
+    grads = _op("gat_attention_backward")(*gt.operands, x_src, score_src, score_dst, edge_score, edge_weight, out, lse,
                                           grad_out, _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code,
                                           needs)
     return grads
@@ -291,7 +291,7 @@ def _gatv2_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
     gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, _) = _graph(ctx.inputs)
     out, lse, alpha = ctx.output
     grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return _op("gatv2_attention_backward")(*gt, x_src, x_dst, att, edge_term, out, lse, grad_out,
+    return _op("gatv2_attention_backward")(*gt.operands, x_src, x_dst, att, edge_term, out, lse, grad_out,
                                            _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code, needs)
 
 
@@ -355,7 +355,7 @@ def _dot_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
     gt, (q, k, v, edge_term, scale, p, rng, code, _) = _graph(ctx.inputs)
     out, lse, alpha = ctx.output
     grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return _op("dot_attention_backward")(*gt, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
+    return _op("dot_attention_backward")(*gt.operands, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
                                          grad_alpha, scale, p, rng, code, needs)
 
 
@@ -410,7 +410,7 @@ def _spmm_backward_fake(*args):
 
 def _spmm_call_backward(ctx, needs, grad_out):
     gt, (x, edge_weight, norm, _) = _graph(ctx.inputs)
-    return _op("spmm_backward")(*gt, x, edge_weight, norm, grad_out.contiguous(), needs[0], needs[1])
+    return _op("spmm_backward")(*gt.operands, x, edge_weight, norm, grad_out.contiguous(), needs[0], needs[1])
 
 
 # ------------------------------------------------------------------------------ segment_reduce
@@ -478,7 +478,7 @@ def _segment_backward_fake(*args):
 def _segment_call_backward(ctx, needs, grad_out, grad_aux):
     gt, (x, edge_weight, reduce, tie_break, non_finite, _) = _graph(ctx.inputs)
     result, aux = ctx.output
-    return _op("segment_reduce_backward")(*gt, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
+    return _op("segment_reduce_backward")(*gt.operands, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
                                           non_finite, needs[0], needs[1])
 
 
@@ -552,36 +552,37 @@ def _attention_result(out: Tensor, alpha: Tensor, return_attention):
 def gat_attention(graph: GraphTensors, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
                   dropout, edge_weight, out_dtype):
     """:func:`gnn_fastpath.gat_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gat_attention")(*graph, x_src, score_src, score_dst, edge_score, edge_weight,
-                                         negative_slope, dropout, _rng(dropout, x_src),
+    out, _, alpha = _op("gat_attention")(*graph.operands, x_src, score_src, graph.pad(score_dst), edge_score,
+                                         edge_weight, negative_slope, dropout, _rng(dropout, x_src),
                                          ATTENTION_CODES[return_attention], out_dtype)
-    return _attention_result(out, alpha, return_attention)
+    return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
 def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
                     out_dtype):
     """:func:`gnn_fastpath.gatv2_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gatv2_attention")(*graph, x_src, x_dst, att, edge_term, negative_slope, dropout,
-                                           _rng(dropout, x_src), ATTENTION_CODES[return_attention], out_dtype)
-    return _attention_result(out, alpha, return_attention)
+    out, _, alpha = _op("gatv2_attention")(*graph.operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
+                                           dropout, _rng(dropout, x_src), ATTENTION_CODES[return_attention],
+                                           out_dtype)
+    return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
 def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attention, dropout, out_dtype):
     """:func:`gnn_fastpath.dot_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("dot_attention")(*graph, q, k, v, edge_term, scale, dropout, _rng(dropout, k),
-                                         ATTENTION_CODES[return_attention], out_dtype)
-    return _attention_result(out, alpha, return_attention)
+    out, _, alpha = _op("dot_attention")(*graph.operands, graph.pad(q), k, v, edge_term, scale, dropout,
+                                         _rng(dropout, k), ATTENTION_CODES[return_attention], out_dtype)
+    return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
 def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
     """:func:`gnn_fastpath.spmm` on the operator (arguments checked by the caller)."""
-    return _op("spmm")(*graph, x, edge_weight, norm, out_dtype)
+    return graph.unpad(_op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype))
 
 
 def segment_reduce(graph: GraphTensors, x, reduce, edge_weight, tie_break, non_finite):
     """:func:`gnn_fastpath.segment_reduce` on the operator (arguments checked by the caller)."""
     need_grad = torch.is_grad_enabled() and (x.requires_grad or (edge_weight is not None
                                                                  and edge_weight.requires_grad))
-    result, _ = _op("segment_reduce")(*graph.destination_major(), x, edge_weight, reduce, tie_break, non_finite,
-                                      need_grad)
-    return result
+    result, _ = _op("segment_reduce")(*graph.destination_major().operands, x, edge_weight, reduce, tie_break,
+                                      non_finite, need_grad)
+    return graph.unpad(result)

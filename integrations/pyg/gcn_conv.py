@@ -54,7 +54,7 @@ from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Unsupported, linear_dtype
 from .graph import (append_self_loops, check_inputs, check_like, check_message_passing, check_sparse_product,
-                    edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values)
+                    edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values, TracedLooped)
 
 
 def features(x, *args, **kwargs) -> Tensor:
@@ -109,7 +109,11 @@ def _normalised(module, edge_index: Tensor, edge_weight, n: int, x: Tensor) -> T
         looped = replace_self_loops(graph, n)
         graph = looped.graph
         if edge_weight is not None:
-            loop_weight = edge_weight.new_full((n,), 2.0 if module.improved else 1.0)
+            fill = 2.0 if module.improved else 1.0
+            if isinstance(looped, TracedLooped):
+                loop_weight = looped.loop_weight(edge_weight, fill)
+                return graph, gcn_weights(graph, torch.cat([edge_weight, loop_weight]), x.dtype), False
+            loop_weight = edge_weight.new_full((n,), fill)
             # Stock's very write: for a node with several loops, the CPU keeps the last one's
             # weight and CUDA any one's (undefined for duplicate indices), and the backward
             # sends the node's gradient to every one of them. Same op, same behaviour.

@@ -301,6 +301,55 @@ def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
     return Looped(graph, keep, loop_node, loop_pos, num_loops)
 
 
+@dataclass(frozen=True)
+class TracedLooped:
+    """:class:`Looped` as a compiled layer builds it: static shapes, no host reads.
+
+    The edges are the caller's edges in their order, then the loops ``(i, i)``,
+    ``i < num_loops``; the caller's own self loops (``removed``, bool [M]) stay in the list
+    but sit in the graph's extra destination row (:mod:`gnn_fastpath.graph.tensors`), so they
+    take no part in any result and get zero gradients. Not PyG's edge order (PyG compacts the
+    kept edges): attention weights are not returned from this graph (Unsupported).
+    """
+
+    graph: GraphTensors
+    removed: Tensor
+    src: Tensor
+    dst: Tensor
+    num_loops: int
+
+    def loop_weight(self, edge_weight: Tensor, fill: float) -> Tensor:
+        """The appended loops' weights as PyG's ``add_remaining_self_loops`` gives them: a
+        node's own loop keeps its weight, the others get ``fill``."""
+        n = self.num_loops
+        target = torch.where(self.removed & (self.src < n), self.src, n)
+        weights = edge_weight.new_full((n + 1,), fill)
+        return weights.scatter(0, target, edge_weight)[:n]
+
+    def edge_attr(self, fill, edge_attr: Tensor) -> Tensor:
+        """The edge attributes in this graph's order: the caller's rows, then one per loop."""
+        n = self.num_loops
+        size = (n,) + tuple(edge_attr.shape[1:])
+        if isinstance(fill, str):
+            from torch_geometric.utils import scatter
+
+            index = torch.where(self.removed | (self.dst >= n), n, self.dst)
+            loops = scatter(edge_attr, index, 0, n + 1, fill)[:n]
+        else:
+            loops = loop_attr(fill, edge_attr, None, size)
+        return torch.cat([edge_attr, loops])
+
+
+def _traced_looped(base: GraphTensors, num_loops: int, remove_existing: bool) -> TracedLooped:
+    src, dst = base.coo
+    loops = torch.arange(num_loops, device=src.device)
+    removed = (src == dst) if remove_existing else torch.zeros_like(src, dtype=torch.bool)
+    all_removed = torch.cat([removed, torch.zeros_like(loops, dtype=torch.bool)])
+    graph = from_coo(torch.cat([src, loops]), torch.cat([dst, loops]), base.n_src, base.n_dst,
+                     removed=all_removed if remove_existing else None)
+    return TracedLooped(graph, removed, src, dst, num_loops)
+
+
 def replace_self_loops(base: Graph, num_loops: int) -> Looped:
     """Every self loop removed, then ``(i, i)`` for ``i < num_loops`` appended.
 
@@ -308,6 +357,8 @@ def replace_self_loops(base: Graph, num_loops: int) -> Looped:
     ``add_remaining_self_loops`` (which also drops the existing loops and appends one per
     node). Memoised on ``base``.
     """
+    if isinstance(base, GraphTensors):
+        return _traced_looped(base, num_loops, remove_existing=True)
     return base.memo(("pyg", "replace_self_loops", int(num_loops)),
                      lambda: _looped(base, int(num_loops), remove_existing=True))
 
@@ -315,6 +366,8 @@ def replace_self_loops(base: Graph, num_loops: int) -> Looped:
 def append_self_loops(base: Graph, num_loops: int) -> Looped:
     """``(i, i)`` for ``i < num_loops`` appended after every existing edge (PyG's
     ``add_self_loops`` on a torch.sparse adjacency). Memoised on ``base``."""
+    if isinstance(base, GraphTensors):
+        return _traced_looped(base, num_loops, remove_existing=False)
     return base.memo(("pyg", "append_self_loops", int(num_loops)),
                      lambda: _looped(base, int(num_loops), remove_existing=False))
 
@@ -359,6 +412,8 @@ def check_fill(fill, edge_attr: Optional[Tensor], looped: Looped) -> None:
     if isinstance(fill, str):
         if fill not in FILL_REDUCTIONS:
             raise Unsupported("fill_value", f"fill_value={fill!r}")
+        if isinstance(looped, TracedLooped):
+            return  # no host read under compilation: a kept edge beyond the loops reduces into none
         if looped.kept_dst_max >= looped.num_loops:
             raise Unsupported("fill_value", "a kept edge targets a node beyond min(N_src, N_dst) "
                                             f"(stock cannot reduce fill_value={fill!r} there)")
@@ -366,9 +421,10 @@ def check_fill(fill, edge_attr: Optional[Tensor], looped: Looped) -> None:
         raise Unsupported("fill_value", f"fill_value of type {type(fill).__name__}")
 
 
-def loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
-    """PyG's ``compute_loop_attr`` for the appended loops, from the kept edges' attributes."""
-    size = (looped.num_loops,) + tuple(edge_attr.shape[1:])
+def loop_attr(fill, edge_attr: Tensor, looped: Optional[Looped], size=None) -> Tensor:
+    """PyG's ``compute_loop_attr`` for the appended loops, from the kept edges' attributes
+    (``size``: the loops' attribute shape, given when there is no ``looped``)."""
+    size = (looped.num_loops,) + tuple(edge_attr.shape[1:]) if size is None else size
     if fill is None:
         return edge_attr.new_ones(size)
     if isinstance(fill, (int, float)):
@@ -386,6 +442,8 @@ def loop_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
 def looped_edge_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
     """The edge attributes stock's ``remove_self_loops`` + ``add_self_loops`` produce, in the
     looped graph's edge order: the kept edges' rows, then one row per loop from ``fill``."""
+    if isinstance(looped, TracedLooped):
+        return looped.edge_attr(fill, edge_attr)
     kept = edge_attr[looped.keep]
     return torch.cat([kept, loop_attr(fill, kept, looped)])
 
