@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops
-from ..graph import Graph
+from ..graph import Graph, GraphTensors
 
 
 #: The 16-bit dtypes: a message of one of these is computed from float32 node terms.
@@ -132,6 +132,9 @@ def edge_graph(graph: Graph) -> Graph:
     """``graph`` with every edge its own source: source e is the caller's edge e (n_src = M),
     same rows; reducing [M, F] edge messages over it is stock's aggregation of messages
     (memoised on ``graph``)."""
+    if isinstance(graph, GraphTensors):
+        return GraphTensors(graph.indptr, graph.perm, graph.perm, None, None, None, None, graph.num_edges,
+                            graph.extra_row)
     return graph.memo(("integrations", "edge_graph"),
                       lambda: Graph.from_csr(graph.indptr, graph.perm, graph.perm, graph.num_edges, graph.n_dst,
                                              name="edge graph"))

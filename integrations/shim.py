@@ -347,6 +347,8 @@ def _compile_blocker(shim: Shim, module: torch.nn.Module, x) -> Optional[Tuple[s
     features' device and dtype) rather than from per-process caches."""
     if not library.AVAILABLE:
         return "compile", f"torch {torch.__version__} has no torch.library.register_fake (torch >= 2.4 compiles the fused path)"
+    if shim.key.startswith("dgl."):
+        return "compile", "DGL graphs do not trace: DGL layers run stock code under torch.compile"
     if has_module_hooks(module) or any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
         return "hooks", "module hooks are registered"
     if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .. import config
-from . import launch, worklist
+from . import launch, row_attention, worklist
 
 SOURCE = "dot_attention.cu"
 THREADS = 256
@@ -137,12 +137,15 @@ def _config(graph, *tensors: Optional[Tensor]) -> Config:
 
 
 def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], scale: float, p: float,
-            seed: int, offset: int, return_attention,
+            seed: Union[int, Tensor], offset: Optional[int], return_attention,
             out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Fused forward. Returns ``(out [N_dst, H, D], lse [N_dst, H] float32, alpha)``; out and
     ``alpha`` in ``out_dtype`` (default q's dtype); ``alpha`` [M, H] in caller order (softmax
-    weights, or after dropout for ``"dropped"``) only when ``return_attention``, else None."""
+    weights, or after dropout for ``"dropped"``) only when ``return_attention``, else None.
+    The dropout stream: ints ``seed, offset``, or an int64 tensor [2] on q's GPU as ``seed``
+    with ``offset`` None (read by the kernels: CUDA-graph safe; :func:`row_attention.philox_stream`)."""
     device = q.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape
     ti, to = q.dtype, out_dtype or q.dtype
     f32 = dict(dtype=torch.float32, device=device)
@@ -163,7 +166,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     _kernel(cfg, "dot_fwd", device, ti, to).launch(
         _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
         head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, lse=lse, part_acc=part_acc,
-        part_ml=part_ml, logits=logits, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+        part_ml=part_ml, logits=logits, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset, rng=rng)
     if work.n_split:
         _kernel(cfg, "dot_fwd_merge", device, to).launch(
             _blocks(work.n_split * H * D), THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc,
@@ -172,7 +175,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
         _kernel(cfg, "dot_alpha_from_logits", device, to).launch(
             _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items, lse=lse,
             logits=logits, alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed,
-            offset=offset)
+            offset=offset, rng=rng)
     return out, lse, alpha
 
 
@@ -187,16 +190,18 @@ def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tens
 
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,
              grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor], alpha_dropped: bool,
-             scale: float, p: float, seed: int, offset: int, need_d_edge_term: bool):
+             scale: float, p: float, seed: Union[int, Tensor], offset: Optional[int], need_d_edge_term: bool):
     """Gradients ``(dq, dk, dv, d_edge_term)`` in q's dtype (d_edge_term None unless
     ``need_d_edge_term``).
 
     ``grad_out`` [N_dst, H, D] (and ``grad_alpha``, the gradient of the returned attention
     ``alpha``, None when there is none) have out's dtype. dk, dv come from atomics in the
     destination pass or from a source-major pass (:func:`backward_mode`); the atomics add
-    into float32 (for 16-bit q: zeroed float32 buffers cast once at the end).
+    into float32 (for 16-bit q: zeroed float32 buffers cast once at the end). The dropout
+    stream as the forward's.
     """
     device = q.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape
     ti, to = q.dtype, out.dtype
     f32 = dict(dtype=torch.float32, device=device)
@@ -227,7 +232,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
             head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, grad_out=grad_out, lse=lse,
             grad_alpha=grad_alpha, delta_alpha=delta_alpha, grad_alpha_dropped=int(alpha_dropped), dq=dq,
             part_dq=part_dq, dk=None if transposed else dk, dv=None if transposed else dv,
-            d_edge_term=d_edge_term, delta_out=delta, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+            d_edge_term=d_edge_term, delta_out=delta, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset,
+            rng=rng)
         if part_dq is not None:
             _sum_partials(cfg, work, part_dq, dq)
     if transposed and k.shape[0]:
@@ -241,7 +247,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
             _blocks(n_work * 32), THREADS, s_indices=scsr.indices, s_perm=scsr.perm, items=swork.items,
             n_work=n_work, head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, grad_out=grad_out,
             lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), dk=dk, dv=dv,
-            part_dk=part_dk, part_dv=part_dv, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset)
+            part_dk=part_dk, part_dv=part_dv, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset,
+            rng=rng)
         if part_dk is not None:
             _sum_partials(cfg, swork, part_dk, dk)
             _sum_partials(cfg, swork, part_dv, dv)

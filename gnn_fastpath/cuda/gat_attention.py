@@ -18,7 +18,7 @@ gradients in float32 (the op casts them to their tensors' dtypes).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -98,17 +98,20 @@ def _grid(kernel: launch.Kernel, n_work: int) -> int:
 
 
 def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
-            edge_weight: Optional[Tensor], slope: float, p: float, seed: int, offset: int, return_attention,
-            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+            edge_weight: Optional[Tensor], slope: float, p: float, seed: Union[int, Tensor], offset: Optional[int],
+            return_attention, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Fused forward. Inputs contiguous on one GPU, graph on that GPU: x_src [N_src, H, D] in
     T; score_src [N_src, H], score_dst [N_dst, H], edge_score [M, H] and edge_weight [M]
-    (caller order, optional) float32.
+    (caller order, optional) float32. The dropout stream: ints ``seed, offset``, or an int64
+    tensor [2] on that GPU as ``seed`` with ``offset`` None (read by the kernels: CUDA-graph
+    safe; :func:`row_attention.philox_stream`).
 
     Returns (out [N_dst, H, D] in ``out_dtype`` (default T), lse [N_dst, H] float32, alpha
     [M, H] in ``out_dtype``, caller order, or None). ``return_attention``: False, True
     (softmax weights) or "dropped" (after dropout, times edge_weight).
     """
     dev = x_src.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_dst, H, D = graph.n_dst, x_src.shape[1], x_src.shape[2]
     M = graph.num_edges
     out_dtype = x_src.dtype if out_dtype is None else out_dtype
@@ -127,30 +130,32 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, score_src=score_src, score_dst=score_dst,
                edge_score=edge_score, edge_weight=edge_weight, H=H, D_rt=D, slope=slope, p=p, seed=seed,
-               offset=offset, out=out, lse=lse, part_acc=buf.part_acc, part_m=buf.part_m, part_l=buf.part_l,
+               offset=offset, rng=rng, out=out, lse=lse, part_acc=buf.part_acc, part_m=buf.part_m, part_l=buf.part_l,
                logits=logits)
     if work.n_split:
         row_attention.merge_chunks(KERNELS.kernel(dev, "gat_fwd_merge", to), MERGE_THREADS, buf, work)
     if return_attention and M:
         norm = KERNELS.kernel(dev, "gat_alpha_from_logits", to)
         norm.launch(row_attention.blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items,
-                    perm=kc.perm, lse=lse, H=H, p=p, seed=seed, offset=offset,
+                    perm=kc.perm, lse=lse, H=H, p=p, seed=seed, offset=offset, rng=rng,
                     dropped=int(return_attention == "dropped"), logits=logits, alpha=alpha, edge_weight=edge_weight)
     return out, lse, alpha
 
 
 def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
              edge_weight: Optional[Tensor], out: Tensor, lse: Tensor, grad_out: Tensor, alpha: Optional[Tensor],
-             grad_alpha: Optional[Tensor], alpha_dropped: bool, slope: float, p: float, seed: int, offset: int,
-             needs: Tuple[bool, bool, bool, bool, bool]):
+             grad_alpha: Optional[Tensor], alpha_dropped: bool, slope: float, p: float, seed: Union[int, Tensor],
+             offset: Optional[int], needs: Tuple[bool, bool, bool, bool, bool]):
     """Gradients (dx_src, d_score_src, d_score_dst, d_edge_score, d_edge_weight), each None
     where ``needs`` (in that order) says so or the tensor is absent.
 
     Inputs as :func:`forward`'s; ``out`` (saved), ``grad_out`` [N_dst, H, D] contiguous,
     ``alpha`` and ``grad_alpha`` [M, H] (caller order, the gradient of the returned attention,
-    None when there is none) in out's dtype. dx_src comes back in T, the others in float32.
+    None when there is none) in out's dtype; the dropout stream as the forward's. dx_src comes
+    back in T, the others in float32.
     """
     dev = x_src.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_src, n_dst, M = graph.n_src, graph.n_dst, graph.num_edges
     H, D = x_src.shape[1], x_src.shape[2]
     T = x_src.dtype
@@ -182,7 +187,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     common = dict(x_src=x_src, score_src=score_src, score_dst=score_dst, edge_score=edge_score,
                   edge_weight=edge_weight, grad_out=grad_out, lse=lse, grad_alpha=grad_alpha,
                   grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed, offset=offset,
-                  d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
+                  rng=rng, d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
 
     if backward_mode(graph) == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it

@@ -19,7 +19,7 @@ The lane layout, grids and split-row accumulators are shared with the GAT launch
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -106,16 +106,19 @@ def _grid(kernel: launch.Kernel, n_work: int, shared_mem: int = 0, always_persis
 
 
 def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], slope: float,
-            p: float, seed: int, offset: int, return_attention,
+            p: float, seed: Union[int, Tensor], offset: Optional[int], return_attention,
             out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Fused forward. Inputs contiguous on one GPU, graph on that GPU: x_src, x_dst,
-    edge_term in one dtype T (float32/float16/bfloat16), att float32.
+    edge_term in one dtype T (float32/float16/bfloat16), att float32. The dropout stream:
+    ints ``seed, offset``, or an int64 tensor [2] on that GPU as ``seed`` with ``offset`` None
+    (read by the kernels: CUDA-graph safe; :func:`row_attention.philox_stream`).
 
     Returns (out [N_dst, H, D] in ``out_dtype`` (default T), lse [N_dst, H] float32, alpha
     [M, H] in ``out_dtype``, caller order, or None). ``return_attention``: False, True
     (softmax weights) or "dropped" (after dropout).
     """
     dev = x_src.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_dst, H, D = graph.n_dst, x_src.shape[1], x_src.shape[2]
     M = graph.num_edges
     out_dtype = x_src.dtype if out_dtype is None else out_dtype
@@ -134,14 +137,14 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     fwd = KERNELS.kernel(dev, "gatv2_fwd", ti, to, *cfg.args(has_et))
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, H=H,
-               D_rt=D, slope=slope, p=p, seed=seed, offset=offset, out=out, lse=lse, part_acc=buf.part_acc,
+               D_rt=D, slope=slope, p=p, seed=seed, offset=offset, rng=rng, out=out, lse=lse, part_acc=buf.part_acc,
                part_m=buf.part_m, part_l=buf.part_l, logits=logits)
     if work.n_split:
         row_attention.merge_chunks(KERNELS.kernel(dev, "gatv2_fwd_merge", to), MERGE_THREADS, buf, work)
     if return_attention and M:
         norm = KERNELS.kernel(dev, "gatv2_alpha_from_logits", to)
         norm.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, lse=lse,
-                    H=H, p=p, seed=seed, offset=offset, dropped=int(return_attention == "dropped"),
+                    H=H, p=p, seed=seed, offset=offset, rng=rng, dropped=int(return_attention == "dropped"),
                     logits=logits, alpha=alpha)
     return out, lse, alpha
 
@@ -152,17 +155,18 @@ _finish_accumulator = row_attention.finish_accumulator
 
 def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], out: Tensor,
              lse: Tensor, grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor],
-             alpha_dropped: bool, slope: float, p: float, seed: int, offset: int,
+             alpha_dropped: bool, slope: float, p: float, seed: Union[int, Tensor], offset: Optional[int],
              needs: Tuple[bool, bool, bool, bool]):
     """Gradients (dx_src, dx_dst, datt, d_edge_term), each None where ``needs`` says so.
 
     Dtypes as :func:`forward`'s: x_src, x_dst, edge_term in T, att float32; ``out`` (saved),
     ``grad_out`` [N_dst, H, D] contiguous, ``alpha`` and ``grad_alpha`` [M, H] (caller order,
-    the gradient of the returned attention, None when there is none) in out's dtype.
-    dx_src, dx_dst, d_edge_term come back in T, datt in float32 (the op casts it to att's
-    dtype).
+    the gradient of the returned attention, None when there is none) in out's dtype; the
+    dropout stream as the forward's. dx_src, dx_dst, d_edge_term come back in T, datt in
+    float32 (the op casts it to att's dtype).
     """
     dev = x_src.device
+    rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_src, n_dst, M = graph.n_src, graph.n_dst, graph.num_edges
     H, D = x_src.shape[1], x_src.shape[2]
     T = x_src.dtype
@@ -212,7 +216,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                items=work.items, n_work=n_work, n_tiles=n_tiles, indptr=kc.indptr, indices=kc.indices,
                perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, out=out, grad_out=grad_out,
                lse=lse, delta_alpha=delta_alpha, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), H=H,
-               D_rt=D, slope=slope, p=p, seed=seed, offset=offset, dx_src=dx_src_acc, dx_dst=dx_dst,
+               D_rt=D, slope=slope, p=p, seed=seed, offset=offset, rng=rng, dx_src=dx_src_acc, dx_dst=dx_dst,
                dx_dst_acc=dx_dst_acc, acc_index=dst_index, d_edge_term=d_edge_term, datt=datt,
                datt_smem=int(use_smem), delta_out=delta)
     _finish_accumulator(dx_dst, dx_dst_acc, work)
@@ -229,6 +233,6 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                    s_indices=scsr.indices, s_perm=scsr.perm, x_src=x_src, x_dst=x_dst, att=att,
                    edge_term=edge_term, grad_out=grad_out, lse=lse, delta=delta, grad_alpha=grad_alpha,
                    grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed,
-                   offset=offset, dx_src=dx_src, dx_src_acc=src_acc, acc_index=src_index)
+                   offset=offset, rng=rng, dx_src=dx_src, dx_src_acc=src_acc, acc_index=src_index)
         _finish_accumulator(dx_src, src_acc, swork)
     return dx_src, dx_dst, datt, d_edge_term

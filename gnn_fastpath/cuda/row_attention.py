@@ -10,7 +10,7 @@ tuning (edges in flight, 16-bit vector width, persistence threshold) and passes 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -100,6 +100,35 @@ def generic(D: int, vw: int, unroll: Callable[[int], int], family: str = "row at
     lh = min(32, max(4 if vw == 1 else 1, launch.next_pow2(n_vec)))
     k = launch.next_pow2(launch.cdiv(n_vec, lh))
     return Config(vw, lh, k, 0, unroll(vw * k))
+
+
+# ----------------------------------------------------------------------------------------
+# Dropout stream (all three attention families).
+
+def philox_stream(seed: Union[int, Tensor], offset: Optional[int],
+                  device: Optional[torch.device] = None) -> Tuple[Optional[Tensor], int, int]:
+    """(rng, seed, offset) kernel arguments of a dropout stream given as ints ``(seed, offset)``
+    or as an int64 tensor [2] holding them, passed as ``seed`` with ``offset`` None.
+
+    A tensor becomes ``rng`` (the kernels read it at launch: a CUDA graph replays the launch
+    with the values the tensor holds then, where scalar arguments stay those of the capture)
+    and the scalars 0; ints give ``rng`` None. No host synchronisation; the tensor is copied
+    (a device copy, captured as such) only when it is not contiguous and 16-byte aligned,
+    as the kernels read it with one 16-byte load.
+    """
+    if not isinstance(seed, Tensor):
+        return None, int(seed), int(offset)
+    if offset is not None:
+        raise TypeError("pass the dropout stream as ints (seed, offset) or as a tensor seed with offset None")
+    if seed.dtype != torch.int64 or seed.numel() != 2:
+        raise ValueError(f"the dropout stream tensor holds (seed, offset): int64 [2], got {seed.dtype} "
+                         f"{list(seed.shape)}")
+    if device is not None and seed.device != device:
+        raise ValueError(f"the dropout stream tensor is on {seed.device}, the inputs on {device}")
+    rng = seed.reshape(2).contiguous()
+    if rng.data_ptr() % 16:
+        rng = rng.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned
+    return rng, 0, 0
 
 
 # ----------------------------------------------------------------------------------------
