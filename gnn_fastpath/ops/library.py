@@ -384,33 +384,40 @@ def _spmm_forward_fake(*args):
 
 
 def _spmm_backward(*args):
-    gt, (x, edge_weight, norm, grad_out, need_x, need_w) = _graph(args)
+    gt, (x, edge_weight, norm, grad_out, x_dtype, need_x, need_w) = _graph(args)
     graph = as_graph(gt)
-    if x.is_cuda:
+    dx_shape = (graph.n_src,) + tuple(grad_out.shape[1:])
+    if grad_out.is_cuda:
         from ..cuda import spmm as kernels
 
         entry = kernels.cache_of(graph).values(norm, edge_weight)
-        dx, dw = kernels.backward(graph, entry, norm, _rows(x, graph.n_src), _rows(grad_out, graph.n_dst),
-                                  need_x, need_w, x.dtype)
-        dx = None if dx is None else dx.view(x.shape)
+        x2 = None if x is None else _rows(x, graph.n_src)
+        dx, dw = kernels.backward(graph, entry, norm, x2, _rows(grad_out, graph.n_dst), need_x, need_w, x_dtype)
+        dx = None if dx is None else dx.view(dx_shape)
         dw = None if dw is None else dw.to(edge_weight.dtype)
-        return _grads_or_empty((dx, dw), x)
+        return _grads_or_empty((dx, dw), grad_out)
+    if x is None:  # the reference's backward of x alone does not read x's values
+        x = grad_out.new_zeros(dx_shape, dtype=x_dtype)
 
     def run(x_, w):
         return (reference.spmm(graph, x_, w, norm, grad_out.dtype),)
 
-    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
+    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), grad_out)
 
 
 def _spmm_backward_fake(*args):
-    gt, (x, edge_weight, norm, grad_out, need_x, need_w) = _graph(args)
-    return (torch.empty_like(x) if need_x else _empty(x),
-            torch.empty_like(edge_weight) if need_w and edge_weight is not None else _empty(x))
+    gt, (x, edge_weight, norm, grad_out, x_dtype, need_x, need_w) = _graph(args)
+    dx = grad_out.new_empty((gt.n_src,) + tuple(grad_out.shape[1:]), dtype=x_dtype) if need_x else _empty(grad_out)
+    dw = torch.empty_like(edge_weight) if need_w and edge_weight is not None else _empty(grad_out)
+    return dx, dw
 
 
 def _spmm_call_backward(ctx, needs, grad_out):
     gt, (x, edge_weight, norm, _) = _graph(ctx.inputs)
-    return _op("spmm_backward")(*gt.operands, x, edge_weight, norm, grad_out.contiguous(), needs[0], needs[1])
+    # x is read only for the edge-weight gradient: passing it otherwise would make the
+    # compiled forward keep it alive for the backward
+    return _op("spmm_backward")(*gt.operands, x if needs[1] else None, edge_weight, norm, grad_out.contiguous(),
+                                x.dtype, needs[0], needs[1])
 
 
 # ------------------------------------------------------------------------------ segment_reduce
@@ -521,7 +528,8 @@ if AVAILABLE:
     _define("spmm", "Tensor x, Tensor? edge_weight, str norm, ScalarType out_dtype) -> Tensor",
             _spmm_forward, _spmm_forward_fake)
     _define("spmm_backward",
-            "Tensor x, Tensor? edge_weight, str norm, Tensor grad_out, bool need_x, bool need_w) -> (Tensor, Tensor)",
+            "Tensor? x, Tensor? edge_weight, str norm, Tensor grad_out, ScalarType x_dtype, bool need_x, bool need_w) "
+            "-> (Tensor, Tensor)",
             _spmm_backward, _spmm_backward_fake)
     _autograd_backward("spmm", N_GRAPH + 4, [N_GRAPH, N_GRAPH + 1], _spmm_call_backward)
 
