@@ -248,18 +248,25 @@ class Runner:
         inputs, kwargs = case.inputs(n, self.device, a.seed, dtype)
         call = lambda: fn(graph, *inputs, **kwargs)  # noqa: E731
         outputs = {}
-        backends = [] if a.no_cuda else ["cuda"]
+        backends = [] if a.no_cuda else ["cuda"] + (["static"] if a.static else [])
         # 16-bit references would only re-time the same fp32 math; without CUDA they are the smoke run
         time_reference = not a.no_reference and (dtype_name == "float32" or a.no_cuda)
         if time_reference:
             backends.append("reference")
+        default_call = call
         for backend in backends:
+            call = default_call
             row = dict(base, backend=backend)
             if self.over_budget():
                 row["status"] = "skipped: time budget"
                 self.add(row)
                 continue
-            if backend == "cuda":
+            if backend == "static":  # the launch geometry of the compiled path's operators
+                from gnn_fastpath.graph.tensors import as_graph, of_graph
+
+                static_graph = as_graph(of_graph(graph))
+                call = lambda: fn(static_graph, *inputs, **kwargs)  # noqa: E731
+            if backend in ("cuda", "static"):
                 chosen = gops.backend_for(case.name, inputs[0])
                 if chosen != "cuda":
                     from gnn_fastpath import cuda as gcuda
@@ -298,6 +305,7 @@ class Runner:
             if row.get("floor_fwd_bwd_ms") and isinstance(res["fwd_bwd_ms"], float):
                 row["x_floor_fwd_bwd"] = res["fwd_bwd_ms"] / row["floor_fwd_bwd_ms"]
             self.add(row)
+        call = default_call
         if "cuda" in outputs and "reference" not in outputs and not a.no_reference and not time_reference \
                 and self._reference_fits(case, m) is None:
             try:
@@ -436,7 +444,7 @@ def markdown(payload: dict) -> str:
     def key(r):
         return (ops.index(r["op"]) if r.get("op") in ops else 99,
                 graphs.index(r["graph"]) if r.get("graph") in graphs else 99,
-                0 if r.get("backend") == "cuda" else 1, r.get("variant") != "default", str(r.get("variant")),
+                {"cuda": 0, "static": 1}.get(r.get("backend"), 2), r.get("variant") != "default", str(r.get("variant")),
                 dtypes.index(r.get("dtype", "float32")) if r.get("dtype", "float32") in dtypes else 9)
 
     rows = sorted(payload["rows"], key=key)
@@ -525,6 +533,9 @@ def parse_args(argv=None):
                    help="comma list of float32, bfloat16, float16: every op timed per dtype (default float32)")
     p.add_argument("--no-reference", action="store_true", help="skip the reference backend")
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA backend")
+    p.add_argument("--static", action="store_true",
+                   help="also time the CUDA kernels with the compiled path's static launch geometry (backend "
+                        "'static': no row splitting, own SpMM kernel; see gnn_fastpath/graph/tensors.py)")
     p.add_argument("--variant", action="append", default=[],
                    help="'NAME=VALUE ...' environment for a rerun of the ops it concerns (repeatable)")
     p.add_argument("--variant-label", default="default", help=argparse.SUPPRESS)

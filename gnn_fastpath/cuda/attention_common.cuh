@@ -115,17 +115,28 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
 }
 
 // The dropout stream of a kernel: (rng[0], rng[1]) replace the scalar (seed, offset) when rng
-// is given (an int64 [2] tensor, 16-byte aligned: the launcher sees to it). Scalars are baked
-// into a captured CUDA graph; memory is read at every replay. Called once at kernel entry;
-// loads only with dropout (p > 0), the one case the stream is used.
-__device__ __forceinline__ void gf_philox_stream(const long long* __restrict__ rng, float p,
-                                                 unsigned long long& seed, unsigned long long& offset) {
-    if (p > 0.f && rng != nullptr) {
-        const longlong2 r = __ldg(reinterpret_cast<const longlong2*>(rng));  // one 16-byte load
-        seed = (unsigned long long)r.x;
-        offset = (unsigned long long)r.y;
+// is given (int64 [2], 16-byte aligned: the launcher sees to it). Scalars are baked into a
+// captured CUDA graph; memory is read at every replay. Resolved once at kernel entry (one
+// 16-byte load, only with dropout) into a volatile local: held in registers across the edge
+// loops the key cost the kernels up to 20 registers and spills (as parameters it costs none:
+// constant-bank operands); in local memory each use is one L1-resident load, and only where
+// a mask is drawn.
+struct GfPhilox {
+    volatile unsigned long long key[2];
+
+    __device__ __forceinline__ GfPhilox(const long long* __restrict__ rng, float p, unsigned long long seed,
+                                        unsigned long long offset) {
+        if (p > 0.f && rng != nullptr) {
+            const longlong2 r = __ldg(reinterpret_cast<const longlong2*>(rng));
+            seed = (unsigned long long)r.x;
+            offset = (unsigned long long)r.y;
+        }
+        key[0] = seed;
+        key[1] = offset;
     }
-}
+    __device__ __forceinline__ unsigned long long seed() const { return key[0]; }
+    __device__ __forceinline__ unsigned long long offset() const { return key[1]; }
+};
 
 // Online-softmax fold of one chunk's (m, l, acc) of a single column into a running state.
 __device__ __forceinline__ void gf_softmax_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {

@@ -225,7 +225,7 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
         float* __restrict__ part_acc, float* __restrict__ part_ml, float* __restrict__ logits, int H, int D_rt,
         float scale, float p, unsigned long long seed, unsigned long long offset,
         const long long* __restrict__ rng) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -260,8 +260,9 @@ dot_fwd(const int* __restrict__ indices, const int* __restrict__ perm,
         float my_s[NH];
 #pragma unroll
         for (int n = 0; n < NH; ++n)
-            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
-                                           : 1.f;
+            my_s[n] = (my_live && p > 0.f)
+                          ? gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)my_cid, (unsigned)ln.h[n])
+                          : 1.f;
         for (int b = 0; b < nwin; b += UB) {
             int src[UB], cid[UB];
             float sd[UB][NH];
@@ -356,7 +357,7 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
             int grad_alpha_dropped, TI* __restrict__ dq, float* __restrict__ part_dq, float* dk, float* dv,
             TI* __restrict__ d_edge_term, float* __restrict__ delta_out, int H, int D_rt, float scale, float p,
             unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -402,8 +403,9 @@ dot_bwd_dst(const int* __restrict__ indices, const int* __restrict__ perm,
         float my_s[NH], my_da[NH];
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
-            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
-                                           : 1.f;
+            my_s[n] = (my_live && p > 0.f)
+                          ? gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)my_cid, (unsigned)ln.h[n])
+                          : 1.f;
             my_da[n] = 0.f;
             if (grad_alpha != nullptr && my_live && ln.head_ok[n]) {
                 my_da[n] = gf_to_float(grad_alpha[(long long)my_cid * H + ln.h[n]]);
@@ -495,7 +497,7 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
             TI* __restrict__ dk, TI* __restrict__ dv, float* __restrict__ part_dk,
             float* __restrict__ part_dv, int H, int D_rt, float scale, float p, unsigned long long seed,
             unsigned long long offset, const long long* __restrict__ rng) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     typedef DotLanes<VEC, LPH, NV, NH, EXACT, DOT_EDGE_FLOATS_SRC> L;
     constexpr int F = L::F;
     constexpr int R = L::R;
@@ -530,8 +532,9 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
         float my_s[NH], my_l[NH], my_delta[NH], my_da[NH];
 #pragma unroll
         for (int n = 0; n < NH; ++n) {
-            my_s[n] = (my_live && p > 0.f) ? gf_dropout_scale(p, seed, offset, (unsigned)my_cid, (unsigned)ln.h[n])
-                                           : 1.f;
+            my_s[n] = (my_live && p > 0.f)
+                          ? gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)my_cid, (unsigned)ln.h[n])
+                          : 1.f;
             my_l[n] = 0.f;
             my_delta[n] = 0.f;
             my_da[n] = 0.f;
@@ -680,7 +683,7 @@ __global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* 
                                       long long n_items, const float* __restrict__ lse, const float* logits,
                                       TO* alpha, int H, int dropped, float p, unsigned long long seed,
                                       unsigned long long offset, const long long* __restrict__ rng) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     const long long w = dot_warp_id();
     if (w >= n_items) return;
     const int lane = threadIdx.x & 31;
@@ -691,7 +694,7 @@ __global__ void dot_alpha_from_logits(const int* __restrict__ perm, const int4* 
         const int h = (int)(i % H);
         const long long at = (long long)perm[e] * H + h;
         float a = expf(logits[at] - lse[(long long)ch.row * H + h]);
-        if (dropped) a *= gf_dropout_scale(p, seed, offset, (unsigned)perm[e], (unsigned)h);
+        if (dropped) a *= gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)perm[e], (unsigned)h);
         gf_st(alpha + at, a);
     }
 }

@@ -61,7 +61,7 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
         TO* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
         float* __restrict__ logits) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -116,7 +116,7 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 }
                 if (p > 0.f) {  // kernel-uniform
                     float ds[U];
-                    gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, seed, offset);
+                    gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
 #pragma unroll
                     for (int u = 0; u < U; ++u) wm[u] *= ds[u];
                 }
@@ -168,8 +168,9 @@ __global__ void gat_alpha_from_logits(const int4* __restrict__ items, long long 
                                       int H, float p, unsigned long long seed, unsigned long long offset,
                                       const long long* __restrict__ rng, int dropped, const float* logits,
                                       TO* alpha, const float* __restrict__ edge_weight) {
-    gf_philox_stream(rng, p, seed, offset);
-    gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, seed, offset, dropped, logits, alpha, edge_weight);
+    const GfPhilox ph(rng, p, seed, offset);
+    gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, ph.seed(), ph.offset(), dropped, logits, alpha,
+                             edge_weight);
 }
 
 // delta_alpha[row, h] = sum over the row's edges of alpha_out * grad_alpha (gf_delta_alpha;
@@ -207,7 +208,7 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
             int H, int D_rt, float slope, float p, unsigned long long seed, unsigned long long offset,
             const long long* __restrict__ rng, float* dx_src, float* d_score_src, float* d_score_dst,
             float* __restrict__ d_edge_score, float* d_edge_weight) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -266,7 +267,7 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                     ds[u] = 1.f;
                 }
-                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, seed, offset);
+                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const float g = gf_group_sum<LH>(R::dot(dO, xs[u]));
@@ -350,7 +351,7 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
             unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng, TI* dx_src,
             float* dx_src_acc, const int* __restrict__ acc_index, float* d_score_src, float* d_score_dst,
             float* __restrict__ d_edge_score, float* d_edge_weight) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -408,7 +409,7 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                     ds[u] = 1.f;
                 }
-                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, seed, offset);
+                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const float g = gf_group_sum<LH>(R::dot(dO[u], xj));

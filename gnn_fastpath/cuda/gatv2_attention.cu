@@ -50,7 +50,7 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
           TO* __restrict__ out, float* __restrict__ lse,
           float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
           float* __restrict__ logits) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -117,7 +117,8 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                     // the state has seen a finite one: torch computes 0 * value for those
                     // edges too, so an inf or NaN value still makes the output NaN.
                     float wgt = live ? gf_softmax_add(st, c[u]) : 0.f;
-                    if (p > 0.f && v[u]) wgt *= gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head);
+                    if (p > 0.f && v[u])
+                        wgt *= gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)pe[u], (unsigned)ln.head);
 #pragma unroll
                     for (int k = 0; k < KV; ++k) acc[k] = fmaf(wgt, xs[u][k], acc[k]);
                 }
@@ -154,8 +155,8 @@ __global__ void gatv2_alpha_from_logits(const int4* __restrict__ items, long lon
                                         int H, float p, unsigned long long seed,
                                         unsigned long long offset, const long long* __restrict__ rng,
                                         int dropped, const float* logits, TO* alpha) {
-    gf_philox_stream(rng, p, seed, offset);
-    gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, seed, offset, dropped, logits, alpha, nullptr);
+    const GfPhilox ph(rng, p, seed, offset);
+    gf_alpha_from_logits<TO>(items, n_items, perm, lse, H, p, ph.seed(), ph.offset(), dropped, logits, alpha, nullptr);
 }
 
 // delta_alpha[row, h] = sum over the row's edges of alpha_out[e, h] * grad_alpha[e, h] (caller order):
@@ -194,7 +195,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
               unsigned long long offset, const long long* __restrict__ rng, float* dx_src, TI* dx_dst,
               float* dx_dst_acc, const int* __restrict__ acc_index, TI* __restrict__ d_edge_term,
               float* datt, int datt_smem, float* __restrict__ delta_out) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     extern __shared__ float sm_datt[];
@@ -277,7 +278,9 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const float dxo = gf_group_sum<LH>(po_part);
                     if (v[u]) {  // lane-divergent, no shuffles inside
                         const float alpha = __expf(e - Lr);
-                        const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
+                        const float ds =
+                            p > 0.f ? gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)pe[u], (unsigned)ln.head)
+                                    : 1.f;
                         const float dal = ds * dxo + gav[u] * (grad_alpha_dropped ? ds : 1.f);
                         const float de = alpha * (dal - delta);
                         const float ad = alpha * ds;
@@ -345,7 +348,7 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
               const float* __restrict__ delta, const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt,
               float slope, float p, unsigned long long seed, unsigned long long offset,
               const long long* __restrict__ rng, TI* dx_src, float* dx_src_acc, const int* __restrict__ acc_index) {
-    gf_philox_stream(rng, p, seed, offset);
+    const GfPhilox ph(rng, p, seed, offset);
     using R = GfRow<VW, LH, K, DC>;
     constexpr int KV = R::KV;
     const int D = DC > 0 ? DC : D_rt;
@@ -407,7 +410,9 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     const float dxo = gf_group_sum<LH>(po_part);
                     if (v[u]) {
                         const float alpha = __expf(e - Lv[u]);
-                        const float ds = p > 0.f ? gf_dropout_scale(p, seed, offset, (unsigned)pe[u], (unsigned)ln.head) : 1.f;
+                        const float ds =
+                            p > 0.f ? gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)pe[u], (unsigned)ln.head)
+                                    : 1.f;
                         const float dal = ds * dxo + gav[u] * (grad_alpha_dropped ? ds : 1.f);
                         const float de = alpha * (dal - delta_v[u]);
                         const float ad = alpha * ds;
