@@ -116,23 +116,28 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
 
 // The dropout stream of a kernel: (rng[0], rng[1]) replace the scalar (seed, offset) when rng
 // is given (int64 [2], 16-byte aligned: the launcher sees to it). Scalars are baked into a
-// captured CUDA graph; memory is read at every replay. Resolved once at kernel entry (one
-// 16-byte load, only with dropout) into a volatile local: held in registers across the edge
-// loops the key cost the kernels up to 20 registers and spills (as parameters it costs none:
-// constant-bank operands); in local memory each use is one L1-resident load, and only where
-// a mask is drawn.
+// captured CUDA graph; memory is read at every replay. Resolved once at kernel entry (by the
+// block's thread 0: one 16-byte load, only with dropout) into shared memory and read where a
+// mask is drawn (volatile: the read stays there). Held in registers across the edge loops,
+// the key cost the forwards up to 20 registers and spills; as parameters it costs none
+// (constant-bank operands). Construct it before any thread can return: it syncs the block.
 struct GfPhilox {
-    volatile unsigned long long key[2];
+    const volatile unsigned long long* key;
 
     __device__ __forceinline__ GfPhilox(const long long* __restrict__ rng, float p, unsigned long long seed,
                                         unsigned long long offset) {
-        if (p > 0.f && rng != nullptr) {
-            const longlong2 r = __ldg(reinterpret_cast<const longlong2*>(rng));
-            seed = (unsigned long long)r.x;
-            offset = (unsigned long long)r.y;
+        __shared__ unsigned long long gf_philox_key[2];
+        if (threadIdx.x == 0) {
+            if (p > 0.f && rng != nullptr) {
+                const longlong2 r = __ldg(reinterpret_cast<const longlong2*>(rng));
+                seed = (unsigned long long)r.x;
+                offset = (unsigned long long)r.y;
+            }
+            gf_philox_key[0] = seed;
+            gf_philox_key[1] = offset;
         }
-        key[0] = seed;
-        key[1] = offset;
+        __syncthreads();
+        key = gf_philox_key;
     }
     __device__ __forceinline__ unsigned long long seed() const { return key[0]; }
     __device__ __forceinline__ unsigned long long offset() const { return key[1]; }

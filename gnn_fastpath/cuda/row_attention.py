@@ -125,7 +125,7 @@ def philox_stream(seed: Union[int, Tensor], offset: Optional[int],
                          f"{list(seed.shape)}")
     if device is not None and seed.device != device:
         raise ValueError(f"the dropout stream tensor is on {seed.device}, the inputs on {device}")
-    rng = seed.reshape(2).contiguous()
+    rng = (seed if seed.dim() == 1 else seed.reshape(2)).contiguous()  # the tensor itself when it can
     if rng.data_ptr() % 16:
         rng = rng.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned
     return rng, 0, 0

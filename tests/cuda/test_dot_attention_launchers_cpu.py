@@ -8,6 +8,7 @@ import torch
 
 from dry_launch import GRAPHS, graph, leaf
 from gnn_fastpath.cuda import dot_attention as dot_kernels
+from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops.dot_attention import DotAttentionFunction
 
 # (input dtype, out_dtype): float32 as before, 16-bit with 16-bit or float32 results
@@ -71,3 +72,36 @@ def test_vector_width_of_the_config(dtype):
     assert dot_kernels.config_for(100, 1, 2).vec == 1
     assert dot_kernels.config_for(100, 4, 2).exact is False
     assert dot_kernels.config_for(12, 8, 1) is None  # 8 does not divide 12
+
+
+def _record_rng(monkeypatch):
+    """{kernel name: (rng, seed, offset)} of every dry launch of a kernel with a dropout stream."""
+    seen, dry = {}, launch.Kernel.launch
+    def record(self, grid, block, **args):
+        if "rng" in args:
+            seen[self.name.split("<")[0]] = (args["rng"], args["seed"], args["offset"])
+        dry(self, grid, block, **args)
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    return seen
+
+
+@pytest.mark.parametrize("dtypes", DTYPES[:2], ids=_ids)
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+def test_rng_tensor(launches, monkeypatch, variant, dtypes):
+    """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
+    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    ti, to = dtypes
+    monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", variant)
+    g = graph(True)
+    seen = _record_rng(monkeypatch)
+    rng = torch.tensor([7, 9])
+    q, k, v, et = _leaves(g, 4, 64, ti)
+    out, alpha = DotAttentionFunction.apply(q, k, v, et, g, 0.125, "dropped", 0.1, rng, None, to)
+    (out.float().sum() + alpha.float().sum()).backward()
+    expected = {"dot_fwd", "dot_alpha_from_logits", "dot_bwd_dst"} | ({"dot_bwd_src"} if variant == "transposed"
+                                                                      else set())
+    assert set(seen) == expected
+    assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    seen.clear()
+    DotAttentionFunction.apply(q, k, v, None, g, 0.125, False, 0.1, 7, 9, to).float().sum().backward()
+    assert set(seen) == expected - {"dot_alpha_from_logits"} and all(v == (None, 7, 9) for v in seen.values())

@@ -11,12 +11,24 @@ import torch
 
 from dry_launch import GRAPHS, graph, leaf
 from gnn_fastpath.cuda import gat_attention as kernels
+from gnn_fastpath.cuda import launch, row_attention
 from gnn_fastpath.ops import dispatch
 from gnn_fastpath.ops.gat_attention import GATAttentionFunction
 
 
-def _apply(g, xs, s, t, u, w, return_attention, p, out_dtype=None):
-    return GATAttentionFunction.apply(xs, s, t, u, w, g, 0.2, return_attention, p, 7, 9, out_dtype)
+def _apply(g, xs, s, t, u, w, return_attention, p, out_dtype=None, seed=7, offset=9):
+    return GATAttentionFunction.apply(xs, s, t, u, w, g, 0.2, return_attention, p, seed, offset, out_dtype)
+
+
+def _record_rng(monkeypatch):
+    """{kernel name: (rng, seed, offset)} of every dry launch of a kernel with a dropout stream."""
+    seen, dry = {}, launch.Kernel.launch
+    def record(self, grid, block, **args):
+        if "rng" in args:
+            seen[self.name.split("<")[0]] = (args["rng"], args["seed"], args["offset"])
+        dry(self, grid, block, **args)
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    return seen
 
 
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
@@ -136,3 +148,40 @@ def test_zero_edge_graph(launches):
     for x in (xs, s, t, w):
         assert x.grad.shape == x.shape and not x.grad.any()
     assert launches == ["gat_fwd"]
+
+
+@pytest.mark.parametrize("variant", kernels.BACKWARDS)
+def test_rng_tensor(launches, monkeypatch, variant):
+    """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
+    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", variant)
+    g = graph(True)
+    seen = _record_rng(monkeypatch)
+    rng = torch.tensor([7, 9])
+    xs, s, t, u, w = leaf(g.n_src, 2, 64), leaf(g.n_src, 2), leaf(g.n_dst, 2), leaf(g.num_edges, 2), leaf(g.num_edges)
+    out, alpha = _apply(g, xs, s, t, u, w, "dropped", 0.1, seed=rng, offset=None)
+    (out.sum() + alpha.sum()).backward()
+    bwd = "gat_bwd_dst" if variant == "atomic" else "gat_bwd_src"
+    assert set(seen) == {"gat_fwd", "gat_alpha_from_logits", bwd}
+    assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    seen.clear()
+    _apply(g, xs, s, t, u, w, False, 0.1).sum().backward()
+    assert set(seen) == {"gat_fwd", bwd} and all(v == (None, 7, 9) for v in seen.values())
+
+
+def test_philox_stream():
+    """Ints pass through; a tensor becomes rng (a copy only when it is not 16-byte aligned)."""
+    assert row_attention.philox_stream(7, 9) == (None, 7, 9)
+    rng = torch.tensor([3, 2**62])
+    assert row_attention.philox_stream(rng, None, rng.device) == (rng, 0, 0)
+    odd = torch.arange(5)[1:3]  # 8 bytes past an aligned start
+    moved, seed, offset = row_attention.philox_stream(odd, None)
+    assert moved.data_ptr() % 16 == 0 and moved.tolist() == [1, 2] and (seed, offset) == (0, 0)
+    with pytest.raises(TypeError):
+        row_attention.philox_stream(rng, 9)
+    with pytest.raises(ValueError, match="int64"):
+        row_attention.philox_stream(rng.int(), None)
+    with pytest.raises(ValueError, match="int64"):
+        row_attention.philox_stream(torch.zeros(3, dtype=torch.int64), None)
+    with pytest.raises(ValueError, match="inputs on"):
+        row_attention.philox_stream(rng, None, torch.device("cuda", 0))

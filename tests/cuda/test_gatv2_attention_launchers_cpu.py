@@ -10,6 +10,7 @@ import torch
 
 from dry_launch import GRAPHS, graph, leaf
 from gnn_fastpath.cuda import gatv2_attention as kernels
+from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
 
 
@@ -85,3 +86,34 @@ def test_gatv2_configs(monkeypatch):
     assert kernels.config_for_16bit(64, off8) == kernels.Config(4, 16, 1, 64, 4)
     assert kernels.forward_config(kernels.config_for_16bit(64, off8), torch.bfloat16).u == 4
     assert kernels.config_for_16bit(7, x).vw == 1
+
+
+def _record_rng(monkeypatch):
+    """{kernel name: (rng, seed, offset)} of every dry launch of a kernel with a dropout stream."""
+    seen, dry = {}, launch.Kernel.launch
+    def record(self, grid, block, **args):
+        if "rng" in args:
+            seen[self.name.split("<")[0]] = (args["rng"], args["seed"], args["offset"])
+        dry(self, grid, block, **args)
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    return seen
+
+
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+def test_rng_tensor(launches, monkeypatch, variant):
+    """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
+    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
+    g = graph(True)
+    seen = _record_rng(monkeypatch)
+    rng = torch.tensor([7, 9])
+    xs, xd, att, et = leaf(g.n_src, 2, 64), leaf(g.n_dst, 2, 64), leaf(2, 64), leaf(g.num_edges, 2, 64)
+    out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, "dropped", 0.1, rng, None)
+    (out.sum() + alpha.sum()).backward()
+    expected = {"gatv2_fwd", "gatv2_alpha_from_logits", "gatv2_bwd_dst"} | ({"gatv2_bwd_src"} if variant == "transposed"
+                                                                           else set())
+    assert set(seen) == expected
+    assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    seen.clear()
+    GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.1, 7, 9).sum().backward()
+    assert set(seen) == expected - {"gatv2_alpha_from_logits"} and all(v == (None, 7, 9) for v in seen.values())
