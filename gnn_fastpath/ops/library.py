@@ -70,12 +70,11 @@ def _graph(args: Sequence) -> Tuple[GraphTensors, tuple]:
     return GraphTensors(*args[:N_GRAPH]), tuple(args[N_GRAPH:])
 
 
-def _seed(rng: Optional[Tensor]) -> Tuple[int, int]:
-    """(seed, offset) of the kernels' Philox stream from ``rng`` (None: no dropout)."""
-    if rng is None:
-        return 0, 0
-    seed, offset = rng.tolist()
-    return int(seed), int(offset)
+def _stream(rng: Optional[Tensor]) -> Tuple[object, Optional[int]]:
+    """The launchers' (seed, offset) arguments for ``rng``: ``(rng, None)`` (the kernels read
+    the key from the device tensor, so a CUDA graph replay uses the key drawn in that replay)
+    or ``(0, 0)`` without dropout."""
+    return (rng, None) if rng is not None else (0, 0)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -171,7 +170,7 @@ def _gat_forward(*args):
         from ..cuda import gat_attention as kernels
 
         out, lse, alpha = kernels.forward(graph, x_src.contiguous(), *(_float32(t) for t in (
-            score_src, score_dst, edge_score, edge_weight)), slope, p, *_seed(rng), ret, out_dtype)
+            score_src, score_dst, edge_score, edge_weight)), slope, p, *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
     with _fixed_rng(rng):
         result = reference.gat_attention(graph, x_src, score_src, score_dst, edge_score, slope, ret, p, edge_weight,
@@ -199,7 +198,7 @@ def _gat_backward(*args):
         from ..cuda import gat_attention as kernels
 
         dx, *dscalars = kernels.backward(graph, x_src.contiguous(), *(_float32(t) for t in scalars), out, lse,
-                                         grad_out, alpha, grad_alpha, code == 2, slope, p, *_seed(rng), tuple(needs))
+                                         grad_out, alpha, grad_alpha, code == 2, slope, p, *_stream(rng), tuple(needs))
         dscalars = [None if g is None else g.to(t.dtype) for g, t in zip(dscalars, scalars)]
         return _grads_or_empty([dx] + dscalars, x_src)
     ret = _ATTENTION_VALUES[code]
@@ -241,7 +240,7 @@ def _gatv2_forward(*args):
 
         et = None if edge_term is None else edge_term.contiguous()
         out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, slope,
-                                          p, *_seed(rng), ret, out_dtype)
+                                          p, *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
     with _fixed_rng(rng):
         result = reference.gatv2_attention(graph, x_src, x_dst, att, slope, edge_term, ret, p, out_dtype=out_dtype)
@@ -268,7 +267,7 @@ def _gatv2_backward(*args):
         et = None if edge_term is None else edge_term.contiguous()
         dx_src, dx_dst, datt, d_et = kernels.backward(
             graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, out, lse, grad_out, alpha, grad_alpha,
-            code == 2, slope, p, *_seed(rng), tuple(needs))
+            code == 2, slope, p, *_stream(rng), tuple(needs))
         return _grads_or_empty([dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_et], x_src)
     ret = _ATTENTION_VALUES[code]
 
@@ -305,7 +304,7 @@ def _dot_forward(*args):
 
         et = None if edge_term is None else edge_term.contiguous()
         out, lse, alpha = kernels.forward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, scale, p,
-                                          *_seed(rng), ret, out_dtype)
+                                          *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
     with _fixed_rng(rng):
         result = reference.dot_attention(graph, q, k, v, scale, edge_term, ret, p, out_dtype)
@@ -331,7 +330,7 @@ def _dot_backward(*args):
 
         et = None if edge_term is None else edge_term.contiguous()
         dq, dk, dv, d_et = kernels.backward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, out, lse,
-                                            grad_out, alpha, grad_alpha, code == 2, scale, p, *_seed(rng),
+                                            grad_out, alpha, grad_alpha, code == 2, scale, p, *_stream(rng),
                                             need_d_edge_term=bool(needs[3]))
         return _grads_or_empty([g if n else None for g, n in zip((dq, dk, dv, d_et), needs)], q)
     ret = _ATTENTION_VALUES[code]
