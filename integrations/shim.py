@@ -388,10 +388,30 @@ def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict
         except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
         else:
-            record_compiled(shim.key, backend)
+            _record_at_trace(shim.key, backend)
             return out
-    record_compiled(shim.key, "fallback:" + blocker[0])
+    _record_at_trace(shim.key, "fallback:" + blocker[0])
     return torch.nn.Module.__call__(module, *args, **kwargs)
+
+
+try:
+    from torch._dynamo.comptime import comptime as _comptime
+except ImportError:  # pragma: no cover - torch without dynamo's comptime
+    _comptime = None
+
+
+def _record_compiled_local(ctx) -> None:
+    record_compiled(*ctx.get_local("traced").as_python_constant())
+
+
+def _record_at_trace(layer: str, outcome: str) -> None:
+    """Count a traced layer once, while dynamo traces and outside the traced program (a
+    counter mutated in traced code would be guarded on its value: every call would
+    recompile). dynamo's comptime runs the callback at trace time; it reads the pair from
+    this frame's local ``traced``."""
+    traced = (layer, outcome)  # noqa: F841 - read by _record_compiled_local through the frame
+    if _comptime is not None:
+        _comptime(_record_compiled_local)
 
 
 def make_call(shim: Shim):
