@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .. import config
-from . import launch, segment_reduce
+from . import launch, segment_reduce, worklist
 from .cusparse import CsrMatrix, EdgeValues, NoAlgorithm, fp32_values
 
 SOURCE = "spmm.cu"
@@ -196,30 +196,76 @@ def _own_kernel(graph_ref, csr, source_major: bool):
     return run
 
 
+#: Edges per virtual row of a static matrix (:class:`OwnMatrix`).
+VIRTUAL_ROW_EDGES = 128
+
+
+def virtual_rows(indptr: Tensor, nnz: int, chunk: int = VIRTUAL_ROW_EDGES) -> Tuple[Tensor, Tensor]:
+    """The rows of a CSR with ``nnz`` edges cut into rows of at most ``chunk`` edges, with
+    static shapes and no host read.
+
+    Returns (``vindptr`` int32 [cap + 1], ``owner`` int64 [cap]): virtual row ``v`` holds the
+    CSR edges ``vindptr[v]:vindptr[v+1]`` of row ``owner[v]``. ``cap = n_rows + nnz // chunk``
+    bounds the number of pieces (a row of d edges gives max(1, ceil(d / chunk)) <= 1 + d //
+    chunk of them); the unused tail is empty rows at offset ``nnz`` owned by row 0.
+    """
+    n_rows = indptr.numel() - 1
+    ip = indptr.to(torch.int64)
+    deg = ip[1:] - ip[:-1]
+    pieces = torch.clamp((deg + chunk - 1) // chunk, min=1)
+    ends = torch.cumsum(pieces, 0)
+    v = torch.arange(n_rows + nnz // chunk, device=indptr.device)
+    owner = torch.clamp(torch.searchsorted(ends, v, right=True), max=max(n_rows - 1, 0))
+    local = v - (ends[owner] - pieces[owner])
+    used = v < ends[-1:]
+    begin = torch.where(used, torch.minimum(ip[owner] + local * chunk, ip[owner + 1]), nnz)
+    vindptr = torch.cat([begin, ip[-1:]]).to(torch.int32)
+    return vindptr, torch.where(used, owner, 0)
+
+
+#: The work list of a CSR walked as whole rows (no row split): what ``own_spmm`` takes for
+#: virtual rows, which are short by construction.
+_WHOLE_ROWS = worklist.RowChunks(*(torch.empty(0, dtype=torch.int32),) * 4, 0, 0, 0)
+
+
 class OwnMatrix:
     """A CSR matrix served by the own kernels only: what a static Graph (built inside a custom
     operator, see :mod:`gnn_fastpath.graph.tensors`) uses, since choosing a cuSPARSE algorithm
     times candidates on the host and a CUDA graph must not record that. No transposed product:
-    the backward takes the explicit transposed matrix."""
+    the backward takes the explicit transposed matrix.
 
-    def __init__(self, indptr: Tensor, indices: Tensor, own):
+    Launch geometry from shapes alone: rows are cut into virtual rows of at most
+    :data:`VIRTUAL_ROW_EDGES` edges (:func:`virtual_rows`), whose float32 partial sums are
+    added into the result rows by ``index_add_``; so a super row (arxiv-like's 48k-edge source
+    row in the transposed product) is spread over many lane groups, as the degree-aware work
+    list does for cached graphs, without the host read that sizes that list."""
+
+    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int):
         self.nnz = indices.numel()
-        self._own = own
+        self.indptr, self.indices, self.n_rows = indptr, indices, n_rows
+        self._virtual: Optional[Tuple[Tensor, Tensor]] = None
 
     def matmul(self, values, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
         if transpose:
             raise NoAlgorithm("the own kernels take no transposed product")
-        self._own(values, b, c)
+        if self._virtual is None:
+            self._virtual = virtual_rows(self.indptr, self.nnz)
+        vindptr, owner = self._virtual
+        partial = torch.empty(owner.numel(), b.size(1), dtype=torch.float32, device=b.device)
+        own_spmm(self.indices, vindptr, _WHOLE_ROWS, values, b, partial)
+        if c.dtype == torch.float32:
+            c.zero_().index_add_(0, owner, partial)
+        else:
+            c.copy_(torch.zeros(c.shape, dtype=torch.float32, device=c.device).index_add_(0, owner, partial))
         return c
 
 
 def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
     """The product's matrix: cuSPARSE with the own kernel as a timed candidate, or the own
     kernel alone on a static graph."""
-    own = _own_kernel(graph_ref, csr, source_major)
     if graph_ref().static:
-        return OwnMatrix(csr.indptr, csr.indices, own)
-    return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, own)
+        return OwnMatrix(csr.indptr, csr.indices, n_rows)
+    return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, _own_kernel(graph_ref, csr, source_major))
 
 
 def cache_of(graph) -> SpmmCache:
