@@ -72,12 +72,15 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_dst == 0 or F == 0:
         return aux
     kc = graph.kernel_csr()
-    work = row_chunks(graph)
     fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"), vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
+    if _pieces(graph, non_finite):
+        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux)
+        return aux
+    work = row_chunks(graph)
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
@@ -93,6 +96,54 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, out=out, aux=aux)
     return aux
+
+
+def _pieces(graph, non_finite: str) -> bool:
+    """Whether the static launch cuts rows into pieces (:func:`worklist.virtual_rows`): on a
+    static graph (compiled path), where no work list may be sized on the host. Not for DGL's
+    ``"drop"`` rule, whose per-piece zeros would compete with the other pieces' extremes."""
+    return graph.static and non_finite == "keep"
+
+
+def _virtual(graph):
+    """(vindptr, owner) of the destination rows cut into pieces of at most CHUNK edges."""
+    return graph.memo(("segment_reduce", "virtual_rows"),
+                      lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
+
+
+def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
+    """The forward over row pieces: each piece's extreme (and tie count or winning edge) by
+    the whole-row kernel, then combined per row by torch scatter reductions; the pieces' empty
+    tail goes to a spare row ``n_dst``."""
+    kc = graph.kernel_csr()
+    vindptr, owner = _virtual(graph)
+    cap, F, n_dst = owner.numel(), x.size(1), graph.n_dst
+    device = x.device
+    piece_out = torch.empty(cap, F, dtype=out.dtype, device=device)
+    piece_aux = torch.empty(cap, F, dtype=torch.int32, device=device) if aux is not None else None
+    vec, lanes, chunks, fblocks = fcfg
+    if cap:
+        KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
+                       nf).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
+                                  indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
+                                  out=piece_out, aux=piece_aux)
+    index = owner.unsqueeze(1).expand(cap, F)
+    value = torch.zeros(n_dst + 1, F, dtype=out.dtype, device=device).scatter_reduce_(
+        0, index, piece_out, "amax" if sign > 0 else "amin", include_self=False)
+    out.copy_(value[:n_dst])
+    if aux is None:
+        return
+    best = value.index_select(0, owner)
+    tied = (piece_out == best) | (piece_out.isnan() & best.isnan())
+    if mode == MODE_COUNT:  # tied edges of the row: those of the pieces reaching its extreme
+        total = torch.zeros(n_dst + 1, F, dtype=torch.int32, device=device).index_add_(0, owner, piece_aux * tied)
+    else:  # the first (last) winning edge among the pieces reaching the extreme
+        first = mode == MODE_FIRST
+        none = torch.iinfo(torch.int32).max if first else -1
+        total = torch.full((n_dst + 1, F), none, dtype=torch.int32, device=device).scatter_reduce_(
+            0, index, torch.where(tied & (piece_aux >= 0), piece_aux, none), "amin" if first else "amax")
+        total = torch.where(total == none, piece_aux.new_full((), -1), total)
+    aux.copy_(total[:n_dst])
 
 
 def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, aux: Tensor,
@@ -123,11 +174,18 @@ def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
             launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
             dx=dx, dw=dw)
         return
-    work = row_chunks(graph)
+    if graph.static:  # the pieces of the forward as work items, each naming its real row
+        vindptr, owner = _virtual(graph)
+        items = torch.stack([owner.clamp(max=max(graph.n_dst - 1, 0)), vindptr[:-1].to(torch.int64),
+                             vindptr[1:].to(torch.int64), torch.full_like(owner, -1)], 1).to(torch.int32)
+        n_items = owner.numel()
+    else:
+        work = row_chunks(graph)
+        items, n_items = work.items, work.n_items
     fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"),
                               vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
-        launch.group_grid(work.n_items, lanes, fblocks, THREADS), THREADS, items=work.items, n_items=work.n_items,
+        launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
         count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)

@@ -200,29 +200,6 @@ def _own_kernel(graph_ref, csr, source_major: bool):
 VIRTUAL_ROW_EDGES = 128
 
 
-def virtual_rows(indptr: Tensor, nnz: int, chunk: int = VIRTUAL_ROW_EDGES) -> Tuple[Tensor, Tensor]:
-    """The rows of a CSR with ``nnz`` edges cut into rows of at most ``chunk`` edges, with
-    static shapes and no host read.
-
-    Returns (``vindptr`` int32 [cap + 1], ``owner`` int64 [cap]): virtual row ``v`` holds the
-    CSR edges ``vindptr[v]:vindptr[v+1]`` of row ``owner[v]``. ``cap = n_rows + nnz // chunk``
-    bounds the number of pieces (a row of d edges gives max(1, ceil(d / chunk)) <= 1 + d //
-    chunk of them); the unused tail is empty rows at offset ``nnz`` owned by row 0.
-    """
-    n_rows = indptr.numel() - 1
-    ip = indptr.to(torch.int64)
-    deg = ip[1:] - ip[:-1]
-    pieces = torch.clamp((deg + chunk - 1) // chunk, min=1)
-    ends = torch.cumsum(pieces, 0)
-    v = torch.arange(n_rows + nnz // chunk, device=indptr.device)
-    owner = torch.clamp(torch.searchsorted(ends, v, right=True), max=max(n_rows - 1, 0))
-    local = v - (ends[owner] - pieces[owner])
-    used = v < ends[-1:]
-    begin = torch.where(used, torch.minimum(ip[owner] + local * chunk, ip[owner + 1]), nnz)
-    vindptr = torch.cat([begin, ip[-1:]]).to(torch.int32)
-    return vindptr, torch.where(used, owner, 0)
-
-
 #: The work list of a CSR walked as whole rows (no row split): what ``own_spmm`` takes for
 #: virtual rows, which are short by construction.
 _WHOLE_ROWS = worklist.RowChunks(*(torch.empty(0, dtype=torch.int32),) * 4, 0, 0, 0)
@@ -235,7 +212,7 @@ class OwnMatrix:
     the backward takes the explicit transposed matrix.
 
     Launch geometry from shapes alone: rows are cut into virtual rows of at most
-    :data:`VIRTUAL_ROW_EDGES` edges (:func:`virtual_rows`), whose float32 partial sums are
+    :data:`VIRTUAL_ROW_EDGES` edges (:func:`~gnn_fastpath.cuda.worklist.virtual_rows`), whose float32 partial sums are
     added into the result rows by ``index_add_``; so a super row (arxiv-like's 48k-edge source
     row in the transposed product) is spread over many lane groups, as the degree-aware work
     list does for cached graphs, without the host read that sizes that list."""
@@ -249,7 +226,8 @@ class OwnMatrix:
         if transpose:
             raise NoAlgorithm("the own kernels take no transposed product")
         if self._virtual is None:
-            self._virtual = virtual_rows(self.indptr, self.nnz)
+            vindptr, owner = worklist.virtual_rows(self.indptr, self.nnz, VIRTUAL_ROW_EDGES)
+            self._virtual = vindptr, owner.clamp(max=max(self.n_rows - 1, 0))  # the empty tail adds 0
         vindptr, owner = self._virtual
         partial = torch.empty(owner.numel(), b.size(1), dtype=torch.float32, device=b.device)
         own_spmm(self.indices, vindptr, _WHOLE_ROWS, values, b, partial)

@@ -12,7 +12,7 @@ fan-out bounds every destination row), which costs no synchronisation at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -120,3 +120,30 @@ def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False,
                      max_degree=graph.degree_bound(source_major))
 
     return graph.memo(key, make)
+
+
+def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
+    """The rows of a CSR with ``nnz`` edges cut into rows of at most ``chunk`` edges, with
+    static shapes and no host read.
+
+    Returns (``vindptr`` int32 [cap + 1], ``owner`` int64 [cap]): virtual row ``v`` holds the
+    CSR edges ``vindptr[v]:vindptr[v+1]`` of row ``owner[v]``. ``cap = n_rows + nnz // chunk``
+    bounds the number of pieces (a row of d edges gives max(1, ceil(d / chunk)) <= 1 + d //
+    chunk of them); the unused tail is empty rows at offset ``nnz`` owned by row ``n_rows``
+    (one past the last: a caller scatters them into a spare row or clamps them).
+
+    The static counterpart of :func:`build` for CUDA graphs (see
+    :mod:`gnn_fastpath.graph.tensors`): the split is not sized on the host.
+    """
+    n_rows = indptr.numel() - 1
+    ip = indptr.to(torch.int64)
+    deg = ip[1:] - ip[:-1]
+    pieces = torch.clamp((deg + chunk - 1) // chunk, min=1)
+    ends = torch.cumsum(pieces, 0)
+    v = torch.arange(n_rows + nnz // chunk, device=indptr.device)
+    owner = torch.clamp(torch.searchsorted(ends, v, right=True), max=max(n_rows - 1, 0))
+    local = v - (ends[owner] - pieces[owner])
+    used = v < ends[-1:]
+    begin = torch.where(used, torch.minimum(ip[owner] + local * chunk, ip[owner + 1]), nnz)
+    vindptr = torch.cat([begin, ip[-1:]]).to(torch.int32)
+    return vindptr, torch.where(used, owner, n_rows)
