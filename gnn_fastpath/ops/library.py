@@ -97,7 +97,7 @@ def _reference_grads(run: Callable[..., Tuple[Tensor, ...]], inputs: Sequence[Op
     leaves = [None if t is None else t.detach().requires_grad_(bool(n) and t.is_floating_point())
               for t, n in zip(inputs, needs)]
     wanted = [t for t, n in zip(leaves, needs) if n and t is not None]
-    with torch.enable_grad():
+    with torch.enable_grad(), _autograd_dispatch():
         outs = run(*leaves)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o is not None and o.requires_grad]
         found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True) \
@@ -108,6 +108,18 @@ def _reference_grads(run: Callable[..., Tuple[Tensor, ...]], inputs: Sequence[Op
         g = next(found) if (n and t is not None) else None
         result.append(None if not n or t is None else (torch.zeros_like(t) if g is None else g))
     return result
+
+
+def _autograd_dispatch():
+    """Autograd recording inside an operator's implementation: a caller such as compiled
+    autograd runs the backward operators with the autograd dispatch keys excluded, under
+    which the reference recomputation would record nothing (and give zero gradients)."""
+    keys = torch._C._dispatch_tls_local_exclude_set()
+    for key in ("AutogradCPU", "AutogradCUDA", "ADInplaceOrView", "AutogradFunctionality"):
+        dk = getattr(torch._C.DispatchKey, key, None)
+        if dk is not None:
+            keys = keys.remove(dk)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
 
 
 class _fixed_rng:
@@ -582,8 +594,29 @@ def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attenti
 
 
 def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
-    """:func:`gnn_fastpath.spmm` on the operator (arguments checked by the caller)."""
+    """:func:`gnn_fastpath.spmm` on the operator (arguments checked by the caller).
+
+    With an extra row of removed edges, the source scale of ``"left"``/``"both"`` (out-degrees)
+    must not count them, which the operator (to which the extra row is an ordinary row)
+    cannot know: the source scale is applied here to ``x`` instead, from the out-degrees of
+    the edges in real rows, and the operator runs the destination scale alone."""
+    if graph.extra_row and norm in ("left", "both"):
+        exact = torch.promote_types(x.dtype, torch.float32)
+        real = (torch.arange(graph.num_edges, device=graph.device) < graph.indptr[graph.n_dst]).to(exact)
+        deg = torch.zeros(graph.n_src, dtype=exact, device=graph.device).index_add_(
+            0, graph.indices.to(torch.int64), real).clamp_(min=1)
+        x = (x * _column(deg.reciprocal() if norm == "left" else deg.rsqrt(), x)).to(x.dtype)
+        out = graph.unpad(_op("spmm")(*graph.operands, x, edge_weight, "none", out_dtype))
+        if norm == "left":
+            return out
+        in_deg = graph.in_degree().to(exact).clamp_(min=1)
+        return (out * _column(in_deg.rsqrt(), out)).to(out.dtype)
     return graph.unpad(_op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype))
+
+
+def _column(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` [N] viewed to broadcast against ``like`` [N, ...]."""
+    return t.view((-1,) + (1,) * (like.dim() - 1))
 
 
 def segment_reduce(graph: GraphTensors, x, reduce, edge_weight, tie_break, non_finite):
