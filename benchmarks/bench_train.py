@@ -7,6 +7,9 @@
     python -m benchmarks.bench_train --quick --time-budget 240
     python -m benchmarks.bench_train --graphs pokec-like --layers gatv2,transformer --dtypes bf16
     python -m benchmarks.bench_train --device cpu --scale 0.005 --hidden 8 --heads 2 --steps 2   # smoke
+    python -m benchmarks.bench_train --quick --mode full --graphs tolokers --compile none,reduce-overhead,default
+    python -m benchmarks.bench_train --quick --mode sampled --sampled-graphs arxiv-like --batch-sizes 1024 \
+        --samplers pyg --no-whole --compile none,reduce-overhead        # padded (fixed-size) batches
 
 A config is (graph, layer, dtype, mode). Each builds a 3-layer model (the configuration of
 ``../shared/docs/baselines.md``, "Training steps"), loads the initial weights every config of
@@ -43,6 +46,18 @@ CUDA events), the *whole step* with the real loader (worker processes) and the l
 so a table can say when sampling bounds the step; optionally a per-phase profile. The sampled
 targets (``SAMPLED_TARGETS``) run first and are reported met / missed in their own table.
 
+Compiled rows (``--compile default,reduce-overhead``; default ``none``: eager only, as before):
+every (graph, layer, dtype) and, in sampled mode, every PyG-sampler config is also measured as
+``torch.compile(model, mode=...)`` stock and enabled (the eager rows stay). Per compiled row: the
+steady-state step (median of the timed steps), the compile time (wall time of the
+``--compile-warmup`` steps before the timed loop: tracing, recompilations, CUDA-graph
+recording), the graph breaks of the first step's forward, the recompilations and CUDA-graph
+recordings during the timed steps (reported, never hidden) and the speedups against the eager
+rows and the compiled stock row (the ``compiled`` list of the JSON, a table in the markdown).
+Sampled batches are padded to fixed sizes (:func:`pad_batch`) whenever compiled rows run (or
+with ``--pad-batches``), for every row of the PyG sampler, eager included, so the rows compare
+the same work.
+
 The issue-10 targets are measured first (``TARGETS``) and reported met / missed. Results:
 ``--json`` (default ``benchmarks/results/bench_train.json``) and ``--markdown`` (default
 ``benchmarks/results/bench_train.md``), both rewritten after every config, so a run cut by
@@ -52,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import time
 import warnings
@@ -81,6 +97,19 @@ MODES = ("stock", "enabled")
 IN_FEATURES = {"tolokers": 10, "arxiv-like": 128, "pokec-like": 65}
 NUM_CLASSES = {"tolokers": 2, "arxiv-like": 40, "pokec-like": 2}
 DEFAULT_IN, DEFAULT_CLASSES = 64, 8
+#: ``--compile`` modes: ``none`` (eager: the rows every run has) and torch.compile's modes.
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+#: Steps before the timed loop of a compiled row (``--compile-warmup``): trace and compile the
+#: forward (1), compile the backward (lazily, at the first backward), and under reduce-overhead
+#: run CUDA-graph trees' warm-up (call 1), then record (call 2); from call 3 on every step replays.
+COMPILE_WARMUP = 3
+#: Fixed-size mini-batches: caps = max over the kept batches x ``PAD_SLACK``, rounded up to a
+#: multiple of ``PAD_MULTIPLE`` (nodes: at least one more than the largest batch, the dummy node).
+PAD_SLACK = 1.02
+PAD_MULTIPLE = 256
+#: Where the issue asks compiled enabled >= 1.5x eager enabled (reduce-overhead): tolokers full
+#: batch and arxiv-like batch-1024 mini-batches (PyG sampler); everywhere else >= 1x.
+COMPILE_TARGET_BOUND = 1.5
 
 
 # ----------------------------------------------------------------------------- targets
@@ -130,10 +159,26 @@ def plan(graphs: Sequence[str], layers: Sequence[str], dtypes: Sequence[str]) ->
     return order
 
 
+def plan_compiled(order: Sequence[tuple], compile_modes: Sequence[str]) -> List[tuple]:
+    """The full-batch configs with compiled rows: the eager ``order`` as :func:`plan` gives it,
+    then for each compile mode (in ``--compile`` order) every (graph, layer, dtype) of it, the
+    enabled row first: (graph, layer, dtype, mode, compile mode)."""
+    out = [tuple(c) for c in order]
+    groups: List[tuple] = []
+    for c in order:
+        if tuple(c[:3]) not in groups:
+            groups.append(tuple(c[:3]))
+    for cm in compile_modes:
+        for g in groups:
+            out += [g + (m, cm) for m in ("enabled", "stock") if g + (m,) in out]
+    return out
+
+
 def evaluate_targets(rows: Sequence[dict]) -> List[dict]:
     """Each target of ``TARGETS`` with the measured value and ``met`` / ``missed`` /
     ``not measured (...)`` from the full-batch config rows (sampled rows are ignored)."""
-    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in rows if not is_sampled(r)}
+    by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in rows
+          if not is_sampled(r) and not is_compiled(r)}
     out = []
     for t in TARGETS:
         if t.kind == "speedup":
@@ -219,6 +264,7 @@ def path_summary(row: dict) -> str:
         return ""
     bits = [f"{b} {row[f'fused_{b}']}" for b in ("cuda", "reference") if row.get(f"fused_{b}")]
     bits += [f"fallback {k} {v}" for k, v in sorted((row.get("fallback") or {}).items())]
+    bits += [f"compiled {k} {v}" for k, v in sorted((row.get("compiled_calls") or {}).items())]
     return ", ".join(bits) or "no patched call"
 
 
@@ -253,23 +299,31 @@ def _fastpath_context(gf, mode: str, device: torch.device, frameworks: str = "py
 
 
 def run_config(make_model: Callable[[], nn.Module], data: Data, dtype: str, mode: str, device: torch.device,
-               warmup: int, steps: int, lr: float = 0.01, seed: int = 0, gf=None) -> dict:
+               warmup: int, steps: int, lr: float = 0.01, seed: int = 0, gf=None, compile_mode: Optional[str] = None,
+               compile_backend: str = "inductor", compile_warmup: int = COMPILE_WARMUP) -> dict:
     """Time ``steps`` training steps of a fresh ``make_model()`` after ``warmup`` ones.
 
     Returns the measured fields of a row: ``step_ms`` (median; ``"OOM"`` / ``"error"`` on
     failure), ``step_ms_all``, ``peak_mb``, ``losses``, ``finite_losses``, the stats counts
     (enabled mode) and ``fallback_warnings``; ``status`` is ``ok``, ``OOM`` or ``error: ...``.
+    ``compile_mode`` (``default`` / ``reduce-overhead``): the model runs as
+    ``torch.compile(model, mode=..., dynamic=None)``, ``compile_warmup`` warm-up steps, and the
+    row gets the :func:`compile_fields` (dynamo's caches are reset before and after).
     Memory is freed before it returns, whatever happened.
     """
     res: Dict[str, object] = {"step_ms": None, "peak_mb": None, "status": "ok"}
     cuda = device.type == "cuda"
+    compiled = compile_mode not in (None, "none")
     failure = None
     if gf is not None and mode == "enabled":
         gf.reset_stats()
+    if compiled:
+        _dynamo_reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            _timed_steps(res, make_model, data, dtype, mode, device, warmup, steps, lr, seed, gf)
+            _timed_steps(res, make_model, data, dtype, mode, device, compile_warmup if compiled else warmup, steps,
+                         lr, seed, gf, compile_mode if compiled else None, compile_backend)
         except Exception as exc:  # noqa: BLE001 - OOM is a result; other errors are reported
             failure = (is_oom(exc), f"{type(exc).__name__}: {exc}"[:400])
     if failure is not None:  # outside the except block: the traceback's frames (and tensors) are gone
@@ -278,6 +332,10 @@ def run_config(make_model: Callable[[], nn.Module], data: Data, dtype: str, mode
         res["status"] = OOM if oom else f"error: {message}"
     if gf is not None and mode == "enabled":
         res.update(stats_counts(gf.stats()))
+        if compiled:
+            res["compiled_calls"] = compiled_counts(gf.stats())
+    if compiled:
+        _dynamo_reset()  # frees the CUDA-graph pools too; no compile cache reaches the next row
     msgs = sorted({str(w.message) for w in caught if "gnn_fastpath" in str(w.message)})
     if msgs:
         res["fallback_warnings"] = msgs[:10]
@@ -288,7 +346,8 @@ def run_config(make_model: Callable[[], nn.Module], data: Data, dtype: str, mode
 
 
 def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, device: torch.device,
-                 warmup: int, steps: int, lr: float, seed: int, gf) -> None:
+                 warmup: int, steps: int, lr: float, seed: int, gf, compile_mode: Optional[str] = None,
+                 compile_backend: str = "inductor") -> None:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -299,11 +358,18 @@ def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, devic
     scaler = torch.amp.GradScaler(device.type) if dtype == "float16" else None
     losses: List[torch.Tensor] = []
     x, ei, y = data.x, data.edge_index, data.y
+    forward = compile_model(model, compile_mode, compile_backend) if compile_mode else model
+    # reduce-overhead: CUDA-graph trees start a new generation at a compiled call with no
+    # backward pending, which holds here; marking each step makes it explicit (and safe should
+    # a graph break leave a tail graph whose outputs outlive the step)
+    mark = compile_mode == "reduce-overhead" and compile_backend == "inductor"
 
     def step():
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         with autocast(device, dtype):
-            loss = F.cross_entropy(model(x, ei), y)
+            loss = F.cross_entropy(forward(x, ei), y)
         if scaler is None:
             loss.backward()
             opt.step()
@@ -315,7 +381,25 @@ def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, devic
 
     torch.manual_seed(seed)  # the same feature-dropout masks for stock and enabled
     with _fastpath_context(gf, mode, device):
-        times = time_calls(step, warmup, steps, device)
+        if compile_mode:
+            with CompileWatch() as watch:
+                snaps = [watch.snapshot()]
+                _sync(device)
+                t0 = time.perf_counter()
+                for i in range(warmup):  # compile (and recompile, record CUDA graphs) until the timed loop
+                    step()
+                    if i == 0:
+                        snaps.append(watch.snapshot())
+                _sync(device)
+                compile_s = time.perf_counter() - t0
+                if len(snaps) == 1:
+                    snaps.append(watch.snapshot())
+                snaps.append(watch.snapshot())
+                times = time_calls(step, 0, steps, device)
+                snaps.append(watch.snapshot())
+                res.update(compile_fields(watch, *snaps, compile_s=compile_s, warmup=warmup))
+        else:
+            times = time_calls(step, warmup, steps, device)
     values = [float(v) for v in torch.stack(losses[-steps:]).float().cpu()] if steps else []
     res["step_ms"] = statistics.median(times) if times else None
     res["step_ms_all"] = [round(t, 4) for t in times]
@@ -324,6 +408,179 @@ def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, devic
     if cuda:
         torch.cuda.synchronize(device)
         res["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+# ----------------------------------------------------------------------------- torch.compile
+def parse_compile_modes(text: Optional[str]) -> List[str]:
+    """``--compile``: a comma list of ``COMPILE_MODES`` -> the torch.compile modes to measure,
+    in the order given, without ``none`` (eager rows always run) and without repeats."""
+    out: List[str] = []
+    for t in (text or "none").split(","):
+        t = t.strip()
+        if not t:
+            continue
+        if t not in COMPILE_MODES:
+            raise SystemExit(f"--compile: unknown mode {t!r}; known: {', '.join(COMPILE_MODES)}")
+        if t != "none" and t not in out:
+            out.append(t)
+    return out
+
+
+def is_compiled(row: dict) -> bool:
+    """A row measured under torch.compile (eager rows have no ``compile`` key, as before)."""
+    return row.get("compile") not in (None, "none")
+
+
+def compile_model(model: nn.Module, mode: str, backend: str = "inductor", dynamic: Optional[bool] = None):
+    """``torch.compile(model, mode=mode, dynamic=dynamic)``; a backend other than inductor takes
+    no mode (``--compile-backend``, for smoke runs)."""
+    if backend == "inductor":
+        return torch.compile(model, mode=mode, dynamic=dynamic)
+    return torch.compile(model, backend=backend, dynamic=dynamic)
+
+
+class CompileWatch:
+    """What torch.compile does during a config, read as differences of :meth:`snapshot`:
+
+    * ``compiles``: dynamo frame compilations (compiles and recompiles; ``torch._dynamo``'s
+      compile callback, else ``counters["frames"]["total"]``), ``backward_compiles``: AOTAutograd's
+      lazy backward compilations, ``cudagraph_records``: CUDA graphs recorded by reduce-overhead
+      (the callback only; None without it);
+    * ``graph_breaks`` (``counters["graph_break"]`` summed; ``break_reasons`` by message),
+      ``cudagraph_skips`` (reduce-overhead ran a graph without CUDA graphs), FX graph cache
+      hits / misses (a hit makes the compile time a warm-cache one).
+    """
+
+    def __init__(self):
+        self.events = {"compiles": 0, "backward_compiles": 0, "cudagraph_records": 0}
+        self.callback_ok = False
+        self._cb = None
+
+    def __enter__(self) -> "CompileWatch":
+        try:
+            from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+            names = {CallbackTrigger.DYNAMO: "compiles", CallbackTrigger.LAZY_BACKWARD: "backward_compiles",
+                     getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None): "cudagraph_records"}
+
+            def cb(args) -> None:
+                name = names.get(getattr(args, "callback_trigger", None))
+                if name:
+                    self.events[name] += 1
+
+            callback_handler.register_start_callback(cb)
+            self._cb, self.callback_ok = cb, True
+        except Exception:  # noqa: BLE001 - an internal API: counters still say most of it
+            self._cb, self.callback_ok = None, False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._cb is not None:
+            try:
+                from torch._dynamo.callback import callback_handler
+
+                callback_handler.remove_start_callback(self._cb)
+            except Exception:  # noqa: BLE001 - torch._dynamo.reset() clears it anyway
+                pass
+            self._cb = None
+
+    def snapshot(self) -> dict:
+        from torch._dynamo.utils import counters
+
+        snap = {"frames": int(counters["frames"]["total"]), "graph_breaks": int(sum(counters["graph_break"].values())),
+                "break_reasons": dict(counters["graph_break"]),
+                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"]),
+                "fx_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+                "fx_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"])}
+        snap.update(self.events)
+        return snap
+
+    def compiles(self, a: dict, b: dict) -> dict:
+        """Compilations between snapshots ``a`` and ``b``."""
+        frames = b["compiles"] - a["compiles"] if self.callback_ok else b["frames"] - a["frames"]
+        return {"frames": frames, "backward": b["backward_compiles"] - a["backward_compiles"],
+                "cudagraph_records": b["cudagraph_records"] - a["cudagraph_records"] if self.callback_ok else None}
+
+    @staticmethod
+    def breaks(a: dict, b: dict) -> Tuple[int, Dict[str, int]]:
+        """Graph breaks between two snapshots and their reasons (first line of each message)."""
+        reasons: Dict[str, int] = {}
+        for k, v in b["break_reasons"].items():
+            d = int(v) - int(a["break_reasons"].get(k, 0))
+            if d > 0:
+                line = str(k).strip().splitlines()[0][:160] if str(k).strip() else "?"
+                reasons[line] = reasons.get(line, 0) + d
+        return b["graph_breaks"] - a["graph_breaks"], reasons
+
+
+def compile_fields(watch: CompileWatch, s0: dict, s1: dict, s2: dict, s3: dict, compile_s: float,
+                   warmup: int) -> dict:
+    """The per-row compile fields from snapshots at the start (``s0``), after the first step
+    (``s1``), after the warm-up (``s2``) and after the timed steps (``s3``)."""
+    breaks, reasons = watch.breaks(s0, s1)
+    timed = watch.compiles(s2, s3)
+    out = {"compile_s": compile_s, "compile_warmup": warmup, "graph_breaks": breaks,
+           "graph_break_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:5]),
+           "compiles_warmup": watch.compiles(s0, s2), "compiles_timed": timed,
+           "recompiles": timed["frames"] + timed["backward"], "cudagraph_records_timed": timed["cudagraph_records"],
+           "graph_breaks_timed": s3["graph_breaks"] - s2["graph_breaks"],
+           "cudagraph_skips": s3["cudagraph_skips"] - s0["cudagraph_skips"],
+           "fx_cache": {"hit": s3["fx_cache_hit"] - s0["fx_cache_hit"],
+                        "miss": s3["fx_cache_miss"] - s0["fx_cache_miss"]}}
+    return out
+
+
+def compiled_counts(stats) -> Dict[str, int]:
+    """``gnn_fastpath.stats()``'s ``compiled`` outcomes summed over layer classes (one per traced
+    layer call: the backend its operators run on, or ``fallback:<reason>``)."""
+    out: Dict[str, int] = {}
+    for entry in (stats or {}).values():
+        if isinstance(entry, dict):
+            for k, n in (entry.get("compiled") or {}).items():
+                out[k] = out.get(k, 0) + int(n)
+    return out
+
+
+def _dynamo_reset() -> None:
+    try:
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001 - never cost a row
+        pass
+
+
+# ----------------------------------------------------------------------------- fixed-size mini-batches
+def _round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple if multiple > 1 else int(n)
+
+
+def pad_caps(nodes: Sequence[int], edges: Sequence[int], slack: float = PAD_SLACK,
+             multiple: int = PAD_MULTIPLE) -> Tuple[int, int]:
+    """(N_cap, M_cap) for batches of ``nodes`` / ``edges``: the maxima times ``slack``, rounded up
+    to ``multiple``; N_cap is larger than every batch's node count, so node N_cap - 1 (the dummy
+    that takes the padding edges) is a padding node in every batch."""
+    n, m = max(nodes), max(edges)
+    n_cap = _round_up(max(math.ceil(n * slack), n + 1), multiple)
+    m_cap = _round_up(max(math.ceil(m * slack), m, 1), multiple)
+    return n_cap, m_cap
+
+
+def pad_batch(x: torch.Tensor, edge_index: torch.Tensor, n_cap: int, m_cap: int,
+              batch_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A sampled subgraph padded to ``n_cap`` nodes and ``m_cap`` edges: padding nodes get zero
+    features; padding edges all go dummy -> dummy, the dummy being node ``n_cap - 1``, a padding
+    node (never one of the first ``batch_size`` seeds). Real nodes keep their ids, edges, and
+    in-neighbourhoods, so every real node's output (the seeds' loss included) is unchanged.
+    """
+    n, m = int(x.shape[0]), int(edge_index.shape[1])
+    if n >= n_cap or m > m_cap:
+        raise ValueError(f"batch of {n} nodes / {m} edges does not fit the caps {n_cap} / {m_cap} "
+                         "(nodes need one spare row for the dummy)")
+    if batch_size is not None and not batch_size <= n:
+        raise ValueError(f"batch_size {batch_size} > {n} nodes")
+    xp = x.new_zeros((n_cap,) + tuple(x.shape[1:]))
+    xp[:n] = x
+    pad = edge_index.new_full((2, m_cap - m), n_cap - 1)
+    return xp, torch.cat([edge_index, pad], dim=1)
 
 
 # ----------------------------------------------------------------------------- sampled mini-batches
@@ -417,6 +674,34 @@ def plan_sampled(graphs: Sequence[str], layers: Sequence[str], dtypes: Sequence[
     return first + sorted((c for c in wanted if c not in first), key=key)
 
 
+def plan_sampled_compiled(order: Sequence[tuple], compile_modes: Sequence[str]) -> List[tuple]:
+    """The sampled configs with compiled rows, grouped by (graph, sampler, batch size) in the
+    order :func:`plan_sampled` first reaches each: its eager configs (in that order), then for
+    each compile mode its PyG configs, enabled first: (graph, layer, dtype, mode, sampler,
+    batch size, compile mode). Each loader is built and pre-sampled once, so every row of one
+    (graph, batch size) runs on the same (padded) batches. Without compile modes: ``order``."""
+    if not compile_modes:
+        return [tuple(c) for c in order]
+    sources: List[tuple] = []
+    for c in order:
+        if (c[0], c[4], c[5]) not in sources:
+            sources.append((c[0], c[4], c[5]))
+    out: List[tuple] = []
+    for src in sources:
+        eager = [tuple(c) for c in order if (c[0], c[4], c[5]) == src]
+        out += eager
+        if src[1] != "pyg":
+            continue
+        groups: List[tuple] = []
+        for c in eager:
+            if c[:3] not in groups:
+                groups.append(c[:3])
+        for cm in compile_modes:
+            for g in groups:
+                out += [g + (m,) + src[1:] + (cm,) for m in ("enabled", "stock") if g + (m,) + src[1:] in eager]
+    return out
+
+
 def sampler_bound(loader_ms, step_ms) -> Optional[str]:
     """``"sampler"`` when the loader alone takes at least the model step per batch, else
     ``"model"``; None when either is missing."""
@@ -458,7 +743,7 @@ def evaluate_sampled_targets(rows: Sequence[dict]) -> List[dict]:
     / ``not measured (...)``, the whole-step times, what bounds the step and, where phases were
     profiled, what dominates the enabled step."""
     by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode"), r.get("sampler"), r.get("batch_size")): r
-          for r in rows if is_sampled(r)}
+          for r in rows if is_sampled(r) and not is_compiled(r)}
     out = []
     for t in SAMPLED_TARGETS:
         stock = by.get((t.graph, t.layer, t.dtype, "stock", t.sampler, t.batch_size))
@@ -485,6 +770,8 @@ def evaluate_sampled_targets(rows: Sequence[dict]) -> List[dict]:
         res["loader_ms"] = (en or stock or {}).get("loader_ms")
         res["bound_by"] = {m: r.get("bound") for m, r in (("stock", stock), ("enabled", en)) if r and r.get("bound")}
         res["dominant"] = dominant_phase((en or {}).get("phases"))
+        if (en or stock or {}).get("padded"):
+            res["padded"] = True  # measured on fixed-size (padded) batches: a compile run
         out.append(res)
     return out
 
@@ -662,6 +949,20 @@ class BatchSource:
                 "batch_size": int(seeds.shape[0]), "nodes": int(blocks[0].num_src_nodes()),
                 "edges": sum(int(blk.num_edges()) for blk in blocks)}
 
+    def pad_kept(self, kept: Sequence[dict], slack: float = PAD_SLACK,
+                 multiple: int = PAD_MULTIPLE) -> Tuple[List[dict], int, int]:
+        """The kept PyG batches padded to one fixed size (:func:`pad_caps`, :func:`pad_batch`),
+        pinned again; ``nodes`` / ``edges`` stay the real counts. Returns (batches, N_cap, M_cap)."""
+        if self.sampler != "pyg":
+            raise ValueError("fixed-size batches are made for the PyG sampler only")
+        n_cap, m_cap = pad_caps([b["nodes"] for b in kept], [b["edges"] for b in kept], slack, multiple)
+        pin = (lambda t: t.contiguous().pin_memory()) if self.cuda else (lambda t: t.contiguous())
+        out = []
+        for b in kept:
+            x, ei = pad_batch(b["x"], b["graph"], n_cap, m_cap, b["batch_size"])
+            out.append(dict(b, x=pin(x), graph=pin(ei), padded_nodes=n_cap, padded_edges=m_cap))
+        return out, n_cap, m_cap
+
     def from_kept(self, kept: dict) -> SampledBatch:
         """A kept batch on the device as NEW objects (new ``edge_index`` tensors, new DGL
         blocks), so no graph cache can recognise it from an earlier step."""
@@ -699,9 +1000,12 @@ def _sync(device: torch.device) -> None:
 
 
 def _train_step(model: nn.Module, opt, scaler, b: SampledBatch, dtype: str, device: torch.device,
-                losses: Optional[List[torch.Tensor]]) -> None:
+                losses: Optional[List[torch.Tensor]], mark_step: bool = False) -> None:
     """zero_grad; [autocast] out = model(x, graph); loss on the seeds' rows [/autocast];
-    backward; optimizer step (the graph build happens inside the first layer call)."""
+    backward; optimizer step (the graph build happens inside the first layer call).
+    ``mark_step``: ``torch.compiler.cudagraph_mark_step_begin()`` first (reduce-overhead)."""
+    if mark_step:
+        torch.compiler.cudagraph_mark_step_begin()
     opt.zero_grad(set_to_none=True)
     with autocast(device, dtype):
         out = model(b.x, b.graph)
@@ -874,7 +1178,8 @@ def loader_alone(source: "BatchSource", device: torch.device, warmup: int, steps
 def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
                        mode: str, device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0,
                        gf=None, frameworks: str = "pyg", whole_steps: int = 0, profile_steps: int = 0,
-                       budget_ok: Callable[[], bool] = lambda: True) -> dict:
+                       budget_ok: Callable[[], bool] = lambda: True, compile_mode: Optional[str] = None,
+                       compile_backend: str = "inductor", compile_warmup: int = COMPILE_WARMUP) -> dict:
     """One sampled config: the model step on pre-sampled batches (``step_ms``), optionally the
     phase profile (``phases``) and the whole step with the real loader (``whole_ms``).
 
@@ -884,16 +1189,25 @@ def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource,
     the CPU); ``host_ms``: the host time of issuing the step. Whole step: same model and
     optimizer, continuing, ``whole_steps`` steps with batches from the loader
     (:func:`_timed_window`); its own failure is ``whole_status``, the model step stays.
+    ``compile_mode``: the model under ``torch.compile`` (``compile_warmup`` warm-ups, the
+    :func:`compile_fields`); such a row times the model step only (no phases, no whole step:
+    the real loader's batches are not padded, every one would be a new shape).
     """
     res: Dict[str, object] = {"step_ms": None, "peak_mb": None, "status": "ok"}
+    compiled = compile_mode not in (None, "none")
     failure = None
     if gf is not None and mode == "enabled":
         gf.reset_stats()
+    if compiled:
+        _dynamo_reset()
+        whole_steps = profile_steps = 0
+        res["whole_status"] = "skipped: compiled rows time the model step only"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            _sampled_steps(res, make_model, source, kept, dtype, mode, device, warmup, steps, lr, seed, gf,
-                           frameworks, whole_steps, profile_steps, budget_ok)
+            _sampled_steps(res, make_model, source, kept, dtype, mode, device, compile_warmup if compiled else warmup,
+                           steps, lr, seed, gf, frameworks, whole_steps, profile_steps, budget_ok,
+                           compile_mode if compiled else None, compile_backend)
         except Exception as exc:  # noqa: BLE001 - OOM is a result; other errors are reported
             failure = (is_oom(exc), f"{type(exc).__name__}: {exc}"[:400])
     if failure is not None:
@@ -902,6 +1216,10 @@ def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource,
         res["status"] = OOM if oom else f"error: {message}"
     if gf is not None and mode == "enabled":
         res.update(stats_counts(gf.stats()))
+        if compiled:
+            res["compiled_calls"] = compiled_counts(gf.stats())
+    if compiled:
+        _dynamo_reset()
     msgs = sorted({str(w.message) for w in caught if "gnn_fastpath" in str(w.message)})
     if msgs:
         res["fallback_warnings"] = msgs[:10]
@@ -913,7 +1231,8 @@ def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource,
 
 def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[dict], dtype: str, mode: str,
                    device: torch.device, warmup: int, steps: int, lr: float, seed: int, gf, frameworks: str,
-                   whole_steps: int, profile_steps: int, budget_ok: Callable[[], bool]) -> None:
+                   whole_steps: int, profile_steps: int, budget_ok: Callable[[], bool],
+                   compile_mode: Optional[str] = None, compile_backend: str = "inductor") -> None:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -925,16 +1244,28 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
     losses: List[torch.Tensor] = []
     times: List[float] = []
     hosts: List[float] = []
+    step_model = compile_model(model, compile_mode, compile_backend) if compile_mode else model
+    mark = compile_mode == "reduce-overhead" and compile_backend == "inductor"
     torch.manual_seed(seed)
-    with _fastpath_context(gf, mode, device, frameworks):
+    with _fastpath_context(gf, mode, device, frameworks), \
+            (CompileWatch() if compile_mode else contextlib.nullcontext()) as watch:
+        snaps = [watch.snapshot()] if watch is not None else []
+        t_compile = time.perf_counter()
         for i in range(warmup + steps):
+            if watch is not None and i in (1, warmup):
+                _sync(device)
+                if i == warmup:  # the compile time: every warm-up step, up to the timed loop
+                    res["compile_s"] = time.perf_counter() - t_compile
+                    if len(snaps) == 1:
+                        snaps.append(watch.snapshot())
+                snaps.append(watch.snapshot())
             b = source.from_kept(kept[i % len(kept)])
             _sync(device)
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             h0 = time.perf_counter()
-            _train_step(model, opt, scaler, b, dtype, device, losses)
+            _train_step(step_model, opt, scaler, b, dtype, device, losses, mark)
             h1 = time.perf_counter()
             if cuda:
                 end.record()
@@ -943,6 +1274,10 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
                 times.append(start.elapsed_time(end) if cuda else (h1 - h0) * 1e3)
                 hosts.append((h1 - h0) * 1e3)
             del b
+        if watch is not None:
+            snaps.append(watch.snapshot())
+            if len(snaps) == 4:
+                res.update(compile_fields(watch, *snaps, compile_s=res.pop("compile_s"), warmup=warmup))
         values = [float(v) for v in torch.stack(losses[-steps:]).float().cpu()] if steps else []
         res["step_ms"] = statistics.median(times) if times else None
         res["step_ms_all"] = [round(t, 4) for t in times]
@@ -1013,6 +1348,9 @@ class TrainRunner:
         if "sampled" in self.settings.get("modes", ()):
             out["sampled_targets"] = evaluate_sampled_targets(self.rows)
             out["loaders"] = self.loaders
+        if (self.settings.get("compile") or {}).get("modes"):
+            annotate_compiled(self.rows)
+            out["compiled"] = compile_comparisons(self.rows)
         return out
 
     def save(self) -> None:
@@ -1032,8 +1370,9 @@ class TrainRunner:
     def add(self, row: dict) -> None:
         self.settings.pop("running", None)
         self.rows.append(row)
-        keys = ("graph", "layer_key", "dtype", "mode", "sampler", "batch_size", "step_ms", "host_ms", "whole_ms",
-                "loader_ms", "peak_mb", "status")
+        keys = ("graph", "layer_key", "dtype", "mode", "compile", "sampler", "batch_size", "step_ms", "host_ms",
+                "whole_ms", "loader_ms", "peak_mb", "compile_s", "graph_breaks", "recompiles", "cudagraph_records_timed",
+                "cudagraph_skips", "status")
         extra = path_summary(row)
         print("  " + " ".join(f"{k}={fmt(row[k]) if isinstance(row[k], float) else row[k]}"
                               for k in keys if row.get(k) is not None) + (f" path=[{extra}]" if extra else ""),
@@ -1081,11 +1420,17 @@ class TrainRunner:
 
         return make
 
-    def run(self, configs: Sequence[Tuple[str, str, str, str]]) -> None:
+    def run(self, configs: Sequence[tuple]) -> None:
+        """Full-batch configs: (graph, layer, dtype, mode), or with a 5th element, the
+        torch.compile mode of a compiled row."""
         a = self.args
         missing: Dict[str, str] = {}
-        for gname, layer, dtype, mode in configs:
+        for config in configs:
+            gname, layer, dtype, mode = config[:4]
+            cmode = config[4] if len(config) > 4 else None
             row = {"graph": gname, "layer_key": layer, "layer": LAYER_LABELS[layer], "dtype": dtype, "mode": mode}
+            if cmode:
+                row.update(compile=cmode, compile_backend=a.compile_backend)
             if self.over_budget():
                 row["status"] = "skipped: time budget"
                 self.add(row)
@@ -1106,10 +1451,11 @@ class TrainRunner:
                 self.add(row)
                 continue
             row.update(nodes=data.num_nodes, edges=int(data.edge_index.shape[1]))
-            self.mark_running((gname, layer, dtype, mode))
+            self.mark_running(tuple(config))
             with watchdog(a.config_timeout):
                 row.update(run_config(self.model_factory(data, layer), data, dtype, mode, self.device, a.warmup,
-                                      a.steps, a.lr, a.seed, self.gf))
+                                      a.steps, a.lr, a.seed, self.gf, compile_mode=cmode,
+                                      compile_backend=a.compile_backend, compile_warmup=a.compile_warmup))
             self.add(row)
         self._data = None
         free_memory()
@@ -1177,12 +1523,18 @@ class TrainRunner:
             t = time.perf_counter()
             src = BatchSource(sampler, data, batch_size, a.fanouts, workers, self.device, self.dgl, self.dgl_cuda)
             self._source = src
-            k = max(1, min(a.presample, a.warmup + a.steps + a.profile_steps))
+            warm = max(a.warmup, a.compile_warmup if a.compile_modes else 0)
+            k = max(1, min(a.presample, warm + a.steps + a.profile_steps))
             self._kept = [src.keep(src.next_raw()) for _ in range(k)]
             info["presample_s"] = round(time.perf_counter() - t, 2)
             info["presampled"] = k
             info["batch_nodes"] = statistics.mean(b["nodes"] for b in self._kept)
             info["batch_edges"] = statistics.mean(b["edges"] for b in self._kept)
+            if a.pad_batches and sampler == "pyg":
+                info["batch_nodes_max"] = max(b["nodes"] for b in self._kept)
+                info["batch_edges_max"] = max(b["edges"] for b in self._kept)
+                self._kept, info["padded_nodes"], info["padded_edges"] = src.pad_kept(self._kept, a.pad_slack)
+                info["padded"] = True
             if a.whole:
                 w = loader_alone(src, self.device, a.warmup, a.whole_steps)
                 info["loader_ms"] = w["ms"]
@@ -1197,18 +1549,26 @@ class TrainRunner:
         configs of ``SAMPLED_TARGETS``)."""
         how = self.args.profile_phases
         if how == "all":
-            return True
+            return not is_compiled(row)
         if how != "targets":
+            return False
+        if is_compiled(row):
             return False
         c = (row["graph"], row["layer_key"], row["dtype"], row["mode"], row["sampler"], row["batch_size"])
         return any(c in t.configs() for t in SAMPLED_TARGETS)
 
-    def run_sampled(self, configs: Sequence[SampledConfig]) -> None:
+    def run_sampled(self, configs: Sequence[tuple]) -> None:
+        """Sampled configs: (graph, layer, dtype, mode, sampler, batch size), or with a 7th
+        element, the torch.compile mode of a compiled row."""
         a = self.args
         missing: Dict[str, str] = {}
-        for gname, layer, dtype, mode, sampler, bsize in configs:
+        for config in configs:
+            gname, layer, dtype, mode, sampler, bsize = config[:6]
+            cmode = config[6] if len(config) > 6 else None
             row = {"graph": gname, "layer_key": layer, "layer": sampled_layer_label(sampler, layer), "dtype": dtype,
                    "mode": mode, "sampler": sampler, "batch_size": bsize}
+            if cmode:
+                row.update(compile=cmode, compile_backend=a.compile_backend)
             status = None
             if self.over_budget():
                 status = "skipped: time budget"
@@ -1220,8 +1580,10 @@ class TrainRunner:
                 status = DGL_NOT_RUNNABLE
             elif gname in missing:
                 status = missing[gname]
+            elif cmode and sampler != "pyg":
+                status = "skipped: compiled rows use the PyG sampler only"
             if status is None:
-                self.mark_running((gname, layer, dtype, mode, sampler, bsize))
+                self.mark_running(tuple(config))
                 try:
                     with watchdog(a.config_timeout):
                         source, kept, info = self.source(gname, sampler, bsize)
@@ -1239,12 +1601,15 @@ class TrainRunner:
             row.update(nodes=data.num_nodes, edges=int(data.edge_index.shape[1]), workers=info.get("workers"),
                        batch_nodes=info.get("batch_nodes"), batch_edges=info.get("batch_edges"),
                        loader_ms=info.get("loader_ms"))
+            if info.get("padded"):
+                row.update(padded=True, padded_nodes=info["padded_nodes"], padded_edges=info["padded_edges"])
             with watchdog(a.config_timeout):
                 row.update(run_sampled_config(
                     self.model_factory(data, layer, sampler), source, kept, dtype, mode, self.device, a.warmup,
                     a.steps, a.lr, a.seed, self.gf, frameworks=sampler, whole_steps=a.whole_steps if a.whole else 0,
                     profile_steps=a.profile_steps if self.profiled(row) else 0,
-                    budget_ok=lambda: not self.over_budget()))
+                    budget_ok=lambda: not self.over_budget(), compile_mode=cmode, compile_backend=a.compile_backend,
+                    compile_warmup=a.compile_warmup))
             bound = sampler_bound(row.get("loader_ms"), row.get("step_ms"))
             if bound:
                 row["bound"] = bound
@@ -1252,6 +1617,173 @@ class TrainRunner:
         self.close_source()
         self._data = None
         free_memory()
+
+
+# ----------------------------------------------------------------------------- compiled vs eager
+def compile_key(row: dict) -> tuple:
+    """(kind, graph, sampler, batch size, layer, dtype) of a row; kind ``full`` or ``sampled``."""
+    if is_sampled(row):
+        return ("sampled", row.get("graph"), row.get("sampler"), row.get("batch_size"), row.get("layer_key"),
+                row.get("dtype"))
+    return ("full", row.get("graph"), None, None, row.get("layer_key"), row.get("dtype"))
+
+
+def compile_bound(kind: str, graph: str, sampler: Optional[str], batch_size: Optional[int], mode: str) -> float:
+    """The least eager-enabled / compiled-enabled step ratio the issue asks: 1.5 under
+    reduce-overhead on tolokers full batch and on arxiv-like batch-1024 mini-batches (PyG
+    sampler), else 1 (compiled at least as fast as eager)."""
+    if mode == "reduce-overhead" and ((kind == "full" and graph == "tolokers") or
+                                      (kind == "sampled" and graph == "arxiv-like" and sampler == "pyg"
+                                       and batch_size == 1024)):
+        return COMPILE_TARGET_BOUND
+    return 1.0
+
+
+def _step(r: Optional[dict]) -> Optional[float]:
+    v = (r or {}).get("step_ms")
+    return v if isinstance(v, float) else None
+
+
+def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def compile_comparisons(rows: Sequence[dict]) -> List[dict]:
+    """One entry per (kind, graph, sampler, batch size, layer, dtype, compile mode) with compiled
+    rows: the four step times (eager / compiled, stock / enabled), ``x_vs_eager_enabled`` =
+    eager enabled / compiled enabled (the issue's metric, judged against :func:`compile_bound`:
+    ``verdict`` met / missed / not measured), ``x_vs_compiled_stock``, ``x_stock_vs_eager`` =
+    eager stock / compiled stock, and per mode (``_stock`` / ``_enabled``) compile seconds, graph
+    breaks, recompiles and CUDA-graph recordings during the timed steps, CUDA-graph skips; the
+    padded batch size (sampled); ``notes`` name recompiles, skips, fallbacks and failures."""
+    eager = {compile_key(r) + (r.get("mode"),): r for r in rows if not is_compiled(r)}
+    comp = {compile_key(r) + (r.get("mode"), r.get("compile")): r for r in rows if is_compiled(r)}
+    keys: List[tuple] = []
+    for r in rows:
+        if is_compiled(r) and (compile_key(r), r.get("compile")) not in keys:
+            keys.append((compile_key(r), r.get("compile")))
+    out = []
+    for key, cm in keys:
+        kind, g, smp, b, layer, dtype = key
+        es, ee = eager.get(key + ("stock",)), eager.get(key + ("enabled",))
+        cs, ce = comp.get(key + ("stock", cm)), comp.get(key + ("enabled", cm))
+        c = {"kind": kind, "graph": g, "sampler": smp, "batch_size": b, "layer": layer, "dtype": dtype, "compile": cm,
+             "eager_stock_ms": _step(es), "eager_enabled_ms": _step(ee), "compiled_stock_ms": _step(cs),
+             "compiled_enabled_ms": _step(ce)}
+        c["x_vs_eager_enabled"] = _div(c["eager_enabled_ms"], c["compiled_enabled_ms"])
+        c["x_vs_compiled_stock"] = _div(c["compiled_stock_ms"], c["compiled_enabled_ms"])
+        c["x_stock_vs_eager"] = _div(c["eager_stock_ms"], c["compiled_stock_ms"])
+        notes = []
+        for m, r in (("stock", cs), ("enabled", ce)):
+            r = r or {}
+            for f in ("compile_s", "graph_breaks", "recompiles", "cudagraph_records_timed", "cudagraph_skips"):
+                c[f"{f}_{m}"] = r.get(f)
+            st = r.get("status")
+            if st and st not in ("ok",):
+                notes.append(f"compiled {m}: {st[:100]}")
+            if r.get("recompiles"):
+                notes.append(f"compiled {m}: {r['recompiles']} recompile(s) during the timed steps")
+            if r.get("cudagraph_records_timed"):
+                notes.append(f"compiled {m}: {r['cudagraph_records_timed']} CUDA graph(s) recorded during the "
+                             "timed steps")
+            if r.get("cudagraph_skips") and cm == "reduce-overhead":
+                notes.append(f"compiled {m}: CUDA graphs skipped {r['cudagraph_skips']}x "
+                             "(TORCH_LOGS=cudagraphs says why)")
+            if r.get("finite_losses") is False:
+                notes.append(f"compiled {m}: non-finite loss")
+        fb = {k: v for k, v in ((ce or {}).get("compiled_calls") or {}).items() if k.startswith("fallback")}
+        if fb:
+            notes.append("compiled enabled traced stock code: " + ", ".join(f"{k} {v}" for k, v in sorted(fb.items())))
+        for m, r in (("stock", es), ("enabled", ee)):
+            st = (r or {}).get("status")
+            if st and st != "ok":
+                notes.append(f"eager {m}: {st[:80]}")
+        any_row = ce or cs or ee or es or {}
+        c["padded"] = bool(any_row.get("padded"))
+        if c["padded"]:
+            c["padded_nodes"], c["padded_edges"] = any_row.get("padded_nodes"), any_row.get("padded_edges")
+            c["batch_nodes"], c["batch_edges"] = any_row.get("batch_nodes"), any_row.get("batch_edges")
+        c["bound"] = compile_bound(kind, g, smp, b, cm)
+        v = c["x_vs_eager_enabled"]
+        if v is not None:
+            c["verdict"] = "met" if v >= c["bound"] else "missed"
+        else:
+            why = [f"{m}: {(r or {}).get('status') or 'not run'}" for m, r in
+                   (("eager enabled", ee), ("compiled enabled", ce)) if _step(r) is None]
+            c["verdict"] = "not measured (" + "; ".join(why) + ")"
+        c["notes"] = notes
+        out.append(c)
+    return out
+
+
+def annotate_compiled(rows: Sequence[dict]) -> None:
+    """Each compiled row's speedups, in the row: ``x_vs_eager`` (eager step of the same mode /
+    this step) and, enabled rows, ``x_vs_compiled_stock`` (compiled stock step / this step)."""
+    eager = {compile_key(r) + (r.get("mode"),): r for r in rows if not is_compiled(r)}
+    comp = {compile_key(r) + (r.get("mode"), r.get("compile")): r for r in rows if is_compiled(r)}
+    for r in rows:
+        if not is_compiled(r):
+            continue
+        r["x_vs_eager"] = _div(_step(eager.get(compile_key(r) + (r.get("mode"),))), _step(r))
+        if r.get("mode") == "enabled":
+            r["x_vs_compiled_stock"] = _div(_step(comp.get(compile_key(r) + ("stock", r.get("compile")))), _step(r))
+
+
+def _pair(a, b, f=lambda v: fmt(v) if isinstance(v, float) else ("" if v is None else str(v))) -> str:
+    if a is None and b is None:
+        return ""
+    return f"{f(a) or '-'} / {f(b) or '-'}"
+
+
+def compile_table(comparisons: Sequence[dict]) -> str:
+    """The compiled-vs-eager table, one line per :func:`compile_comparisons` entry."""
+    rows = []
+    for c in comparisons:
+        where = (f"{c['graph']} full batch" if c["kind"] == "full" else
+                 f"{c['graph']} {c['sampler']} b{c['batch_size']}")
+        x = c.get("x_vs_eager_enabled")
+        rows.append({
+            "where": where, "layer": LAYER_LABELS.get(c["layer"], c["layer"]),
+            "dtype": SHORT.get(c["dtype"], c["dtype"]),
+            "compile": c["compile"], "es": _ms(c.get("eager_stock_ms")), "ee": _ms(c.get("eager_enabled_ms")),
+            "cs": _ms(c.get("compiled_stock_ms")), "ce": _ms(c.get("compiled_enabled_ms")),
+            "x": "" if x is None else f"{x:.2f}x",
+            "xs": "" if c.get("x_vs_compiled_stock") is None else f"{c['x_vs_compiled_stock']:.2f}x",
+            "cst": _pair(c.get("compile_s_stock"), c.get("compile_s_enabled"),
+                         lambda v: f"{v:.1f}" if isinstance(v, float) else ""),
+            "gb": _pair(c.get("graph_breaks_stock"), c.get("graph_breaks_enabled")),
+            "rc": _pair(c.get("recompiles_stock"), c.get("recompiles_enabled")),
+            "cg": _pair(c.get("cudagraph_records_timed_stock"), c.get("cudagraph_records_timed_enabled"))
+            if c["compile"] == "reduce-overhead" else "",
+            "pad": f"{c['padded_nodes']:,} / {c['padded_edges']:,}" if c.get("padded") and c.get("padded_nodes") else "",
+            "target": f">= {c['bound']:g}x", "verdict": c.get("verdict", ""), "notes": "; ".join(c.get("notes") or [])})
+    cols = ["where", "layer", "dtype", "compile", "es", "ee", "cs", "ce", "x", "xs", "cst", "gb", "rc", "cg", "pad",
+            "target", "verdict", "notes"]
+    heads = ["graph", "layer", "dtype", "compile mode", "eager stock ms", "eager enabled ms", "compiled stock ms",
+             "compiled enabled ms", "x vs eager enabled", "x vs compiled stock", "compile s stock / enabled",
+             "graph breaks stock / enabled", "recompiles in timed steps stock / enabled",
+             "CUDA graphs recorded in timed steps stock / enabled", "padded nodes / edges", "target", "verdict", "notes"]
+    return report.markdown_table(rows, cols, heads)
+
+
+def compile_markdown(payload: dict) -> str:
+    st = payload.get("settings", {})
+    cs = st.get("compile") or {}
+    comps = payload.get("compiled") or compile_comparisons(payload.get("rows", []))
+    parts = ["#### torch.compile: compiled stock / enabled vs eager", "",
+             f"torch.compile(model, mode=..., dynamic=None), backend {cs.get('backend', 'inductor')}; "
+             f"{cs.get('warmup', COMPILE_WARMUP)} warm-up steps, whose wall time is the compile time (tracing, "
+             "recompiles, CUDA-graph recording); step = median of the timed steps as for eager rows. Graph breaks: "
+             "the first step's forward; recompiles / CUDA graphs recorded: during the timed steps (0 in a steady "
+             "state). x vs eager enabled = eager enabled / compiled enabled (target: >= 1.5x under reduce-overhead on "
+             "tolokers full batch and arxiv-like batch 1024, else >= 1x); x vs compiled stock = compiled stock / "
+             "compiled enabled."]
+    if cs.get("padded"):
+        parts.append(f"Sampled rows (eager ones too) run on fixed-size batches: nodes and edges padded to the "
+                     f"largest kept batch x {cs.get('pad_slack')} (rounded up to {PAD_MULTIPLE}); padding nodes have "
+                     "zero features, padding edges all join the last (dummy) node to itself; loss on the seeds.")
+    parts += ["", compile_table(comps), ""]
+    return "\n".join(parts)
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -1270,7 +1802,7 @@ def summary_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
     and each 16-bit dtype's enabled step over the fp32 enabled step."""
     dtypes = payload.get("settings", {}).get("dtypes") or DTYPE_NAMES
     graphs = payload.get("settings", {}).get("graphs") or GRAPHS
-    full = [r for r in payload.get("rows", []) if not is_sampled(r)]
+    full = [r for r in payload.get("rows", []) if not is_sampled(r) and not is_compiled(r)]
     by = {(r.get("graph"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r for r in full}
     pairs = []
     for r in full:
@@ -1342,6 +1874,8 @@ def markdown(payload: dict, header: bool = True) -> str:
             report.markdown_table(rows, cols, heads), ""]
     if "sampled" in modes:
         parts.append(sampled_markdown(payload, header=header and "full" not in modes))
+    if (st.get("compile") or {}).get("modes") or any(is_compiled(r) for r in payload.get("rows", [])):
+        parts.append(compile_markdown(payload))
     return "\n".join(parts)
 
 
@@ -1353,7 +1887,8 @@ def sampled_targets_table(targets: Sequence[dict]) -> str:
     rows = []
     for t in targets:
         bound = ", ".join(f"{m} {b}" for m, b in (t.get("bound_by") or {}).items())
-        rows.append({"target": t["target"], "stock": _ms(t.get("stock_ms")), "enabled": _ms(t.get("enabled_ms")),
+        rows.append({"target": t["target"] + (" [padded batches]" if t.get("padded") else ""),
+                     "stock": _ms(t.get("stock_ms")), "enabled": _ms(t.get("enabled_ms")),
                      "value": "" if t.get("value") is None else f"{t['value']:.2f}x", "verdict": t.get("verdict", ""),
                      "whole": " / ".join(_ms(t.get(k)) or "-" for k in ("whole_stock_ms", "whole_enabled_ms"))
                      if (t.get("whole_stock_ms") or t.get("whole_enabled_ms")) else "",
@@ -1369,7 +1904,7 @@ def sampled_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
     """One table row per (graph, sampler, batch size, layer, dtype): model step and whole step,
     stock and enabled, the loader alone and what bounds each mode."""
     st = payload.get("settings", {})
-    sampled = [r for r in payload.get("rows", []) if is_sampled(r)]
+    sampled = [r for r in payload.get("rows", []) if is_sampled(r) and not is_compiled(r)]
     by = {(r.get("graph"), r.get("sampler"), r.get("batch_size"), r.get("layer_key"), r.get("dtype"), r.get("mode")): r
           for r in sampled}
     graphs = (st.get("sampled") or {}).get("graphs") or SAMPLED_GRAPHS
@@ -1461,6 +1996,13 @@ def loader_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
     cols = ["graph", "sampler", "batch", "workers", "loader", "sub", "pre", "status"]
     heads = ["graph", "sampler", "batch", "workers", "loader alone ms / batch", "nodes / edges per batch (mean)",
              "build + pre-sample s", "status"]
+    padded = [i for i in payload.get("loaders") or [] if i.get("padded")]
+    if padded:  # fixed-size batches: the largest kept batch and the caps every model step ran at
+        for r, i in zip(rows, payload.get("loaders") or []):
+            r["pad"] = (f"{i['batch_nodes_max']:,} / {i['batch_edges_max']:,} -> {i['padded_nodes']:,} / "
+                        f"{i['padded_edges']:,}") if i.get("padded") else ""
+        cols.insert(6, "pad")
+        heads.insert(6, "max nodes / edges -> padded to")
     return rows, cols, heads
 
 
@@ -1522,6 +2064,23 @@ def parse_args(argv=None):
     p.add_argument("--config-timeout", type=float, default=150.0,
                    help="seconds one config may take before every thread's traceback is printed and the process "
                         "exits (a hang leaves a stack; 0: off; default 150)")
+    c = p.add_argument_group("torch.compile")
+    c.add_argument("--compile", default="none",
+                   help="comma list of none, default, reduce-overhead (default none: eager rows only). Every mode "
+                        "other than none adds compiled stock and compiled enabled rows (torch.compile(model, mode=...)) "
+                        "next to the eager ones; sampled compiled rows use the PyG sampler on fixed-size batches")
+    c.add_argument("--compile-warmup", type=int, default=COMPILE_WARMUP,
+                   help=f"warm-up steps of a compiled row, their wall time is its compile time (default "
+                        f"{COMPILE_WARMUP}: compile, then reduce-overhead's CUDA-graph warm-up and recording)")
+    c.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend (default inductor; another one, e.g. aot_eager, takes no mode: for "
+                        "smoke runs)")
+    c.add_argument("--pad-batches", action=argparse.BooleanOptionalAction, default=None,
+                   help="pad PyG-sampler batches to fixed sizes (N_cap nodes, M_cap edges) for every sampled row, "
+                        "eager too (default: on when --compile has a mode other than none)")
+    c.add_argument("--pad-slack", type=float, default=PAD_SLACK,
+                   help=f"caps = largest of the pre-sampled batches x this, rounded up to {PAD_MULTIPLE} "
+                        f"(default {PAD_SLACK})")
     g = p.add_argument_group("sampled mini-batches")
     g.add_argument("--mode", default="both", choices=["full", "sampled", "both"],
                    help="full-batch steps, sampled mini-batch steps, or both (default; full first)")
@@ -1609,12 +2168,19 @@ def main(argv=None) -> int:
         raise SystemExit("--whole-steps must be at least 1")
     args.profile_steps = max(args.profile_steps, 1) if args.profile_phases != "off" else 0
     args.presample = max(args.presample, 1)
+    args.compile_modes = parse_compile_modes(args.compile)
+    if args.compile_warmup < 1:
+        raise SystemExit("--compile-warmup must be at least 1")
+    if args.pad_slack < 1.0:
+        raise SystemExit("--pad-slack must be at least 1")
+    args.pad_batches = bool(args.compile_modes) if args.pad_batches is None else args.pad_batches
 
     gf, reason = _fastpath()
     runner = TrainRunner(args, device, pyg, gf, reason)
     runner.env = report.environment(None)
-    configs = plan(graphs, layers, dtypes) if "full" in modes else []
-    sconfigs = plan_sampled(sampled_graphs, layers, dtypes, samplers, batch_sizes) if "sampled" in modes else []
+    configs = plan_compiled(plan(graphs, layers, dtypes), args.compile_modes) if "full" in modes else []
+    sconfigs = (plan_sampled_compiled(plan_sampled(sampled_graphs, layers, dtypes, samplers, batch_sizes),
+                                      args.compile_modes) if "sampled" in modes else [])
     runner.settings = {"graphs": graphs if "full" in modes else [], "layers": layers, "dtypes": dtypes,
                        "warmup": args.warmup, "steps": args.steps, "seed": args.seed, "scale": args.scale,
                        "hidden": args.hidden, "heads": args.heads, "num_layers": args.num_layers,
@@ -1627,7 +2193,16 @@ def main(argv=None) -> int:
             "workers": args.workers, "prefetch_factor": PREFETCH_FACTOR, "presample": args.presample,
             "whole": args.whole, "whole_steps": args.whole_steps if args.whole else 0,
             "profile_steps": args.profile_steps, "profile_phases": args.profile_phases,
-            "order": [list(c) for c in sconfigs]}
+            "padded": args.pad_batches, "order": [list(c) for c in sconfigs]}
+        if args.pad_batches:
+            runner.settings["sampled"].update(pad_slack=args.pad_slack, pad_multiple=PAD_MULTIPLE,
+                                              padded_samplers=["pyg"])
+    if args.compile_modes:
+        runner.settings["compile"] = {
+            "modes": args.compile_modes, "backend": args.compile_backend, "warmup": args.compile_warmup,
+            "dynamic": None, "padded": args.pad_batches and "sampled" in modes, "pad_slack": args.pad_slack,
+            "eager_rows_padded": args.pad_batches and "sampled" in modes,
+            "cudagraph_mark_step_begin": "every step under reduce-overhead"}
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)
     if configs:

@@ -54,7 +54,8 @@ from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Unsupported, linear_dtype
 from .graph import (append_self_loops, check_inputs, check_like, check_message_passing, check_sparse_product,
-                    edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values, TracedLooped)
+                    compiling, edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values,
+                    TracedLooped)
 
 
 def features(x, *args, **kwargs) -> Tensor:
@@ -151,6 +152,10 @@ def forward(module, backend: str, x, edge_index, edge_weight=None):
                                                "(stock builds the sparse tensor it caches)")
         graph, weight = _normalised_sparse(module, edge_index, n, x)
     else:
+        if module.cached and compiling():
+            # the cache holds stock's looped edge_index, whose compacted edge order a traced
+            # graph (static shapes, loops kept in the extra row) cannot give: stock builds it
+            raise Unsupported("compile", "the first cached=True call under torch.compile (stock builds the cache)")
         graph, weight, memoised = _normalised(module, edge_index, edge_weight, n, x)
         require("spmm", x.device, x.dtype, graph)  # before the cache is written or lin runs
         if module.cached:

@@ -1,6 +1,7 @@
 """CPU smoke tests of benchmarks/bench_train.py: every code path of the training benchmark on a
 tiny graph (stock vs ``enable(cpu="reference")``, fp32 and bf16 autocast), the config order,
 the target verdicts, OOM handling and the time budget. Timings mean nothing here."""
+import contextlib
 import json
 import math
 import os
@@ -432,3 +433,284 @@ def test_sampled_loader_without_workers_when_workers_fail(tmp_path, monkeypatch,
     assert all(r["status"] == "ok" and r["workers"] == 0 and isinstance(r["whole_ms"], float)
                for r in payload["rows"])
     assert "ran without" in md
+
+
+# ----------------------------------------------------------------------------- torch.compile rows, fixed-size batches
+def test_parse_compile_modes_and_cli():
+    assert BT.parse_compile_modes("none") == [] and BT.parse_compile_modes(None) == []
+    assert BT.parse_compile_modes("none,default,reduce-overhead") == ["default", "reduce-overhead"]
+    assert BT.parse_compile_modes(" reduce-overhead , default,default,") == ["reduce-overhead", "default"]
+    with pytest.raises(SystemExit, match="unknown mode 'max-autotune'"):
+        BT.parse_compile_modes("default,max-autotune")
+    args = BT.parse_args([])
+    assert args.compile == "none" and args.compile_warmup == BT.COMPILE_WARMUP and args.pad_batches is None
+    assert args.compile_backend == "inductor" and args.pad_slack == BT.PAD_SLACK
+    args = BT.parse_args(["--compile", "none,reduce-overhead", "--compile-warmup", "4", "--no-pad-batches",
+                          "--pad-slack", "1.1"])
+    assert args.compile == "none,reduce-overhead" and args.compile_warmup == 4 and args.pad_batches is False
+    assert args.pad_slack == 1.1
+    assert BT.parse_args(["--pad-batches"]).pad_batches is True
+    pytest.importorskip("torch_geometric")  # main() returns early without PyG
+    for bad in (["--compile", "fast"], ["--compile-warmup", "0"], ["--pad-slack", "0.9"]):
+        with pytest.raises(SystemExit):
+            BT.main(TINY + bad + ["--json", "", "--markdown", ""])
+
+
+def test_plan_compiled_orders_eager_then_modes():
+    eager = BT.plan(["arxiv-like"], ["gatv2", "gcn"], ["float32", "bfloat16"])
+    order = BT.plan_compiled(eager, ["reduce-overhead", "default"])
+    assert order[:len(eager)] == eager and len(order) == len(set(order)) == 3 * len(eager)
+    compiled = order[len(eager):]
+    assert [c[4] for c in compiled] == ["reduce-overhead"] * len(eager) + ["default"] * len(eager)
+    # per (graph, layer, dtype) of the eager order: enabled, then stock
+    assert compiled[0] == eager[0][:3] + ("enabled", "reduce-overhead")
+    assert compiled[1] == eager[0][:3] + ("stock", "reduce-overhead")
+    assert BT.plan_compiled(eager, []) == eager
+
+
+def test_plan_sampled_compiled_groups_by_source():
+    eager = BT.plan_sampled(["arxiv-like", "pokec-like"], ["gatv2", "gcn"], ["float32"], ["pyg", "dgl"], [1024, 4096])
+    assert BT.plan_sampled_compiled(eager, []) == eager
+    order = BT.plan_sampled_compiled(eager, ["reduce-overhead"])
+    assert sorted(c for c in order if len(c) == 6) == sorted(eager)
+    compiled = [c for c in order if len(c) == 7]
+    # compiled rows only for the PyG sampler, one per eager PyG config
+    assert all(c[4] == "pyg" and c[6] == "reduce-overhead" for c in compiled)
+    assert sorted(c[:6] for c in compiled) == sorted(c for c in eager if c[4] == "pyg")
+    # every (graph, sampler, batch) group is contiguous: its loader is built once
+    groups = [(c[0], c[4], c[5]) for c in order]
+    assert sum(1 for a, b in zip(groups, groups[1:]) if a != b) == len(set(groups)) - 1
+    # inside a group: the eager configs first, then the compiled ones
+    first = [c for c in order if (c[0], c[4], c[5]) == groups[0]]
+    assert [len(c) for c in first] == sorted(len(c) for c in first)
+    assert groups[0] == ("arxiv-like", "pyg", 1024)  # the targets' group still comes first
+
+
+def test_pad_caps():
+    assert BT.pad_caps([100, 300, 200], [1000, 990], slack=1.0, multiple=1) == (301, 1000)
+    n, m = BT.pad_caps([100, 300, 200], [1000, 990], slack=1.05, multiple=256)
+    assert n == 512 and m == 1280 and n % 256 == 0 and m % 256 == 0
+    # a node count already at a multiple still gets a spare row for the dummy
+    assert BT.pad_caps([256], [256], slack=1.0, multiple=256) == (512, 256)
+
+
+def test_pad_batch_sizes_dummy_edges_zero_features():
+    torch.manual_seed(0)
+    n, m, bs, n_cap, m_cap = 37, 90, 8, 64, 128
+    x, ei = torch.randn(n, 5), torch.randint(0, n, (2, m))
+    xp, eip = BT.pad_batch(x, ei, n_cap, m_cap, batch_size=bs)
+    assert xp.shape == (n_cap, 5) and eip.shape == (2, m_cap) and eip.dtype == ei.dtype
+    assert torch.equal(xp[:n], x) and not xp[n:].any()  # padding rows: zero features
+    assert torch.equal(eip[:, :m], ei)  # real edges kept, in order
+    dummy = n_cap - 1
+    assert dummy >= n and dummy >= bs  # a padding node, never a seed
+    assert (eip[:, m:] == dummy).all()  # every padding edge: dummy -> dummy
+    # no padding edge touches a real node
+    real = (eip[0] < n) | (eip[1] < n)
+    assert int(real.sum()) == m
+    # caps too small: refused (nodes need the spare dummy row)
+    with pytest.raises(ValueError):
+        BT.pad_batch(x, ei, n, m_cap)
+    with pytest.raises(ValueError):
+        BT.pad_batch(x, ei, n_cap, m - 1)
+    xp, eip = BT.pad_batch(x, ei, n + 1, m)  # exact fit: the dummy alone, no padding edge
+    assert xp.shape[0] == n + 1 and eip.shape[1] == m
+
+
+def test_pad_kept_keeps_seeds_labels_and_counts():
+    torch.manual_seed(0)
+    src = BT.BatchSource.__new__(BT.BatchSource)  # no loader: pad_kept needs the sampler and device only
+    src.sampler, src.cuda = "pyg", False
+    kept = [{"x": torch.randn(n, 3), "graph": torch.randint(0, n, (2, m)), "y": torch.randint(0, 4, (10,)),
+             "batch_size": 10, "nodes": n, "edges": m} for n, m in ((40, 100), (55, 80), (47, 130))]
+    padded, n_cap, m_cap = src.pad_kept(kept, slack=1.0)
+    assert (n_cap, m_cap) == (BT._round_up(56, BT.PAD_MULTIPLE), BT._round_up(130, BT.PAD_MULTIPLE))
+    for b, p in zip(kept, padded):
+        assert p["x"].shape[0] == n_cap and p["graph"].shape[1] == m_cap
+        assert p["y"] is b["y"] and p["batch_size"] == 10  # the loss mask (first batch_size rows) is unchanged
+        assert (p["nodes"], p["edges"]) == (b["nodes"], b["edges"])  # real counts stay
+        assert (p["padded_nodes"], p["padded_edges"]) == (n_cap, m_cap)
+    src.sampler = "dgl"
+    with pytest.raises(ValueError):
+        src.pad_kept(kept)
+
+
+@pytest.mark.parametrize("layer", ["gcn", "sage_max", "gatv2"])
+@pytest.mark.parametrize("mode", ["stock", "enabled"])
+def test_padded_batch_same_loss_on_the_seeds(layer, mode):
+    """Padding nodes and dummy edges never reach a real node: the model gives the same outputs
+    on every real node, so the same loss on the seeds, padded or not. Stock in float64 (equal to
+    rounding); enabled in float32 (the fused path takes no float64: it would fall back to stock),
+    through the shims on the reference ops."""
+    pyg = pytest.importorskip("torch_geometric")
+    gf = pytest.importorskip("gnn_fastpath")
+    torch.manual_seed(0)
+    dt = torch.float64 if mode == "stock" else torch.float32
+    tol = dict(rtol=1e-10, atol=1e-12) if mode == "stock" else dict(rtol=1e-5, atol=1e-6)
+    n, m, bs = 60, 240, 16
+    x, ei, y = torch.randn(n, 6, dtype=dt), torch.randint(0, n, (2, m)), torch.randint(0, 3, (bs,))
+    model = BT.Net(pyg, layer, 6, 3, hidden=4, heads=2, attn_dropout=0.0, feat_dropout=0.0, num_layers=2,
+                   gcn_cached=False).to(dt).eval()
+    xp, eip = BT.pad_batch(x, ei, 128, 512, batch_size=bs)
+    gf.reset_stats()
+    ctx = gf.enabled(frameworks="pyg", cpu="reference") if mode == "enabled" else contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        out, outp = model(x, ei), model(xp, eip)
+    if mode == "enabled":
+        counts = BT.stats_counts(gf.stats())
+        assert counts["fused_reference"] == 4 and not counts["fallback"], counts
+    assert torch.allclose(outp[:n], out, **tol)
+    loss = torch.nn.functional.cross_entropy(out[:bs], y)
+    lossp = torch.nn.functional.cross_entropy(outp[:bs], y)
+    assert torch.allclose(loss, lossp, **tol)
+
+
+def _crow(graph, layer, dtype, mode, step, compile=None, sampler=None, batch=None, **extra):
+    r = {"graph": graph, "layer_key": layer, "layer": BT.LAYER_LABELS[layer], "dtype": dtype, "mode": mode,
+         "step_ms": step, "status": step if isinstance(step, str) else "ok"}
+    if compile:
+        r["compile"] = compile
+    if sampler:
+        r.update(sampler=sampler, batch_size=batch)
+    r.update(extra)
+    return r
+
+
+def test_compile_comparisons_verdicts_and_tables():
+    ro, dflt = "reduce-overhead", "default"
+    rows = [
+        # tolokers full batch, reduce-overhead: 1.5x wanted
+        _crow("tolokers", "gatv2", "float32", "stock", 30.0), _crow("tolokers", "gatv2", "float32", "enabled", 6.0),
+        _crow("tolokers", "gatv2", "float32", "enabled", 3.0, ro, compile_s=20.0, graph_breaks=0, recompiles=0,
+              cudagraph_records_timed=0, cudagraph_skips=0, compiled_calls={"cuda": 3}),
+        _crow("tolokers", "gatv2", "float32", "stock", 12.0, ro, compile_s=15.0, graph_breaks=3, recompiles=2,
+              cudagraph_records_timed=1, cudagraph_skips=0),
+        # default mode: 1x wanted; 5.0 vs eager 6.0 is met there
+        _crow("tolokers", "gatv2", "float32", "enabled", 5.0, dflt, compile_s=18.0, recompiles=0),
+        # arxiv-like b1024 sampled, reduce-overhead, 1.2x: missed (1.5x wanted); padded batches
+        _crow("arxiv-like", "gcn", "float32", "stock", 10.0, sampler="pyg", batch=1024, padded=True,
+              padded_nodes=40192, padded_edges=101120),
+        _crow("arxiv-like", "gcn", "float32", "enabled", 6.0, sampler="pyg", batch=1024, padded=True,
+              padded_nodes=40192, padded_edges=101120),
+        _crow("arxiv-like", "gcn", "float32", "enabled", 5.0, ro, sampler="pyg", batch=1024, padded=True,
+              padded_nodes=40192, padded_edges=101120, compile_s=9.0, recompiles=0, cudagraph_skips=2),
+        _crow("arxiv-like", "gcn", "float32", "stock", "error", ro, sampler="pyg", batch=1024, padded=True),
+    ]
+    comps = {(c["graph"], c["compile"]): c for c in BT.compile_comparisons(rows)}
+    assert len(comps) == 3
+    t = comps[("tolokers", ro)]
+    assert t["bound"] == 1.5 and t["x_vs_eager_enabled"] == 2.0 and t["verdict"] == "met"
+    assert t["x_vs_compiled_stock"] == 4.0 and t["x_stock_vs_eager"] == 2.5
+    assert t["compile_s_enabled"] == 20.0 and t["graph_breaks_stock"] == 3 and t["recompiles_stock"] == 2
+    assert any("2 recompile(s) during the timed steps" in n for n in t["notes"])  # reported, not hidden
+    assert any("1 CUDA graph(s) recorded" in n for n in t["notes"])
+    d = comps[("tolokers", dflt)]
+    assert d["bound"] == 1.0 and d["verdict"] == "met" and d["compiled_stock_ms"] is None
+    a = comps[("arxiv-like", ro)]
+    assert a["kind"] == "sampled" and a["bound"] == 1.5 and a["verdict"] == "missed"
+    assert a["padded"] and a["padded_nodes"] == 40192 and a["x_vs_compiled_stock"] is None
+    assert any(n.startswith("compiled stock: error") for n in a["notes"])
+    assert any("CUDA graphs skipped 2x" in n for n in a["notes"])
+    # pokec-like or another batch size under reduce-overhead: 1x
+    assert BT.compile_bound("sampled", "arxiv-like", "pyg", 4096, ro) == 1.0
+    assert BT.compile_bound("full", "arxiv-like", None, None, ro) == 1.0
+    assert BT.compile_bound("full", "tolokers", None, None, dflt) == 1.0
+    # not measured: a compiled enabled row that failed
+    bad = BT.compile_comparisons([_crow("tolokers", "gcn", "float32", "enabled", 6.0),
+                                  _crow("tolokers", "gcn", "float32", "enabled", "error", ro)])
+    assert bad[0]["verdict"].startswith("not measured") and "compiled enabled: error" in bad[0]["verdict"]
+    # the rows get their own speedups
+    BT.annotate_compiled(rows)
+    assert rows[2]["x_vs_eager"] == 2.0 and rows[2]["x_vs_compiled_stock"] == 4.0 and rows[3]["x_vs_eager"] == 2.5
+    assert "x_vs_eager" not in rows[0]
+    # eager evaluations and tables ignore compiled rows (same keys otherwise)
+    targets = {(t["graph"], t["layer"], t["dtype"]): t for t in BT.evaluate_targets(rows)}
+    assert targets[("tolokers", "gatv2", "bfloat16")]["verdict"].startswith("not measured")
+    srows = [r for r in rows if r.get("sampler")] + [
+        _crow("arxiv-like", "gatv2", "float32", m, s, sampler="pyg", batch=1024, padded=True)
+        for m, s in (("stock", 20.0), ("enabled", 8.0))]
+    st = {(t["graph"], t["layer"]): t for t in BT.evaluate_sampled_targets(srows)}
+    assert st[("arxiv-like", "gcn")]["value"] == pytest.approx(10 / 6) and st[("arxiv-like", "gcn")]["padded"] is True
+    assert st[("arxiv-like", "gatv2")]["value"] == 2.5
+    payload = {"settings": {"modes": ["full", "sampled"], "dtypes": ["float32"], "steps": 6, "warmup": 2,
+                            "compile": {"modes": [ro, dflt], "backend": "inductor", "warmup": 3, "padded": True,
+                                        "pad_slack": 1.02}, "sampled": {"workers": 4, "whole_steps": 6}},
+               "rows": rows}
+    full, _, _ = BT.summary_rows(payload)
+    assert len(full) == 1 and full[0]["float32_x"] == "5.00x"
+    sampled, _, _ = BT.sampled_rows(payload)
+    assert len(sampled) == 1 and sampled[0]["x"] == "1.67x"
+    md = BT.markdown(payload)
+    assert "torch.compile: compiled stock / enabled vs eager" in md and "fixed-size batches" in md
+    assert "tolokers full batch" in md and "arxiv-like pyg b1024" in md and "40,192 / 101,120" in md
+    assert "2.00x" in md and "4.00x" in md and ">= 1.5x" in md and "missed" in md
+    assert "compiled cuda 3" in BT.path_summary(_crow("t", "gatv2", "float32", "enabled", 1.0, ro, fused_cuda=0,
+                                                      compiled_calls={"cuda": 3}))
+
+
+@pytest.fixture
+def fresh_inductor_cache(tmp_path, monkeypatch):
+    """A new inductor cache: a cached graph from another version of the custom operators must
+    not be replayed (and the compile time is then a cold one)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    yield
+    torch._dynamo.reset()
+
+
+def test_compile_default_smoke_full_and_sampled(tmp_path, one_thread, fresh_inductor_cache):
+    """--compile default on the CPU (inductor, C++ backend), one tiny SAGE-max model, full batch
+    and PyG-sampled: compiled rows beside the eager ones, compile fields, padded batches for
+    every sampled row, eager included; the eager tables keep their rows."""
+    pytest.importorskip("torch_geometric")
+    _pyg_sampler_or_skip()
+    js, md = tmp_path / "compile.json", tmp_path / "compile.md"
+    args = [a for a in SAMPLED if a not in ("--mode", "sampled")] + [
+        "--mode", "both", "--graphs", "arxiv-like", "--layers", "sage_max", "--samplers", "pyg", "--num-layers", "1",
+        "--no-whole", "--steps", "2", "--compile", "none,default", "--compile-warmup", "2",
+        "--json", str(js), "--markdown", str(md)]
+    assert BT.main(args) == 0
+    payload = json.loads(js.read_text())
+    rows = payload["rows"]
+    assert [(BT.is_sampled(r), r["mode"], r.get("compile")) for r in rows] == [
+        (False, "stock", None), (False, "enabled", None), (False, "enabled", "default"), (False, "stock", "default"),
+        (True, "stock", None), (True, "enabled", None), (True, "enabled", "default"), (True, "stock", "default")]
+    for r in rows:
+        assert r["status"] == "ok" and isinstance(r["step_ms"], float) and r["finite_losses"], r
+        assert len(r["step_ms_all"]) == 2
+        if BT.is_compiled(r):
+            assert r["compile_backend"] == "inductor" and r["compile_warmup"] == 2
+            assert isinstance(r["compile_s"], float) and r["compile_s"] > 0
+            assert r["graph_breaks"] == 0 and r["recompiles"] == 0, r  # SAGE traces whole; no recompile when timed
+            assert r["compiles_warmup"]["frames"] >= 1 and r["compiles_timed"]["frames"] == 0
+            assert isinstance(r["x_vs_eager"], float)
+            if r["mode"] == "enabled":
+                # the enabled model traced the fused path onto the custom operators (CPU reference)
+                assert r["compiled_calls"] == {"reference": 1} and isinstance(r["x_vs_compiled_stock"], float), r
+        else:
+            assert "compile" not in r and "compile_s" not in r  # eager rows: the schema as before
+        if BT.is_sampled(r):  # fixed-size batches for every PyG row, eager too
+            assert r["padded"] is True and r["padded_nodes"] > r["batch_nodes"] and r["padded_edges"] >= r["batch_edges"]
+    [loader] = payload["loaders"]
+    assert loader["padded"] and loader["padded_nodes"] > loader["batch_nodes_max"]
+    assert payload["settings"]["compile"]["modes"] == ["default"]
+    assert payload["settings"]["compile"]["eager_rows_padded"] is True
+    assert payload["settings"]["sampled"]["padded"] is True
+    comps = payload["compiled"]
+    assert [(c["kind"], c["compile"]) for c in comps] == [("full", "default"), ("sampled", "default")]
+    assert all(c["verdict"] in ("met", "missed") and c["bound"] == 1.0 for c in comps)
+    text = md.read_text()
+    assert "torch.compile: compiled stock / enabled vs eager" in text and "padded to" in text
+    # the eager tables are those of a run without --compile: one row per (graph, layer)
+    assert len(BT.summary_rows(payload)[0]) == 1 and len(BT.sampled_rows(payload)[0]) == 1
+
+
+def test_pad_batches_flag_without_compile(tmp_path, one_thread):
+    """--pad-batches pads the sampled rows of an eager run; without it (and no --compile) nothing
+    changes: no padded keys, no compiled section."""
+    _pyg_sampler_or_skip()
+    payload, md = _run_sampled(tmp_path, "--samplers", "pyg", "--layers", "gcn", "--no-whole", "--pad-batches")
+    assert all(r["padded"] and r["status"] == "ok" for r in payload["rows"])
+    assert payload["settings"]["sampled"]["padded"] is True and "compile" not in payload["settings"]
+    assert "compiled" not in payload and "torch.compile" not in md
+    payload, _ = _run_sampled(tmp_path, "--samplers", "pyg", "--layers", "gcn", "--no-whole")
+    assert not any("padded" in r for r in payload["rows"]) and not payload["settings"]["sampled"]["padded"]
