@@ -114,13 +114,24 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
     return gf_philox_uniform(seed, offset, edge, head) >= p ? 1.f / (1.f - p) : 0.f;
 }
 
-// The dropout stream of a kernel: (rng[0], rng[1]) replace the scalar (seed, offset) when rng
-// is given (int64 [2], 16-byte aligned: the launcher sees to it). Scalars are baked into a
-// captured CUDA graph; memory is read at every replay. Resolved once at kernel entry (by the
-// block's thread 0: one 16-byte load, only with dropout) into shared memory and read where a
-// mask is drawn (volatile: the read stays there). Held in registers across the edge loops,
-// the key cost the forwards up to 20 registers and spills; as parameters it costs none
-// (constant-bank operands). Construct it before any thread can return: it syncs the block.
+// The dropout stream of a kernel. GF_DEVICE_RNG is a compile-time choice (a -D define: the
+// launchers compile a second module of each family, on first use, for an rng tensor) so the
+// eager kernels keep the code they had before rng existed.
+//
+// GF_DEVICE_RNG 0 (rng None, the eager path): the scalar (seed, offset) parameters, rng
+// unread: no load, no barrier, no shared memory; the key stays a constant-bank operand.
+//
+// GF_DEVICE_RNG 1: (rng[0], rng[1]) replace the scalars (int64 [2], 16-byte aligned: the
+// launcher sees to it). Scalars are baked into a captured CUDA graph; memory is read at every
+// replay. Resolved once at kernel entry (by the block's thread 0: one 16-byte load, only with
+// dropout) into shared memory and read where a mask is drawn (volatile: the read stays there).
+// Held in registers across the edge loops, the key cost the forwards up to 20 registers and
+// spills. Construct it before any thread can return: it syncs the block.
+#ifndef GF_DEVICE_RNG
+#define GF_DEVICE_RNG 0
+#endif
+
+#if GF_DEVICE_RNG
 struct GfPhilox {
     const volatile unsigned long long* key;
 
@@ -142,6 +153,17 @@ struct GfPhilox {
     __device__ __forceinline__ unsigned long long seed() const { return key[0]; }
     __device__ __forceinline__ unsigned long long offset() const { return key[1]; }
 };
+#else
+struct GfPhilox {
+    unsigned long long s, o;  // copies of the parameters: folded back into parameter reads
+
+    __device__ __forceinline__ GfPhilox(const long long* __restrict__, float, unsigned long long seed,
+                                        unsigned long long offset)
+        : s(seed), o(offset) {}
+    __device__ __forceinline__ unsigned long long seed() const { return s; }
+    __device__ __forceinline__ unsigned long long offset() const { return o; }
+};
+#endif
 
 // Online-softmax fold of one chunk's (m, l, acc) of a single column into a running state.
 __device__ __forceinline__ void gf_softmax_fold(GfSoftmaxState& st, float& acc, float m2, float l2, float acc2) {

@@ -27,7 +27,9 @@ from . import launch, row_attention, worklist
 
 SOURCE = "dot_attention.cu"
 THREADS = 256
-KERNELS = launch.Family(SOURCE, {"DOT_THREADS": THREADS})
+#: The kernels with the dropout key from the seed, offset scalars; KERNELS_RNG: from the rng
+#: tensor (row_attention.stream_families), for the kernels that take a dropout stream.
+KERNELS, KERNELS_RNG = row_attention.stream_families(SOURCE, {"DOT_THREADS": THREADS})
 #: Rows longer than this are cut into chunks of this many edges, each run by its own warp
 #: and merged afterwards (super-node load balance).
 CHUNK_EDGES = 256
@@ -110,12 +112,15 @@ def backward_mode(graph) -> str:
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
-def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype) -> launch.Kernel:
+def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype,
+            rng: Optional[Tensor] = None) -> launch.Kernel:
     """Kernel ``name`` for storage types ``dtypes`` (row kernels: TI, TO; helpers: their one
     type), instantiated for ``cfg`` when it is a row kernel; one small module per
-    instantiation."""
+    instantiation. A kernel with a dropout stream given ``rng`` (a tensor) comes from
+    KERNELS_RNG."""
     types = tuple(launch.ctype(d) for d in dtypes)
-    return KERNELS.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
+    family = KERNELS if rng is None else KERNELS_RNG
+    return family.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
 
 
 def _blocks(n_threads: int) -> int:
@@ -163,7 +168,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     part_ml = torch.empty((work.n_slots, H, 2), **f32) if work.n_slots else None
     head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_fwd"))
     n_work = work.n_items * head_blocks
-    _kernel(cfg, "dot_fwd", device, ti, to).launch(
+    _kernel(cfg, "dot_fwd", device, ti, to, rng=rng).launch(
         _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
         head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, lse=lse, part_acc=part_acc,
         part_ml=part_ml, logits=logits, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset, rng=rng)
@@ -172,7 +177,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
             _blocks(work.n_split * H * D), THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc,
             part_ml=part_ml, out=out, lse=lse, H=H, D=D)
     if return_attention and alpha.numel():
-        _kernel(cfg, "dot_alpha_from_logits", device, to).launch(
+        _kernel(cfg, "dot_alpha_from_logits", device, to, rng=rng).launch(
             _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items, lse=lse,
             logits=logits, alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed,
             offset=offset, rng=rng)
@@ -227,7 +232,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_dst"))
         part_dq = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
         n_work = work.n_items * head_blocks
-        _kernel(cfg, "dot_bwd_dst", device, ti, to).launch(
+        _kernel(cfg, "dot_bwd_dst", device, ti, to, rng=rng).launch(
             _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
             head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, grad_out=grad_out, lse=lse,
             grad_alpha=grad_alpha, delta_alpha=delta_alpha, grad_alpha_dropped=int(alpha_dropped), dq=dq,
@@ -243,7 +248,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         part_dv = torch.empty((swork.n_slots, H, D), **f32) if swork.n_slots else None
         head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_bwd_src"))
         n_work = swork.n_items * head_blocks
-        _kernel(cfg, "dot_bwd_src", device, ti, to).launch(
+        _kernel(cfg, "dot_bwd_src", device, ti, to, rng=rng).launch(
             _blocks(n_work * 32), THREADS, s_indices=scsr.indices, s_perm=scsr.perm, items=swork.items,
             n_work=n_work, head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, grad_out=grad_out,
             lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), dk=dk, dv=dv,

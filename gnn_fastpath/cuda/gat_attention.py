@@ -34,8 +34,11 @@ MERGE_THREADS = 256
 #: overrides): 8, the float32 lane layout (4 halves per lane), as for GATv2, whose rows and
 #: gathers these kernels share.
 VEC16_BYTES = 8
-KERNELS = launch.Family(SOURCE, {"GAT_THREADS": THREADS, "GAT_MERGE_THREADS": MERGE_THREADS},
-                        together=("gat_fwd", "gat_bwd_dst", "gat_bwd_src", "gat_delta"))
+#: The kernels with the dropout key from the seed, offset scalars; KERNELS_RNG: from the rng
+#: tensor (row_attention.stream_families), for the kernels that take a dropout stream.
+KERNELS, KERNELS_RNG = row_attention.stream_families(
+    SOURCE, {"GAT_THREADS": THREADS, "GAT_MERGE_THREADS": MERGE_THREADS},
+    together=("gat_fwd", "gat_bwd_dst", "gat_bwd_src", "gat_delta"))
 #: Rows longer than this are cut into chunks of this many edges (super nodes); GATv2's default,
 #: so both families share one cached work list per graph.
 CHUNK_EDGES = 256
@@ -126,7 +129,8 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     n_tiles = cfg.n_tiles(H)
     row_attention.with_chunks(buf, work)
     n_work = work.n_items * n_tiles
-    fwd = KERNELS.kernel(dev, "gat_fwd", ti, to, *cfg.args())
+    stream = KERNELS if rng is None else KERNELS_RNG
+    fwd = stream.kernel(dev, "gat_fwd", ti, to, *cfg.args())
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, score_src=score_src, score_dst=score_dst,
                edge_score=edge_score, edge_weight=edge_weight, H=H, D_rt=D, slope=slope, p=p, seed=seed,
@@ -135,7 +139,7 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     if work.n_split:
         row_attention.merge_chunks(KERNELS.kernel(dev, "gat_fwd_merge", to), MERGE_THREADS, buf, work)
     if return_attention and M:
-        norm = KERNELS.kernel(dev, "gat_alpha_from_logits", to)
+        norm = stream.kernel(dev, "gat_alpha_from_logits", to)
         norm.launch(row_attention.blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items,
                     perm=kc.perm, lse=lse, H=H, p=p, seed=seed, offset=offset, rng=rng,
                     dropped=int(return_attention == "dropped"), logits=logits, alpha=alpha, edge_weight=edge_weight)
@@ -177,6 +181,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     cfg = _config(D, x_src, out, grad_out)
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     n_tiles = cfg.n_tiles(H)
+    stream = KERNELS if rng is None else KERNELS_RNG  # gat_delta too: one module with the source-major pass
 
     delta_alpha = None
     if grad_alpha is not None:
@@ -192,7 +197,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     if backward_mode(graph) == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
         n_work = work.n_items * n_tiles
-        bwd = KERNELS.kernel(dev, "gat_bwd_dst", ti, to, *cfg.args())
+        bwd = stream.kernel(dev, "gat_bwd_dst", ti, to, *cfg.args())
         bwd.launch(_grid(bwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                    indices=kc.indices, perm=kc.perm, out=out, delta_alpha=delta_alpha, dx_src=dx_acc, **common)
         dx_src = None if dx_acc is None else dx_acc if T == torch.float32 else dx_acc.to(T)  # one rounding
@@ -201,7 +206,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     # transposed: delta per destination, then one source-major pass
     delta = torch.empty(n_dst, H, **f32)
     n_rows = n_dst * n_tiles
-    dk = KERNELS.kernel(dev, "gat_delta", ti, to, *cfg.args())
+    dk = stream.kernel(dev, "gat_delta", ti, to, *cfg.args())
     dk.launch(row_attention.blocks(n_rows), THREADS, n_work=n_rows, n_tiles=n_tiles, out=out, grad_out=grad_out,
               delta_alpha=delta_alpha, H=H, D_rt=D, delta=delta)
     scsr = graph.kernel_source_csr()
@@ -209,7 +214,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     dx_src = torch.empty(n_src, H, D, dtype=T, device=dev) if need_x else None
     src_acc, src_index = row_attention.accumulator(dx_src, graph, swork, source_major=True)
     n_swork = swork.n_items * n_tiles
-    src = KERNELS.kernel(dev, "gat_bwd_src", ti, to, *cfg.args())
+    src = stream.kernel(dev, "gat_bwd_src", ti, to, *cfg.args())
     src.launch(_grid(src, n_swork), THREADS, items=swork.items, n_work=n_swork, n_tiles=n_tiles,
                s_indices=scsr.indices, s_perm=scsr.perm, delta=delta, dx_src=dx_src, dx_src_acc=src_acc,
                acc_index=src_index, **common)

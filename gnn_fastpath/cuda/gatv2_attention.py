@@ -36,8 +36,11 @@ THREADS = row_attention.THREADS
 VEC16_BYTES = 8
 WARPS_PER_BLOCK = row_attention.WARPS_PER_BLOCK
 MERGE_THREADS = 256
-KERNELS = launch.Family(SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
-                        together=("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
+#: The kernels with the dropout key from the seed, offset scalars; KERNELS_RNG: from the rng
+#: tensor (row_attention.stream_families), for the kernels that take a dropout stream.
+KERNELS, KERNELS_RNG = row_attention.stream_families(
+    SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
+    together=("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
 #: Cap on grid size (the kernels loop grid-stride over their work).
 _MAX_BLOCKS = row_attention.MAX_BLOCKS
 #: The forward and the source-major backward use a persistent grid (resident blocks only,
@@ -134,7 +137,8 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     n_tiles = cfg.n_tiles(H)
     row_attention.with_chunks(buf, work)
     n_work = work.n_items * n_tiles
-    fwd = KERNELS.kernel(dev, "gatv2_fwd", ti, to, *cfg.args(has_et))
+    stream = KERNELS if rng is None else KERNELS_RNG
+    fwd = stream.kernel(dev, "gatv2_fwd", ti, to, *cfg.args(has_et))
     fwd.launch(_grid(fwd, n_work), THREADS, items=work.items, n_work=n_work, n_tiles=n_tiles,
                indices=kc.indices, perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, H=H,
                D_rt=D, slope=slope, p=p, seed=seed, offset=offset, rng=rng, out=out, lse=lse, part_acc=buf.part_acc,
@@ -142,7 +146,7 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     if work.n_split:
         row_attention.merge_chunks(KERNELS.kernel(dev, "gatv2_fwd_merge", to), MERGE_THREADS, buf, work)
     if return_attention and M:
-        norm = KERNELS.kernel(dev, "gatv2_alpha_from_logits", to)
+        norm = stream.kernel(dev, "gatv2_alpha_from_logits", to)
         norm.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, lse=lse,
                     H=H, p=p, seed=seed, offset=offset, rng=rng, dropped=int(return_attention == "dropped"),
                     logits=logits, alpha=alpha)
@@ -198,6 +202,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     has_et = edge_term is not None
     n_tiles = cfg.n_tiles(H)
+    stream = KERNELS if rng is None else KERNELS_RNG
 
     delta_alpha = None
     if grad_alpha is not None and M:
@@ -208,10 +213,11 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     dx_dst_acc, dst_index = _accumulator(dx_dst, graph, work, source_major=False)
     delta = torch.empty(n_dst, H, **f32) if transposed else None
 
-    use_smem = need_att and H * D * 4 <= 48 * 1024
+    # 48 KiB of shared memory without an opt-in, static (the device key) and dynamic together
+    use_smem = need_att and H * D * 4 + (0 if rng is None else row_attention.RNG_SHARED_BYTES) <= 48 * 1024
     smem = H * D * 4 if use_smem else 0
     n_work = work.n_items * n_tiles
-    bwd = KERNELS.kernel(dev, "gatv2_bwd_dst", ti, to, *cfg.args(has_et))
+    bwd = stream.kernel(dev, "gatv2_bwd_dst", ti, to, *cfg.args(has_et))
     bwd.launch(_grid(bwd, n_work, smem, always_persistent=True), THREADS, shared_mem=smem,
                items=work.items, n_work=n_work, n_tiles=n_tiles, indptr=kc.indptr, indices=kc.indices,
                perm=kc.perm, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, out=out, grad_out=grad_out,
@@ -227,7 +233,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
         scsr = graph.kernel_source_csr()
         swork = _work(graph, source_major=True)
         src_acc, src_index = _accumulator(dx_src, graph, swork, source_major=True)
-        src = KERNELS.kernel(dev, "gatv2_bwd_src", ti, to, *cfg.args(has_et))
+        src = stream.kernel(dev, "gatv2_bwd_src", ti, to, *cfg.args(has_et))
         n_swork = swork.n_items * n_tiles
         src.launch(_grid(src, n_swork), THREADS, items=swork.items, n_work=n_swork, n_tiles=n_tiles,
                    s_indices=scsr.indices, s_perm=scsr.perm, x_src=x_src, x_dst=x_dst, att=att,

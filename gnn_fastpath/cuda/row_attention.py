@@ -10,7 +10,7 @@ tuning (edges in flight, 16-bit vector width, persistence threshold) and passes 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -104,6 +104,21 @@ def generic(D: int, vw: int, unroll: Callable[[int], int], family: str = "row at
 
 # ----------------------------------------------------------------------------------------
 # Dropout stream (all three attention families).
+
+#: Static shared memory of a GF_DEVICE_RNG=1 kernel: GfPhilox's key (attention_common.cuh).
+RNG_SHARED_BYTES = 16
+
+
+def stream_families(source: str, defines: Dict[str, int],
+                    together: Sequence[str] = ()) -> Tuple[launch.Family, launch.Family]:
+    """(scalar, device) kernel families of an attention source: the dropout key from the scalar
+    ``seed, offset`` parameters (rng None), or read from the rng tensor (``GF_DEVICE_RNG=1``,
+    attention_common.cuh's ``GfPhilox``), each compiled on first use. A compile-time choice,
+    not a null test at run time: the device read (shared memory, a block barrier) changes the
+    register allocation of the kernels, and the eager ones must keep theirs."""
+    return (launch.Family(source, defines, together),
+            launch.Family(source, {**defines, "GF_DEVICE_RNG": 1}, together))
+
 
 def philox_stream(seed: Union[int, Tensor], offset: Optional[int],
                   device: Optional[torch.device] = None) -> Tuple[Optional[Tensor], int, int]:

@@ -1,6 +1,7 @@
 """Dry launches of the dot_attention launchers on the CPU (see dry_launch.py): every path
 reaches its kernels with matching arguments, and every instantiation compiles for sm_90,
-for float32, float16 and bfloat16 inputs with outputs in the input dtype or float32."""
+for float32, float16 and bfloat16 inputs with outputs in the input dtype or float32, with the
+dropout key from scalars (from an rng tensor, the GF_DEVICE_RNG=1 module, over the main layouts)."""
 from __future__ import annotations
 
 import pytest
@@ -85,23 +86,35 @@ def _record_rng(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("dtypes", DTYPES[:2], ids=_ids)
+def _stream_kernels(family):
+    """Names of the kernels ``family`` compiled (the dry-launch fixture empties its cache per test)."""
+    return {name for _, name, _ in family._cache}
+
+
+@pytest.mark.parametrize("dtypes", DTYPES, ids=_ids)
+@pytest.mark.parametrize("H,D", [(4, 64), (3, 100), (1, 512)])
 @pytest.mark.parametrize("variant", ["atomic", "transposed"])
-def test_rng_tensor(launches, monkeypatch, variant, dtypes):
+def test_rng_tensor(launches, monkeypatch, variant, H, D, dtypes):
     """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
-    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    kernel with a stream gets it as rng, with scalar seed = offset = 0, compiled with
+    GF_DEVICE_RNG=1 (KERNELS_RNG); ints give rng None and the kernels without it (KERNELS)."""
     ti, to = dtypes
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", variant)
     g = graph(True)
     seen = _record_rng(monkeypatch)
     rng = torch.tensor([7, 9])
-    q, k, v, et = _leaves(g, 4, 64, ti)
+    q, k, v, et = _leaves(g, H, D, ti)
     out, alpha = DotAttentionFunction.apply(q, k, v, et, g, 0.125, "dropped", 0.1, rng, None, to)
     (out.float().sum() + alpha.float().sum()).backward()
     expected = {"dot_fwd", "dot_alpha_from_logits", "dot_bwd_dst"} | ({"dot_bwd_src"} if variant == "transposed"
                                                                       else set())
     assert set(seen) == expected
     assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    assert dict(dot_kernels.KERNELS_RNG.defines)["GF_DEVICE_RNG"] == 1 and "GF_DEVICE_RNG" not in \
+        dict(dot_kernels.KERNELS.defines)
+    assert _stream_kernels(dot_kernels.KERNELS_RNG) == expected
+    assert not _stream_kernels(dot_kernels.KERNELS) & expected
     seen.clear()
     DotAttentionFunction.apply(q, k, v, None, g, 0.125, False, 0.1, 7, 9, to).float().sum().backward()
     assert set(seen) == expected - {"dot_alpha_from_logits"} and all(v == (None, 7, 9) for v in seen.values())
+    assert expected - {"dot_alpha_from_logits"} <= _stream_kernels(dot_kernels.KERNELS)

@@ -2,7 +2,8 @@
 reaches its kernels with matching arguments, and every instantiation compiles for sm_90:
 float32 and 16-bit features (float16, bfloat16) with out_dtype T or float32, float32 or 16-bit
 scores, edge_score and edge_weight, over every vector width the 16-bit path picks, for both
-backward variants (destination-major with atomics, source-major), with and without dropout,
+backward variants (destination-major with atomics, source-major), with and without dropout
+(the key from scalars; from an rng tensor, the GF_DEVICE_RNG=1 module, over the main layouts),
 return_attention True / "dropped" and a gradient on the returned attention."""
 from __future__ import annotations
 
@@ -150,23 +151,39 @@ def test_zero_edge_graph(launches):
     assert launches == ["gat_fwd"]
 
 
+def _stream_kernels(family):
+    """Names of the kernels ``family`` compiled (the dry-launch fixture empties its cache per test)."""
+    return {name for _, name, _ in family._cache}
+
+
+@pytest.mark.parametrize("dtype,H,D,vec16", [(torch.float32, 2, 64, "8"), (torch.float32, 3, 100, "8"),
+                                             (torch.float32, 1, 256, "8"), (torch.bfloat16, 2, 64, "8"),
+                                             (torch.bfloat16, 2, 64, "16"), (torch.float16, 2, 7, "8")])
 @pytest.mark.parametrize("variant", kernels.BACKWARDS)
-def test_rng_tensor(launches, monkeypatch, variant):
+def test_rng_tensor(launches, monkeypatch, variant, dtype, H, D, vec16):
     """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
-    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    kernel with a stream gets it as rng, with scalar seed = offset = 0, compiled with
+    GF_DEVICE_RNG=1 (KERNELS_RNG); ints give rng None and the kernels without it (KERNELS)."""
     monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", variant)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)
     g = graph(True)
     seen = _record_rng(monkeypatch)
     rng = torch.tensor([7, 9])
-    xs, s, t, u, w = leaf(g.n_src, 2, 64), leaf(g.n_src, 2), leaf(g.n_dst, 2), leaf(g.num_edges, 2), leaf(g.num_edges)
+    xs, s, t, u, w = _leaf(g.n_src, H, D, dtype=dtype), leaf(g.n_src, H), leaf(g.n_dst, H), leaf(g.num_edges, H), \
+        leaf(g.num_edges)
     out, alpha = _apply(g, xs, s, t, u, w, "dropped", 0.1, seed=rng, offset=None)
-    (out.sum() + alpha.sum()).backward()
-    bwd = "gat_bwd_dst" if variant == "atomic" else "gat_bwd_src"
-    assert set(seen) == {"gat_fwd", "gat_alpha_from_logits", bwd}
+    (out.float().sum() + alpha.float().sum()).backward()
+    bwd = {"gat_bwd_dst"} if variant == "atomic" else {"gat_bwd_src", "gat_delta"}
+    assert set(seen) == {"gat_fwd", "gat_alpha_from_logits"} | (bwd - {"gat_delta"})
     assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    assert dict(kernels.KERNELS_RNG.defines)["GF_DEVICE_RNG"] == 1 and "GF_DEVICE_RNG" not in \
+        dict(kernels.KERNELS.defines)
+    assert _stream_kernels(kernels.KERNELS_RNG) == {"gat_fwd", "gat_alpha_from_logits"} | bwd
+    assert not _stream_kernels(kernels.KERNELS) & _stream_kernels(kernels.KERNELS_RNG)
     seen.clear()
-    _apply(g, xs, s, t, u, w, False, 0.1).sum().backward()
-    assert set(seen) == {"gat_fwd", bwd} and all(v == (None, 7, 9) for v in seen.values())
+    _apply(g, xs, s, t, u, w, False, 0.1).float().sum().backward()
+    assert set(seen) == {"gat_fwd"} | (bwd - {"gat_delta"}) and all(v == (None, 7, 9) for v in seen.values())
+    assert {"gat_fwd"} | bwd <= _stream_kernels(kernels.KERNELS)
 
 
 def test_philox_stream():

@@ -2,7 +2,8 @@
 reaches its kernels with matching arguments, and every instantiation compiles for sm_90:
 float32, and 16-bit features (float16, bfloat16) with out_dtype T or float32 and a float32
 ``att``, over every vector width the 16-bit path picks (16-byte specialised and generic
-rows, 8/4/2-byte and scalar rows, misaligned rows)."""
+rows, 8/4/2-byte and scalar rows, misaligned rows), with the dropout key from scalars (from
+an rng tensor, the GF_DEVICE_RNG=1 module, over the main layouts)."""
 from __future__ import annotations
 
 import pytest
@@ -99,21 +100,54 @@ def _record_rng(monkeypatch):
     return seen
 
 
+def _stream_kernels(family):
+    """Names of the kernels ``family`` compiled (the dry-launch fixture empties its cache per test)."""
+    return {name for _, name, _ in family._cache}
+
+
+@pytest.mark.parametrize("dtype,H,D,vec16,edge_term", [
+    (torch.float32, 2, 64, "8", True), (torch.float32, 2, 128, "8", False), (torch.float32, 1, 256, "8", False),
+    (torch.float32, 3, 100, "8", True), (torch.bfloat16, 2, 64, "16", True), (torch.float16, 2, 7, "8", False)])
 @pytest.mark.parametrize("variant", ["atomic", "transposed"])
-def test_rng_tensor(launches, monkeypatch, variant):
+def test_rng_tensor(launches, monkeypatch, variant, dtype, H, D, vec16, edge_term):
     """The dropout stream as an int64 tensor [2] (seed, offset None), as under CUDA graphs: every
-    kernel with a stream gets it as rng, with scalar seed = offset = 0; ints give rng None."""
+    kernel with a stream gets it as rng, with scalar seed = offset = 0, compiled with
+    GF_DEVICE_RNG=1 (KERNELS_RNG); ints give rng None and the kernels without it (KERNELS)."""
     monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)
     g = graph(True)
     seen = _record_rng(monkeypatch)
     rng = torch.tensor([7, 9])
-    xs, xd, att, et = leaf(g.n_src, 2, 64), leaf(g.n_dst, 2, 64), leaf(2, 64), leaf(g.num_edges, 2, 64)
+    xs, xd = _leaf(g.n_src, H, D, dtype=dtype), _leaf(g.n_dst, H, D, dtype=dtype)
+    att, et = leaf(H, D), _leaf(g.num_edges, H, D, dtype=dtype) if edge_term else None
     out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, "dropped", 0.1, rng, None)
-    (out.sum() + alpha.sum()).backward()
+    (out.float().sum() + alpha.float().sum()).backward()
     expected = {"gatv2_fwd", "gatv2_alpha_from_logits", "gatv2_bwd_dst"} | ({"gatv2_bwd_src"} if variant == "transposed"
                                                                            else set())
     assert set(seen) == expected
     assert all(r is rng and (sd, off) == (0, 0) for r, sd, off in seen.values())
+    assert dict(kernels.KERNELS_RNG.defines)["GF_DEVICE_RNG"] == 1 and "GF_DEVICE_RNG" not in \
+        dict(kernels.KERNELS.defines)
+    assert _stream_kernels(kernels.KERNELS_RNG) == expected
+    assert not _stream_kernels(kernels.KERNELS) & expected
     seen.clear()
-    GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.1, 7, 9).sum().backward()
+    GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.1, 7, 9).float().sum().backward()
     assert set(seen) == expected - {"gatv2_alpha_from_logits"} and all(v == (None, 7, 9) for v in seen.values())
+    assert expected - {"gatv2_alpha_from_logits"} <= _stream_kernels(kernels.KERNELS)
+
+
+def test_rng_tensor_shared_memory(launches, monkeypatch):
+    """att's gradient in shared memory (48 KiB at most without an opt-in) leaves room for the
+    device key (static shared memory of the GF_DEVICE_RNG=1 kernels): H * D * 4 = 48 KiB
+    takes it with an int stream only."""
+    g = graph(False)
+    smem, dry = {}, launch.Kernel.launch
+    def record(self, grid, block, shared_mem=0, **args):
+        if self.name.startswith("gatv2_bwd_dst"):
+            smem[args["rng"] is not None] = shared_mem
+        dry(self, grid, block, shared_mem=shared_mem, **args)
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    xs, xd, att = leaf(g.n_src, 48, 256), leaf(g.n_dst, 48, 256), leaf(48, 256)
+    for seed, offset in ((7, 9), (torch.tensor([7, 9]), None)):
+        GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.1, seed, offset).sum().backward()
+    assert smem == {False: 48 * 1024, True: 0}
