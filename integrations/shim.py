@@ -40,12 +40,22 @@ from ..stats import record_compiled, record_fallback, record_fused
 
 
 class Unsupported(Exception):
-    """Raised by a fused forward for inputs it does not cover; the stock forward runs."""
+    """Raised by a fused forward for inputs it does not cover; the stock forward runs.
+
+    No ``super().__init__``: torch.compile traces a fused forward, and dynamo cannot trace
+    BaseException's constructor (it would break the graph at every fallback); ``args`` and
+    ``str()`` come from the two attributes instead."""
 
     def __init__(self, reason: str, detail: str = ""):
-        super().__init__(reason, detail)
         self.reason = reason
         self.detail = detail
+
+    @property
+    def args(self):
+        return (self.reason, self.detail)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
 
 
 @dataclass
@@ -188,15 +198,20 @@ def result_dtype(fn: Callable[..., Any], device: torch.device, *dtypes: torch.dt
     lookup; the first evaluation runs a few zero-element operations (no kernel launches).
     """
     kind = device.type
+    if _is_compiling():  # traced: evaluated on fake tensors (dead code); filling the memo would be guarded
+        return _evaluate_dtypes(fn, device, dtypes)
     key = (fn, kind, dtypes, autocast_dtype(kind))
     found = _result_dtypes.get(key)
     if found is None:
-        tensors = [torch.empty((0, 1, 1), dtype=d, device=device) for d in dtypes]
-        with torch.no_grad():
-            out = fn(*tensors)
-        found = tuple(t.dtype for t in (out if isinstance(out, tuple) else (out,)))
-        _result_dtypes[key] = found
+        found = _result_dtypes[key] = _evaluate_dtypes(fn, device, dtypes)
     return found
+
+
+def _evaluate_dtypes(fn: Callable[..., Any], device: torch.device, dtypes) -> Tuple[torch.dtype, ...]:
+    tensors = [torch.empty((0, 1, 1), dtype=d, device=device) for d in dtypes]
+    with torch.no_grad():
+        out = fn(*tensors)
+    return tuple(t.dtype for t in (out if isinstance(out, tuple) else (out,)))
 
 
 def _linear(x: Tensor, weight: Tensor) -> Tensor:

@@ -109,6 +109,8 @@ def backward_mode(graph) -> str:
     forced = config.setting("GNN_FASTPATH_DOT_BWD")
     if forced is not None:
         return forced
+    if graph.static:  # compiled path: source rows are walked whole there, and a super row would serialise
+        return "atomic"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 

@@ -114,12 +114,18 @@ def check_probability(name: str, p) -> float:
     return p
 
 
+def _finite(value: float) -> bool:
+    """math.isfinite by comparisons: torch.compile traces these on a module's float (which
+    dynamic=True makes symbolic), where math.isfinite would break the graph."""
+    return value == value and value != math.inf and value != -math.inf
+
+
 def check_real(name: str, value, *, allow_none: bool = False, finite: bool = True):
     """``value`` as a float: a real number (int, float, numpy scalar; not bool, not a tensor),
     finite unless ``finite=False``; ``None`` passes through when ``allow_none``. ValueError
     naming ``name`` and the value otherwise."""
     if type(value) is float:  # fast path for the usual argument
-        if finite and not math.isfinite(value):
+        if finite and not _finite(value):
             raise ValueError(f"{name} must be finite, got {value!r}")
         return value
     if value is None and allow_none:

@@ -54,10 +54,16 @@ class Decision:
 class FallbackRequired(Exception):
     """Raised by an op inside a patched layer's call when the fused kernels cannot serve it."""
 
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(reason, detail)
+    def __init__(self, reason: str, detail: str = ""):  # no super().__init__: see shim.Unsupported
         self.reason = reason
         self.detail = detail
+
+    @property
+    def args(self):
+        return (self.reason, self.detail)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
 
 
 def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional[str] = None) -> Decision:

@@ -564,6 +564,8 @@ def _rng(dropout: float, like: Tensor) -> Optional[Tensor]:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)
 
 
+# The attention operators get the destination-major CSR alone: their static backward is the
+# atomic one (cuda/*_attention.py backward_mode), so the source-major build is dead code.
 def _attention_result(out: Tensor, alpha: Tensor, return_attention):
     return (out, alpha) if return_attention else out
 
@@ -571,7 +573,7 @@ def _attention_result(out: Tensor, alpha: Tensor, return_attention):
 def gat_attention(graph: GraphTensors, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
                   dropout, edge_weight, out_dtype):
     """:func:`gnn_fastpath.gat_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gat_attention")(*graph.operands, x_src, score_src, graph.pad(score_dst), edge_score,
+    out, _, alpha = _op("gat_attention")(*graph.destination_major().operands, x_src, score_src, graph.pad(score_dst), edge_score,
                                          edge_weight, negative_slope, dropout, _rng(dropout, x_src),
                                          ATTENTION_CODES[return_attention], out_dtype)
     return _attention_result(graph.unpad(out), alpha, return_attention)
@@ -580,7 +582,7 @@ def gat_attention(graph: GraphTensors, x_src, score_src, score_dst, edge_score, 
 def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
                     out_dtype):
     """:func:`gnn_fastpath.gatv2_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gatv2_attention")(*graph.operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
+    out, _, alpha = _op("gatv2_attention")(*graph.destination_major().operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
                                            dropout, _rng(dropout, x_src), ATTENTION_CODES[return_attention],
                                            out_dtype)
     return _attention_result(graph.unpad(out), alpha, return_attention)
@@ -588,7 +590,7 @@ def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge
 
 def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attention, dropout, out_dtype):
     """:func:`gnn_fastpath.dot_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("dot_attention")(*graph.operands, graph.pad(q), k, v, edge_term, scale, dropout,
+    out, _, alpha = _op("dot_attention")(*graph.destination_major().operands, graph.pad(q), k, v, edge_term, scale, dropout,
                                          _rng(dropout, k), ATTENTION_CODES[return_attention], out_dtype)
     return _attention_result(graph.unpad(out), alpha, return_attention)
 

@@ -155,7 +155,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, size=None, retu
     x_src, x_dst = split_pair(x, none_target=True)
     pair = not isinstance(x, Tensor)
     check_inputs(module, x_src)
-    check_return_attention(return_attention_weights)
+    check_return_attention(return_attention_weights, module)
     targets = x_src if not pair else x_dst  # stock's x_dst: the same tensor for one x
     n_src, n_dst = _sizes(edge_index, size, x_src.size(0), targets)
     base = graph_of(edge_index, n_src, n_dst, x_src)

@@ -65,7 +65,7 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     check_message_passing(module)
     x_src, x_dst = split_pair(x)
     check_inputs(module, x_src)
-    check_return_attention(return_attention_weights)
+    check_return_attention(return_attention_weights, module)
     n_src = x_src.size(0)
     n_dst = n_src if x_dst is None else x_dst.size(0)
     base = graph_of(edge_index, n_src, n_dst, x_src)

@@ -118,11 +118,15 @@ def check_inputs(module, x: Tensor) -> None:
         check_like(f"parameter {name}", p, x)
 
 
-def check_return_attention(return_attention_weights) -> None:
+def check_return_attention(return_attention_weights, module=None) -> None:
     """Unsupported unless ``return_attention_weights`` is None or a bool (stock's attention
-    layers test it for truth; other values run stock, which decides)."""
+    layers test it for truth; other values run stock, which decides); under torch.compile
+    also for the weights of a ``module`` that adds self loops (PyG returns them over its
+    compacted looped edge list, a data-dependent shape), decided before any work is traced."""
     if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
         raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
+    if return_attention_weights and module is not None and module.add_self_loops and compiling():
+        raise Unsupported("compile", "attention weights of a layer adding self loops under torch.compile")
 
 
 def attention_out_dtype(name: str, stock_dtypes, h: Tensor, *dtypes: torch.dtype) -> torch.dtype:
