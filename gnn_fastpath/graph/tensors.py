@@ -178,7 +178,10 @@ def as_graph(gt: GraphTensors) -> Graph:
     graph._static = True
     graph._kernel_csr = KernelCSR(gt.indptr, gt.indices, gt.perm)
     positions = torch.arange(m, device=gt.device, dtype=torch.int64)
-    graph._dst_index = torch.searchsorted(gt.indptr.to(torch.int64), positions, right=True) - 1
+    # in the index dtype of the graph's own tensors (int32 kernel arrays on a GPU), as
+    # caller_coo() writes both into tensors shaped like ``indices``
+    graph._dst_index = (torch.searchsorted(gt.indptr.to(torch.int64), positions, right=True) - 1).to(
+        graph.indices.dtype)
     if gt.src_indptr is not None:
         graph._source_csr = SourceCSR(wide(gt.src_indptr), wide(gt.src_indices), wide(gt.src_csr_pos))
         graph._memo["kernel_source_csr"] = KernelSourceCSR(gt.src_indptr, gt.src_indices, gt.src_perm,

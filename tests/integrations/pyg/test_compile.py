@@ -560,6 +560,9 @@ def _random_step_edges(n: int, m: int, loops: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(0, n, (m,), generator=gen)
     dst = torch.randint(0, n, (m,), generator=gen)
+    # exactly ``loops`` self loops, on distinct nodes: where a node has two, stock's and the
+    # fused loop weight (GCN with edge_weight) are each "any one of them" on CUDA
+    dst = torch.where(src == dst, (dst + 1) % n, dst)
     nodes = torch.randperm(n, generator=gen)[:loops]
     src[:loops], dst[:loops] = nodes, nodes
     order = torch.randperm(m, generator=gen)
