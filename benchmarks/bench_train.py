@@ -1405,8 +1405,10 @@ class TrainRunner:
             if variant == "dgl":
                 return DGLNet(self.dgl, layer, d_in, classes, a.hidden, a.heads, a.attn_dropout, a.feat_dropout,
                               a.num_layers)
+            # GCNConv(cached=True) keeps tensors a CUDA graph overwrites on its next replay (stock
+            # and enabled alike): runs with compile modes use cached=False for every row
             return Net(self.pyg, layer, d_in, classes, a.hidden, a.heads, a.attn_dropout, a.feat_dropout,
-                       a.num_layers, gcn_cached=variant == "full")
+                       a.num_layers, gcn_cached=variant == "full" and not a.compile_modes)
 
         key = (data.name, layer) if variant == "full" else (data.name, layer, variant)
         if key not in self._weights:

@@ -106,38 +106,44 @@ def _pieces(graph, non_finite: str) -> bool:
 
 
 def _virtual(graph):
-    """(items, owner) of the destination rows cut into pieces of at most SPLIT_FROM edges
-    (:func:`worklist.virtual_items`: each item names its real row, the empty tail row n_dst)."""
-    return graph.memo(("segment_reduce", "virtual_items"),
-                      lambda: worklist.virtual_items(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
+    """(vindptr, owner) of the destination rows cut into pieces of at most CHUNK edges."""
+    return graph.memo(("segment_reduce", "virtual_rows"),
+                      lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
 
 
 def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
-    """The forward with every row cut into pieces, merged as the long rows of a cached graph
-    are: each piece's extreme (with its tie count or winning edge) goes into a zeroed 64-bit
-    word per (row, feature) by atomics (``sr_fwd_chunks``, the pieces' slot is their row; the
-    empty tail's the spare row n_dst), unpacked into out and aux for every row; rows without
-    edges, which no piece touched, are then set to 0 (aux 0, or -1 for no winner)."""
+    """The forward over row pieces: each piece's extreme (and tie count or winning edge) by
+    the whole-row kernel, then combined per row by torch scatter reductions; the pieces' empty
+    tail goes to a spare row ``n_dst``."""
     kc = graph.kernel_csr()
-    items, owner = _virtual(graph)
-    F, n_dst, device = x.size(1), graph.n_dst, x.device
+    vindptr, owner = _virtual(graph)
+    cap, F, n_dst = owner.numel(), x.size(1), graph.n_dst
+    device = x.device
+    piece_out = torch.empty(cap, F, dtype=out.dtype, device=device)
+    piece_aux = torch.empty(cap, F, dtype=torch.int32, device=device) if aux is not None else None
     vec, lanes, chunks, fblocks = fcfg
-    packed = torch.zeros(n_dst + 1, F, dtype=torch.int64, device=device)
-    tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
-    if items.shape[0]:
-        KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf).launch(
-            launch.group_grid(items.shape[0], lanes, fblocks, THREADS), THREADS, indices=kc.indices, perm=kc.perm,
-            x=x, w=w, items=items, n_items=items.shape[0], F=F, sign=sign, packed=packed)
-    rows = graph.memo(("segment_reduce", "every_row"), lambda: torch.stack(
-        [torch.arange(n_dst, device=device, dtype=torch.int32)] + [torch.zeros(n_dst, dtype=torch.int32,
-                                                                                 device=device)] * 3, 1).contiguous())
-    KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
-        launch.cdiv(n_dst * F, 256), 256, packed=packed, split=rows, n_split=n_dst, F=F, sign=sign, mode=mode,
-        non_finite=nf, out=out, aux=aux)
-    empty = (graph.in_degree() == 0).unsqueeze(1)
-    out.masked_fill_(empty, 0)
-    if aux is not None:
-        aux.masked_fill_(empty, 0 if mode == MODE_COUNT else -1)
+    if cap:
+        KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
+                       nf).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
+                                  indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
+                                  out=piece_out, aux=piece_aux)
+    index = owner.unsqueeze(1).expand(cap, F)
+    value = torch.zeros(n_dst + 1, F, dtype=out.dtype, device=device).scatter_reduce_(
+        0, index, piece_out, "amax" if sign > 0 else "amin", include_self=False)
+    out.copy_(value[:n_dst])
+    if aux is None:
+        return
+    best = value.index_select(0, owner)
+    tied = (piece_out == best) | (piece_out.isnan() & best.isnan())
+    if mode == MODE_COUNT:  # tied edges of the row: those of the pieces reaching its extreme
+        total = torch.zeros(n_dst + 1, F, dtype=torch.int32, device=device).index_add_(0, owner, piece_aux * tied)
+    else:  # the first (last) winning edge among the pieces reaching the extreme
+        first = mode == MODE_FIRST
+        none = torch.iinfo(torch.int32).max if first else -1
+        total = torch.full((n_dst + 1, F), none, dtype=torch.int32, device=device).scatter_reduce_(
+            0, index, torch.where(tied & (piece_aux >= 0), piece_aux, none), "amin" if first else "amax")
+        total = torch.where(total == none, piece_aux.new_full((), -1), total)
+    aux.copy_(total[:n_dst])
 
 
 def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, aux: Tensor,
@@ -169,7 +175,9 @@ def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
             dx=dx, dw=dw)
         return
     if graph.static:  # the pieces of the forward as work items, each naming its real row
-        items, owner = _virtual(graph)
+        vindptr, owner = _virtual(graph)
+        items = torch.stack([owner.clamp(max=max(graph.n_dst - 1, 0)), vindptr[:-1].to(torch.int64),
+                             vindptr[1:].to(torch.int64), torch.full_like(owner, -1)], 1).to(torch.int32)
         n_items = owner.numel()
     else:
         work = row_chunks(graph)

@@ -200,42 +200,41 @@ def _own_kernel(graph_ref, csr, source_major: bool):
 VIRTUAL_ROW_EDGES = 128
 
 
+#: The work list of a CSR walked as whole rows (no row split): what ``own_spmm`` takes for
+#: virtual rows, which are short by construction.
+_WHOLE_ROWS = worklist.RowChunks(*(torch.empty(0, dtype=torch.int32),) * 4, 0, 0, 0)
+
+
 class OwnMatrix:
     """A CSR matrix served by the own kernels only: what a static Graph (built inside a custom
     operator, see :mod:`gnn_fastpath.graph.tensors`) uses, since choosing a cuSPARSE algorithm
     times candidates on the host and a CUDA graph must not record that. No transposed product:
     the backward takes the explicit transposed matrix.
 
-    Launch geometry from shapes alone: every row is cut into pieces of at most
-    :data:`VIRTUAL_ROW_EDGES` edges (:func:`~gnn_fastpath.cuda.worklist.virtual_items`) and
-    the pieces are summed into zeroed float32 rows by the chunk kernel's atomics, so a super
-    row (arxiv-like's 48k-edge source row in the transposed product) is spread over many lane
-    groups, as the degree-aware work list does for cached graphs, without the host read that
-    sizes that list. 16-bit results go through a float32 scratch cast once."""
+    Launch geometry from shapes alone: rows are cut into virtual rows of at most
+    :data:`VIRTUAL_ROW_EDGES` edges (:func:`~gnn_fastpath.cuda.worklist.virtual_rows`), whose float32 partial sums are
+    added into the result rows by ``index_add_``; so a super row (arxiv-like's 48k-edge source
+    row in the transposed product) is spread over many lane groups, as the degree-aware work
+    list does for cached graphs, without the host read that sizes that list."""
 
     def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int):
         self.nnz = indices.numel()
         self.indptr, self.indices, self.n_rows = indptr, indices, n_rows
-        self._items: Optional[Tensor] = None
+        self._virtual: Optional[Tuple[Tensor, Tensor]] = None
 
     def matmul(self, values, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
         if transpose:
             raise NoAlgorithm("the own kernels take no transposed product")
-        if self._items is None:
-            self._items = worklist.virtual_items(self.indptr, self.nnz, VIRTUAL_ROW_EDGES)[0]
-        items, F, device = self._items, b.size(1), b.device
-        scratch = c if c.dtype == torch.float32 else torch.empty(self.n_rows + 1, F, dtype=torch.float32,
-                                                                   device=device)
-        scratch.zero_()
-        if items.shape[0] and F:
-            fcfg = launch.lane_groups(F, b, scratch, max_chunks=2, vec16_bytes=VEC16_BYTES)
-            # the chunk kernel's scratch variant adds into row ``tag`` (the spare row takes
-            # the empty tail); its direct variant into row ``row`` of a float32 c
-            KERNELS.kernel(device, "spmm_chunks", launch.ctype(b.dtype), *fcfg[:3], c is not scratch).launch(
-                launch.group_grid(items.shape[0], fcfg[1], fcfg[3], THREADS), THREADS, items=items,
-                n_items=items.shape[0], indices=self.indices, values=fp32_values(values), x=b, F=F, out=scratch)
-        if c is not scratch:
-            c.copy_(scratch[: self.n_rows])
+        if self._virtual is None:
+            vindptr, owner = worklist.virtual_rows(self.indptr, self.nnz, VIRTUAL_ROW_EDGES)
+            self._virtual = vindptr, owner.clamp(max=max(self.n_rows - 1, 0))  # the empty tail adds 0
+        vindptr, owner = self._virtual
+        partial = torch.empty(owner.numel(), b.size(1), dtype=torch.float32, device=b.device)
+        own_spmm(self.indices, vindptr, _WHOLE_ROWS, values, b, partial)
+        if c.dtype == torch.float32:
+            c.zero_().index_add_(0, owner, partial)
+        else:
+            c.copy_(torch.zeros(c.shape, dtype=torch.float32, device=c.device).index_add_(0, owner, partial))
         return c
 
 
