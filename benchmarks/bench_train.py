@@ -567,9 +567,11 @@ def pad_caps(nodes: Sequence[int], edges: Sequence[int], slack: float = PAD_SLAC
 def pad_batch(x: torch.Tensor, edge_index: torch.Tensor, n_cap: int, m_cap: int,
               batch_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """A sampled subgraph padded to ``n_cap`` nodes and ``m_cap`` edges: padding nodes get zero
-    features; padding edges all go dummy -> dummy, the dummy being node ``n_cap - 1``, a padding
-    node (never one of the first ``batch_size`` seeds). Real nodes keep their ids, edges, and
-    in-neighbourhoods, so every real node's output (the seeds' loss included) is unchanged.
+    features; padding edges are self loops on the padding nodes (ids ``n .. n_cap - 1``, never
+    among the first ``batch_size`` seeds), dealt round-robin so that no padding node becomes a
+    super node (the compiled path walks every row whole, see gnn_fastpath/graph/tensors.py).
+    Real nodes keep their ids, edges, and in-neighbourhoods, so every real node's output (the
+    seeds' loss included) is unchanged.
     """
     n, m = int(x.shape[0]), int(edge_index.shape[1])
     if n >= n_cap or m > m_cap:
@@ -579,8 +581,8 @@ def pad_batch(x: torch.Tensor, edge_index: torch.Tensor, n_cap: int, m_cap: int,
         raise ValueError(f"batch_size {batch_size} > {n} nodes")
     xp = x.new_zeros((n_cap,) + tuple(x.shape[1:]))
     xp[:n] = x
-    pad = edge_index.new_full((2, m_cap - m), n_cap - 1)
-    return xp, torch.cat([edge_index, pad], dim=1)
+    dummies = n + torch.arange(m_cap - m, device=edge_index.device, dtype=edge_index.dtype) % (n_cap - n)
+    return xp, torch.cat([edge_index, dummies.expand(2, -1)], dim=1)
 
 
 # ----------------------------------------------------------------------------- sampled mini-batches
