@@ -8,7 +8,9 @@ and gradient with the reference backend, so it doubles as a quick GPU smoke test
 The graphs have what kernels get wrong: destinations without in-edges, self loops,
 duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
 "heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
-backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings).
+backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings). Every
+graph runs twice: as an eager Graph, and as GraphTensors (the compiled path's custom
+operators with their static launch geometry; ``SANITIZE_STATIC=0`` leaves these out).
 Every case runs per feature dtype (float32, bfloat16, float16; ``SANITIZE_DTYPES`` picks):
 16-bit features with float32 parameters, scores and edge weights, as under autocast, and the
 attention ops also with ``out_dtype=torch.float32``. Exit status 1 when a case raised or
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gnn_fastpath  # noqa: E402
 from gnn_fastpath import ops as gops  # noqa: E402
+from gnn_fastpath.graph.tensors import of_graph  # noqa: E402
 
 #: Relative error (Frobenius norm) allowed against the reference op on the same inputs: the
 #: 16-bit outputs differ from it by about one rounding (unit roundoff 2**-8 bf16, 2**-11 fp16).
@@ -41,6 +44,8 @@ DEVICE = os.environ.get("SANITIZE_DEVICE", "cuda")
 #: SANITIZE_COMPARE=0 skips the reference comparison (under memcheck it only adds checked
 #: torch kernels; correctness is the GPU tests' job).
 COMPARE = os.environ.get("SANITIZE_COMPARE", "1") != "0"
+#: SANITIZE_STATIC=0 leaves out the static runs (the compiled path's operators on GraphTensors).
+STATIC = os.environ.get("SANITIZE_STATIC", "1") != "0"
 failures: List[str] = []
 
 
@@ -90,7 +95,10 @@ def _flat(out) -> List[torch.Tensor]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], compare: bool = True) -> None:
+def run_op_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], graph, ref_graph,
+                compare: bool = True) -> None:
+    """``fn(graph, *inputs)`` forward and backward, checked against ``fn(ref_graph, *inputs)``
+    on the reference backend."""
     tol = TOL[inputs[0].dtype]
     probe = inputs[0]
     backend = gops.backend_for(op, probe)
@@ -99,7 +107,7 @@ def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], c
         return
     t0 = time.perf_counter()
     try:
-        outs = _flat(fn(*inputs))
+        outs = _flat(fn(graph, *inputs))
         grads_out = [torch.randn_like(o) for o in outs]
         diff = [x for x in inputs if x.requires_grad]
         grads = torch.autograd.grad(outs, diff, grads_out, allow_unused=True)
@@ -108,7 +116,7 @@ def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], c
         worst = 0.0
         if compare and COMPARE:
             with gops.force_reference():
-                ref_outs = _flat(fn(*inputs))
+                ref_outs = _flat(fn(ref_graph, *inputs))
                 ref_grads = torch.autograd.grad(ref_outs, diff, grads_out, allow_unused=True)
             for a, b in list(zip(outs, ref_outs)) + list(zip(grads, ref_grads)):
                 if a is None and b is None:
@@ -130,10 +138,19 @@ def run_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor], c
         traceback.print_exc(limit=4)
 
 
-def run_graph(gname: str, g, dtype: torch.dtype) -> None:
-    """Every op on graph ``g`` with features of ``dtype`` (parameters, edge weights float32)."""
+def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
+    """Every op on graph ``g`` with features of ``dtype`` (parameters, edge weights float32).
+    ``static``: the ops take ``g`` as GraphTensors (the compiled path's custom operators and
+    static launch geometry: long rows split by lists sized from shapes), compared with the
+    reference on the eager Graph."""
     ns, nd, m = g.n_src, g.n_dst, g.num_edges
     dt = str(dtype).replace("torch.", "")
+    gop = of_graph(g) if static else g
+    if static:
+        gname += " static"
+
+    def run_case(name, op, fn, inputs, compare=True):
+        run_op_case(name, op, fn, inputs, gop, g, compare)
 
     def feat(*shape, scale=1.0):
         return rnd(*shape, scale=scale, dtype=dtype)
@@ -143,62 +160,62 @@ def run_graph(gname: str, g, dtype: torch.dtype) -> None:
         for h, d in ((2, 64), (1, 32), (4, 128), (3, 20)):
             tag = f"{gname} {dt} H{h} D{d} bwd={variant}"
             run_case(f"gatv2 {tag}", "gatv2_attention",
-                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a),
+                     lambda G, xs, xd, a: gnn_fastpath.gatv2_attention(G, xs, xd, a),
                      [feat(ns, h, d), feat(nd, h, d), rnd(h, d, scale=d ** -0.5)])
             run_case(f"dot {tag}", "dot_attention",
-                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v),
+                     lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v),
                      [feat(nd, h, d), feat(ns, h, d), feat(ns, h, d)])
             run_case(f"gat {tag}", "gat_attention",
-                     lambda xs, s, t: gops.gat_attention(g, xs, s, t),
+                     lambda G, xs, s, t: gops.gat_attention(G, xs, s, t),
                      [feat(ns, h, d), rnd(ns, h), rnd(nd, h)])
         tag = f"{gname} {dt} H2 D64 bwd={variant}"
         if dtype != torch.float32:  # 16-bit features, float32 results (what PyG layers get under autocast)
             run_case(f"gatv2 out_dtype=float32 {tag}", "gatv2_attention",
-                     lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, return_attention=True,
+                     lambda G, xs, xd, a: gnn_fastpath.gatv2_attention(G, xs, xd, a, return_attention=True,
                                                                    out_dtype=torch.float32),
                      [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)])
             run_case(f"gat out_dtype=float32 16-bit scores {tag}", "gat_attention",
-                     lambda xs, s, t: gops.gat_attention(g, xs, s, t, return_attention=True,
+                     lambda G, xs, s, t: gops.gat_attention(G, xs, s, t, return_attention=True,
                                                          out_dtype=torch.float32),
                      [feat(ns, 2, 64), feat(ns, 2), feat(nd, 2)])
             run_case(f"dot out_dtype=float32 {tag}", "dot_attention",
-                     lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, return_attention=True,
+                     lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, return_attention=True,
                                                                out_dtype=torch.float32),
                      [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)])
         run_case(f"gatv2 edge_term+attention {tag}", "gatv2_attention",
-                 lambda xs, xd, a, et: gnn_fastpath.gatv2_attention(g, xs, xd, a, edge_term=et, return_attention=True),
+                 lambda G, xs, xd, a, et: gnn_fastpath.gatv2_attention(G, xs, xd, a, edge_term=et, return_attention=True),
                  [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125), feat(m, 2, 64)])
         run_case(f"gat edge_score+edge_weight+attention {tag}", "gat_attention",
-                 lambda xs, s, t, u, w: gops.gat_attention(g, xs, s, t, u, return_attention=True, edge_weight=w),
+                 lambda G, xs, s, t, u, w: gops.gat_attention(G, xs, s, t, u, return_attention=True, edge_weight=w),
                  [feat(ns, 2, 64), rnd(ns, 2), rnd(nd, 2), rnd(m, 2), torch.rand(m, device=DEVICE).requires_grad_()])
         run_case(f"dot edge_term+attention {tag}", "dot_attention",
-                 lambda q, k, v, et: gnn_fastpath.dot_attention(g, q, k, v, edge_term=et, return_attention=True),
+                 lambda G, q, k, v, et: gnn_fastpath.dot_attention(G, q, k, v, edge_term=et, return_attention=True),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64), feat(m, 2, 64)])
         # dropout: random streams differ from the reference, so memory checking only
         run_case(f"gatv2 dropout {tag}", "gatv2_attention",
-                 lambda xs, xd, a: gnn_fastpath.gatv2_attention(g, xs, xd, a, dropout=0.2, return_attention="dropped"),
+                 lambda G, xs, xd, a: gnn_fastpath.gatv2_attention(G, xs, xd, a, dropout=0.2, return_attention="dropped"),
                  [feat(ns, 2, 64), feat(nd, 2, 64), rnd(2, 64, scale=0.125)], compare=False)
         run_case(f"gat dropout {tag}", "gat_attention",
-                 lambda xs, s, t, w: gops.gat_attention(g, xs, s, t, dropout=0.2, return_attention="dropped",
+                 lambda G, xs, s, t, w: gops.gat_attention(G, xs, s, t, dropout=0.2, return_attention="dropped",
                                                         edge_weight=w),
                  [feat(ns, 2, 64), rnd(ns, 2), rnd(nd, 2), torch.rand(m, device=DEVICE).requires_grad_()],
                  compare=False)
         run_case(f"dot dropout {tag}", "dot_attention",
-                 lambda q, k, v: gnn_fastpath.dot_attention(g, q, k, v, dropout=0.2),
+                 lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, dropout=0.2),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], compare=False)
     set_attention_variant("atomic")
     for f in (64, 512, 33):
         for norm in ("none", "left", "right", "both"):
             run_case(f"spmm {gname} {dt} F{f} norm={norm}", "spmm",
-                     lambda x: gnn_fastpath.spmm(g, x, norm=norm), [feat(ns, f)])
+                     lambda G, x: gnn_fastpath.spmm(G, x, norm=norm), [feat(ns, f)])
         run_case(f"spmm {gname} {dt} F{f} edge_weight norm=both", "spmm",
-                 lambda x, w: gnn_fastpath.spmm(g, x, edge_weight=w, norm="both"),
+                 lambda G, x, w: gnn_fastpath.spmm(G, x, edge_weight=w, norm="both"),
                  [feat(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
         for reduce in ("max", "min"):
             run_case(f"segment_reduce {gname} {dt} F{f} {reduce}", "segment_reduce",
-                     lambda x: gnn_fastpath.segment_reduce(g, x, reduce=reduce), [feat(ns, f)])
+                     lambda G, x: gnn_fastpath.segment_reduce(G, x, reduce=reduce), [feat(ns, f)])
         run_case(f"segment_reduce {gname} {dt} F{f} max edge_weight", "segment_reduce",
-                 lambda x, w: gnn_fastpath.segment_reduce(g, x, reduce="max", edge_weight=w),
+                 lambda G, x, w: gnn_fastpath.segment_reduce(G, x, reduce="max", edge_weight=w),
                  [feat(ns, f), torch.rand(m, device=DEVICE).requires_grad_(True)])
 
 
@@ -219,6 +236,8 @@ def main() -> int:
         print(f"graph {gname}: n_src={g.n_src} n_dst={g.n_dst} M={g.num_edges}", flush=True)
         for dtype in DTYPES:
             run_graph(gname, g, dtype)
+            if STATIC:
+                run_graph(gname, g, dtype, static=True)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     if failures:

@@ -416,7 +416,8 @@ __device__ __forceinline__ float gf_tile_head_sum(float v, const GfLane& ln) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Merge the chunk states of split rows. split[r] = (row, first slot, number of chunks, 0).
+// Merge the chunk states of split rows. split[r] = (row, first slot, number of chunks, 0);
+// entries with 0 chunks (a static work list's unsplit rows, worklist.build_static) are skipped.
 // Block (x, y) = (split row, 32-column tile), both grid-stride. Warp w folds chunks
 // w, w + nwarps, ... of its 32 columns with an online (m, l, acc) merge, loading
 // GF_MERGE_AHEAD chunks ahead of folding them, then warp 0 folds the warps' states from
@@ -436,6 +437,7 @@ __device__ __forceinline__ void gf_merge_chunks(const int4* __restrict__ split, 
     for (int r = blockIdx.x; r < n_split; r += gridDim.x) {
         const int4 sp = split[r];
         const int row = sp.x, first = sp.y, n = sp.z;
+        if (n == 0) continue;  // a static work list's entry of an unsplit row (block-uniform)
         for (int t = blockIdx.y; t < n_ctiles; t += gridDim.y) {  // block-uniform loops
             const int c = t * 32 + lane;
             const bool on = c < HD;

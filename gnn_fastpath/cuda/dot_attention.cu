@@ -624,7 +624,8 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
 }
 
 // ---------------------------------------------------------------------------------------
-// Merges of split rows: split[r] = (row, first slot, number of slots, 0) (worklist.py).
+// Merges of split rows: split[r] = (row, first slot, number of slots, 0) (worklist.py); a
+// static work list (worklist.build_static) also has entries with 0 slots, which are skipped.
 
 // Forward: combine the (m, l, acc) partials of split rows into out (TO) and lse. One thread per
 // (split row, head, d).
@@ -638,6 +639,7 @@ __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
     const long long rh = idx / D;
     const int h = (int)(rh % H);
     const int4 sp = split[rh / H];
+    if (sp.z == 0) return;  // a static work list's entry of an unsplit row
     // Two passes (max, then the rescaled sums): one exp per partial instead of the online
     // merge's two; the partials are all there already.
     float mx = GF_NEG_INF;
@@ -666,6 +668,7 @@ __global__ void dot_sum_partials(const int4* __restrict__ split, long long n_spl
     const long long r = idx / row_len;
     const long long x = idx - r * row_len;
     const int4 sp = split[r];
+    if (sp.z == 0) return;  // a static work list's entry of an unsplit row
     float a = 0.f;
     for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
     gf_st(dst + (long long)sp.x * row_len + x, a);

@@ -109,7 +109,7 @@ def backward_mode(graph) -> str:
     forced = config.setting("GNN_FASTPATH_DOT_BWD")
     if forced is not None:
         return forced
-    if graph.static:  # compiled path: source rows are walked whole there, and a super row would serialise
+    if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
@@ -130,7 +130,7 @@ def _blocks(n_threads: int) -> int:
 
 
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
-    return worklist.for_graph(graph, CHUNK_EDGES, CHUNK_EDGES + 1, source_major=source_major)
+    return row_attention.work(graph, CHUNK_EDGES, source_major)
 
 
 def _config(graph, *tensors: Optional[Tensor]) -> Config:

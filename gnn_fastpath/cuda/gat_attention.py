@@ -89,13 +89,13 @@ def backward_mode(graph) -> str:
     forced = config.setting("GNN_FASTPATH_GAT_BWD")
     if forced:
         return forced
-    if graph.static:  # compiled path: source rows are walked whole there, and a super row would serialise
+    if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
-    return worklist.for_graph(graph, CHUNK_EDGES, CHUNK_EDGES + 1, source_major=source_major, order="degree")
+    return row_attention.work(graph, CHUNK_EDGES, source_major, order="degree")
 
 
 def _grid(kernel: launch.Kernel, n_work: int) -> int:

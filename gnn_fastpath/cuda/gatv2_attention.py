@@ -96,8 +96,7 @@ def forward_config(cfg: Config, dtype: torch.dtype) -> Config:
 
 
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
-    chunk = config.setting("GNN_FASTPATH_GATV2_CHUNK")
-    return worklist.for_graph(graph, chunk, chunk + 1, source_major=source_major, order="degree")
+    return row_attention.work(graph, config.setting("GNN_FASTPATH_GATV2_CHUNK"), source_major, order="degree")
 
 
 _blocks = row_attention.blocks

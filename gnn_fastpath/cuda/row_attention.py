@@ -31,6 +31,8 @@ SPECIALISED_16 = {32: (8, 4, 1), 64: (8, 8, 1), 128: (8, 16, 1), 256: (8, 32, 1)
 MAX_D = 512
 #: Cap on grid size (the kernels loop grid-stride over their work).
 MAX_BLOCKS = 1 << 30
+#: Blocks (per column tile) of a merge over a static work list's split entries.
+STATIC_MERGE_BLOCKS = 1024
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,21 @@ def forward_buffers(n_dst: int, M: int, H: int, D: int, out_dtype: torch.dtype, 
                           alpha, logits)
 
 
+def work(graph, chunk: int, source_major: bool = False, order: str = "row") -> worklist.RowChunks:
+    """The row-chunk work list of a row-attention pass: rows longer than ``chunk`` edges cut
+    into chunks of ``chunk``, cached with the graph; on a static graph (compiled path) the
+    list sized from shapes (:func:`worklist.build_static`), whose split rows the
+    accumulators below and the merge kernels handle too."""
+    if not graph.static:
+        return worklist.for_graph(graph, chunk, chunk + 1, source_major=source_major, order=order)
+
+    def make():
+        indptr = graph.source_csr().indptr if source_major else graph.indptr
+        return worklist.build_static(indptr, graph.num_edges, chunk, chunk + 1)
+
+    return graph.memo(("row_chunks_static", source_major, chunk), make)
+
+
 def with_chunks(buf: ForwardBuffers, work: worklist.RowChunks) -> ForwardBuffers:
     """``buf`` with the chunk state of ``work``'s split rows allocated (none without them)."""
     S = work.n_slots
@@ -193,7 +210,9 @@ def merge_chunks(merge: launch.Kernel, threads: int, buf: ForwardBuffers, work: 
     """Launch a family's ``*_fwd_merge`` kernel (``gf_merge_chunks``) over ``work``'s split rows:
     out and lse of each split row from its chunks' states."""
     H, D = buf.out.shape[1], buf.out.shape[2]
-    merge.launch((min(work.n_split, MAX_BLOCKS), min(launch.cdiv(H * D, 32), 65535)), threads, split=work.split,
+    # a static list has an entry for every row, most with no chunks: blocks stride over them
+    n_blocks = min(work.n_split, STATIC_MERGE_BLOCKS if work.static else MAX_BLOCKS)
+    merge.launch((n_blocks, min(launch.cdiv(H * D, 32), 65535)), threads, split=work.split,
                  n_split=work.n_split, part_acc=buf.part_acc, part_m=buf.part_m, part_l=buf.part_l, H=H, D=D,
                  out=buf.out, lse=buf.lse)
 
@@ -220,6 +239,9 @@ def grid(kernel: launch.Kernel, n_work: int, min_items_per_warp: int, shared_mem
 def split_index(graph, work: worklist.RowChunks, source_major: bool) -> Tensor:
     """int32 [n_slots]: the index in ``work.split_rows`` of each chunk slot's row (slots of
     one row are consecutive), cached with the graph; no host synchronisation."""
+    if work.static:
+        return work.slot_split
+
     def make():
         owner = torch.arange(work.n_split, device=work.split.device, dtype=torch.int32)
         return torch.repeat_interleave(owner, work.split[:, 2], output_size=work.n_slots)
@@ -234,12 +256,16 @@ def accumulator(out: Optional[Tensor], graph, work: worklist.RowChunks, source_m
     float32 ``out``: into ``out`` itself (the kernel's float path), its split rows zeroed
     here; (None, None). 16-bit ``out``: a zeroed float32 [n_split, ...] scratch and the split
     row of each chunk slot (cast into ``out`` by :func:`finish_accumulator`). (None, None)
-    too without split rows or without ``out``.
+    too without split rows or without ``out``. A static list marks its split rows with a
+    mask (every row has a split entry there), so the zeroing is a masked fill.
     """
     if out is None or not work.n_split:
         return None, None
     if out.dtype == torch.float32:
-        out.index_fill_(0, work.split_rows, 0.0)
+        if work.static:
+            out.masked_fill_(work.split_mask.view((-1,) + (1,) * (out.dim() - 1)), 0.0)
+        else:
+            out.index_fill_(0, work.split_rows, 0.0)
         return None, None
     acc = torch.zeros((work.n_split,) + tuple(out.shape[1:]), dtype=torch.float32, device=out.device)
     return acc, split_index(graph, work, source_major)
@@ -247,5 +273,10 @@ def accumulator(out: Optional[Tensor], graph, work: worklist.RowChunks, source_m
 
 def finish_accumulator(out: Optional[Tensor], acc: Optional[Tensor], work: worklist.RowChunks) -> None:
     """Cast the float32 sums of the split rows into the 16-bit ``out`` (once, after the kernel)."""
-    if acc is not None:
+    if acc is None:
+        return
+    if work.static:  # every row has a scratch row: keep out's where the row is not split
+        mask = work.split_mask.view((-1,) + (1,) * (out.dim() - 1))
+        out.copy_(torch.where(mask, acc.to(out.dtype), out))
+    else:
         out.index_copy_(0, work.split_rows, acc.to(out.dtype))

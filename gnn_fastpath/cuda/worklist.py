@@ -37,6 +37,9 @@ class RowChunks:
         split_rows: int64 [n_split], the split rows (for zeroing before atomic merges).
         whole_rows: int32 [n_rows - n_split], the rows done in one item, in item order.
         n_items, n_split_items, n_split: host counts.
+        split_mask, slot_split: only in a static list (:func:`build_static`, where the split
+            rows are not counted on the host): bool [n_rows], which rows are split, and int32
+            [n_slots], the row of each chunk slot.
     """
 
     items: Tensor
@@ -46,6 +49,13 @@ class RowChunks:
     n_items: int
     n_split_items: int
     n_split: int
+    split_mask: Optional[Tensor] = None
+    slot_split: Optional[Tensor] = None
+
+    @property
+    def static(self) -> bool:
+        """Built by :func:`build_static`: sizes from shapes, split rows marked by ``split_mask``."""
+        return self.split_mask is not None
 
     @property
     def n_slots(self) -> int:
@@ -120,6 +130,55 @@ def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False,
                      max_degree=graph.degree_bound(source_major))
 
     return graph.memo(key, make)
+
+
+def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int) -> RowChunks:
+    """Row chunks of a CSR with ``nnz`` edges, sized from shapes alone (no host read): the
+    work list of the attention families on a static graph (compiled path, CUDA graphs).
+
+    As :func:`build`, rows with at least ``split_from`` edges are cut into chunks of
+    ``chunk`` edges (``split_from > chunk``: a split row has >= 2 chunks), but nothing is
+    counted on the host, so every count is its bound and the lists are padded:
+
+    * ``items`` [cap, 4], ``cap = n_rows + nnz // chunk`` (a row of d edges gives at most
+      ``1 + d // chunk`` items), in row order: a whole row as one item with tag -1, a split
+      row's chunks with tag = the item's index, which is also its workspace slot (so
+      ``n_slots = cap``); the unused tail is empty chunk items (edges 0..0) of the last row,
+      each with its own unused slot: they add nothing and write only their own slot;
+    * ``split`` [n_rows, 4] = (row, first slot, chunks, 0) for every row, with 0 chunks for a
+      row that is not split: merges skip such entries (``gf_merge_chunks``, ``dot_fwd_merge``,
+      ``dot_sum_partials``);
+    * ``split_mask`` bool [n_rows] and ``slot_split`` int32 [cap] (each slot's row), for the
+      split-row accumulators of :mod:`gnn_fastpath.cuda.row_attention`.
+    """
+    if chunk < 1 or split_from <= chunk:
+        raise ValueError(f"build_static needs 1 <= chunk < split_from, got {chunk} and {split_from}")
+    dev = indptr.device
+    n_rows = indptr.numel() - 1
+    cap = n_rows + nnz // chunk
+    if n_rows == 0:
+        empty = torch.empty(0, 4, dtype=torch.int32, device=dev)
+        none = torch.empty(0, dtype=torch.int32, device=dev)
+        return RowChunks(empty, empty, none.to(torch.int64), none, 0, 0, 0, torch.zeros(0, dtype=torch.bool, device=dev),
+                         none)
+    ip = indptr.to(torch.int64)
+    deg = ip[1:] - ip[:-1]
+    is_split = deg >= split_from
+    pieces = torch.where(is_split, (deg + chunk - 1) // chunk, 1)
+    ends = torch.cumsum(pieces, 0)
+    first = ends - pieces
+    v = torch.arange(cap, device=dev)
+    owner = torch.clamp(torch.searchsorted(ends, v, right=True), max=n_rows - 1)
+    used = v < ends[-1:]
+    begin = torch.minimum(ip[owner] + (v - first[owner]) * chunk, ip[owner + 1])
+    end = torch.minimum(begin + chunk, ip[owner + 1])
+    zero = torch.zeros_like(v)
+    tag = torch.where(is_split[owner] | ~used, v, -1)
+    items = torch.stack([owner, torch.where(used, begin, zero), torch.where(used, end, zero), tag], 1)
+    rows = torch.arange(n_rows, device=dev)
+    split = torch.stack([rows, first, torch.where(is_split, pieces, 0), torch.zeros_like(rows)], 1)
+    return RowChunks(items.to(torch.int32).contiguous(), split.to(torch.int32).contiguous(), rows,
+                     rows.to(torch.int32), cap, cap, n_rows, is_split, owner.to(torch.int32))
 
 
 def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:

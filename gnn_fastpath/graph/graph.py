@@ -408,14 +408,28 @@ class Graph:
 
     def out_degree(self) -> Tensor:
         """int64 [n_src], out-degree of each source."""
-        return self.memo("out_degree", lambda: torch.bincount(self.indices, minlength=self.n_src))
+        def build():
+            if self._static:  # bincount sizes its result on the host; a static graph reads nothing back
+                ones = torch.ones(self.num_edges, dtype=torch.int64, device=self.device)
+                return torch.zeros(self.n_src, dtype=torch.int64, device=self.device).index_add_(
+                    0, self.indices.to(torch.int64), ones)
+            return torch.bincount(self.indices, minlength=self.n_src)
+
+        return self.memo("out_degree", build)
 
     def dst_index(self) -> Tensor:
-        """int64 [M], the destination id of each CSR edge (cached)."""
+        """int64 [M], the destination id of each CSR edge (cached); on a static graph in the
+        index dtype of its own tensors (int32 kernel arrays on a GPU), as ``caller_coo()``
+        writes both into tensors shaped like ``indices``."""
         if self._dst_index is None:
             with _normal_tensors():
-                self._dst_index = torch.repeat_interleave(
-                    torch.arange(self.n_dst, device=self.device), self.in_degree(), output_size=self.num_edges)
+                if self._static:
+                    positions = torch.arange(self.num_edges, device=self.device)
+                    self._dst_index = (torch.searchsorted(self.indptr.to(torch.int64), positions, right=True)
+                                       - 1).to(self.indices.dtype)
+                else:
+                    self._dst_index = torch.repeat_interleave(
+                        torch.arange(self.n_dst, device=self.device), self.in_degree(), output_size=self.num_edges)
         return self._dst_index
 
     def caller_coo(self) -> Tuple[Tensor, Tensor]:

@@ -165,8 +165,11 @@ def as_graph(gt: GraphTensors) -> Graph:
     """A static :class:`Graph` over the tensors of ``gt``, for the operators' implementations.
 
     No host synchronisation: degree facts come from shapes (the mean in-degree; row bounds of
-    0, so no work list splits a row), the out-degrees from the source-major CSR (or a
-    scatter), the destination of each edge from ``searchsorted``. On the CPU (the reference
+    0, so no work list sized on the host splits a row: the kernels that split long rows here
+    size their lists from shapes, :func:`gnn_fastpath.cuda.worklist.build_static` and
+    :func:`~gnn_fastpath.cuda.worklist.virtual_rows`),
+    the out-degrees from the source-major CSR (or, on first use, a scatter), the destination of
+    each edge (on first use) from ``searchsorted``. On the CPU (the reference
     ops) the index tensors are widened to int64, as torch's scatter operations need.
     """
     on_cpu = gt.indptr.device.type == "cpu"
@@ -177,17 +180,11 @@ def as_graph(gt: GraphTensors) -> Graph:
     graph._stats = DegreeStats(-1, m / n_dst if n_dst else 0.0)
     graph._static = True
     graph._kernel_csr = KernelCSR(gt.indptr, gt.indices, gt.perm)
-    positions = torch.arange(m, device=gt.device, dtype=torch.int64)
-    # in the index dtype of the graph's own tensors (int32 kernel arrays on a GPU), as
-    # caller_coo() writes both into tensors shaped like ``indices``
-    graph._dst_index = (torch.searchsorted(gt.indptr.to(torch.int64), positions, right=True) - 1).to(
-        graph.indices.dtype)
+    # dst_index() and out_degree() are built on first use (Graph knows how without a host read):
+    # every operator call builds its Graph anew, and most never ask
     if gt.src_indptr is not None:
         graph._source_csr = SourceCSR(wide(gt.src_indptr), wide(gt.src_indices), wide(gt.src_csr_pos))
         graph._memo["kernel_source_csr"] = KernelSourceCSR(gt.src_indptr, gt.src_indices, gt.src_perm,
                                                            gt.src_csr_pos)
         graph._memo["out_degree"] = (gt.src_indptr[1:] - gt.src_indptr[:-1]).to(torch.int64)
-    else:
-        graph._memo["out_degree"] = torch.zeros(graph.n_src, dtype=torch.int64, device=gt.device).index_add_(
-            0, gt.indices.to(torch.int64), torch.ones_like(positions))
     return graph

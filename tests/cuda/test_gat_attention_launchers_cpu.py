@@ -122,7 +122,7 @@ def test_backward_mode(monkeypatch):
     dense, sparse = graph(True), graph(False, True)
     assert dense.num_edges >= 4 * dense.n_src and kernels.backward_mode(dense) == "transposed"
     import types
-    few = types.SimpleNamespace(num_edges=10, n_src=100)
+    few = types.SimpleNamespace(num_edges=10, n_src=100, static=False)
     assert kernels.backward_mode(few) == "atomic"
     monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "atomic")
     assert kernels.backward_mode(dense) == "atomic" and kernels.backward_mode(sparse) == "atomic"

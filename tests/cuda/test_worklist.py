@@ -181,3 +181,102 @@ def test_for_graph_is_cached_per_graph_and_arguments():
     assert source.items.tolist() == worklist.build(graph.source_csr().indptr, 2, 3).items.tolist()
     assert worklist.for_graph(graph, 2, 3, tag="split_row") is not work
     assert worklist.for_graph(Graph.from_edge_index(ei, 4), 2, 3) is not work
+
+
+# ------------------------------------------------------------------------- static lists
+#: (chunk, split_from) of the attention families, scaled down: rows longer than chunk split.
+STATIC_CONFIGS = {"chunk4": (4, 5), "chunk1": (1, 2), "chunk8": (8, 9)}
+
+
+@pytest.mark.parametrize("config", list(STATIC_CONFIGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_static_list_matches_build(case, config):
+    """build_static: the chunks of build()'s split rows and its whole rows, in row order, with
+    the documented static padding; every size from shapes alone."""
+    chunk, split_from = STATIC_CONFIGS[config]
+    deg = CASES[case]
+    indptr = _indptr(deg)
+    n, nnz = len(deg), indptr[-1]
+    work = worklist.build_static(torch.tensor(indptr, dtype=torch.int32), nnz, chunk, split_from)
+    cap = n + nnz // chunk if n else 0
+    assert work.static and (work.n_items, work.n_slots, work.n_split) == (cap, cap, n)
+    assert work.items.shape == (cap, 4) and work.items.dtype == torch.int32
+    assert work.split.shape == (n, 4) and work.slot_split.shape == (cap,)
+    items = work.items.tolist()
+
+    ref = worklist.build(torch.tensor(indptr), chunk, split_from, order="row")
+    ref_split = {row: n_chunks for row, _, n_chunks, _ in ref.split.tolist()}
+    assert work.split_mask.tolist() == [r in ref_split for r in range(n)]
+    # used items: build's items as (row, begin, end), in row order; chunk items tagged with their
+    # own index (= workspace slot), whole rows with -1
+    expected = sorted((r, b, e) for r, b, e, _ in ref.items.tolist())
+    got = [(r, b, e) for r, b, e, _ in items[: len(expected)]]
+    assert got == expected
+    for v, (row, begin, end, tag) in enumerate(items[: len(expected)]):
+        assert tag == (v if row in ref_split else -1)
+    # the padding tail: empty chunk items of the last row, each with its own slot
+    for v, (row, begin, end, tag) in enumerate(items[len(expected):], start=len(expected)):
+        assert (row, begin, end, tag) == (n - 1, 0, 0, v)
+    # split entries: (row, first slot, chunks or 0); the first slot's item is the row's first chunk
+    for row, first, n_chunks, zero in work.split.tolist():
+        assert zero == 0 and n_chunks == ref_split.get(row, 0)
+        if n_chunks:
+            assert [it[0] for it in items[first:first + n_chunks]] == [row] * n_chunks
+            assert items[first][1] == indptr[row] and items[first + n_chunks - 1][2] == indptr[row + 1]
+    # each used slot names its row
+    assert [work.slot_split[v].item() for v in range(len(expected))] == [it[0] for it in items[: len(expected)]]
+
+
+def test_static_list_bound_is_tight():
+    """Rows of chunk + 1 edges, each split into 2 chunks, come close to the bound n_rows +
+    nnz // chunk; the items past the used ones are empty."""
+    chunk = 4
+    deg = [chunk + 1] * 6
+    indptr = _indptr(deg)
+    work = worklist.build_static(torch.tensor(indptr), indptr[-1], chunk, chunk + 1)
+    used = sum(-(-d // chunk) for d in deg)
+    assert used <= work.n_items == len(deg) + indptr[-1] // chunk
+    assert work.items[used:, 1:3].abs().sum() == 0
+
+
+@pytest.mark.parametrize("chunk,split_from", [(0, 1), (4, 4), (4, 2)])
+def test_static_list_bad_arguments(chunk, split_from):
+    with pytest.raises(ValueError, match="chunk < split_from"):
+        worklist.build_static(torch.tensor([0, 3, 10]), 10, chunk, split_from)
+
+
+def test_static_list_merge_emulation():
+    """The kernels' reading of a static list, emulated: a sum over each item's edges written
+    (whole rows) or added into its slot and merged per split entry (skipping 0-chunk entries)
+    gives every row's sum, whatever the padding items do to their slots."""
+    deg = _degrees(7, 40, 0, 30, zeros=5, super_degree=97)
+    indptr = _indptr(deg)
+    vals = torch.randn(indptr[-1], dtype=torch.float64)
+    work = worklist.build_static(torch.tensor(indptr), indptr[-1], 8, 9)
+    out = torch.full((len(deg),), float("nan"), dtype=torch.float64)
+    slots = torch.full((work.n_slots,), float("nan"), dtype=torch.float64)
+    for row, begin, end, tag in work.items.tolist():
+        s = vals[begin:end].sum()
+        if tag < 0:
+            out[row] = s
+        else:
+            slots[tag] = s
+    for row, first, n_chunks, _ in work.split.tolist():
+        if n_chunks:
+            out[row] = slots[first:first + n_chunks].sum()
+    expected = torch.stack([vals[indptr[r]:indptr[r + 1]].sum() for r in range(len(deg))])
+    assert torch.allclose(out, expected)
+
+
+def test_row_attention_work_uses_the_static_list_on_static_graphs():
+    from gnn_fastpath.cuda import row_attention
+    from gnn_fastpath.graph.tensors import as_graph, from_coo
+
+    ei = torch.tensor([[0, 1, 2, 3, 3, 3, 3, 1, 0, 2], [1, 1, 1, 1, 0, 2, 0, 2, 1, 1]])
+    eager = Graph.from_edge_index(ei, 4)
+    assert not row_attention.work(eager, 2).static
+    static = as_graph(from_coo(ei[0], ei[1], 4, 4))
+    work = row_attention.work(static, 2)
+    assert work.static and row_attention.work(static, 2) is work
+    assert work.split_mask.tolist() == [False, True, False, False]  # in-degrees 2, 6, 2, 0: row 1 has > 2
+    assert row_attention.split_index(static, work, False) is work.slot_split

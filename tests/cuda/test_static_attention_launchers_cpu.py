@@ -1,0 +1,94 @@
+"""Dry launches (see dry_launch.py) of the three attention families on a *static* Graph, the
+compiled path's (``graph.tensors.as_graph``): long rows are split by the static work list
+(``worklist.build_static``), so the chunk merges and split-row accumulators run there too,
+in float32 and 16-bit, with every backward variant that walks destinations or sources."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dry_launch import GRAPHS, graph
+from gnn_fastpath.cuda import launch
+from gnn_fastpath.graph.tensors import as_graph, of_graph
+from gnn_fastpath.ops.dot_attention import DotAttentionFunction
+from gnn_fastpath.ops.gat_attention import GATAttentionFunction
+from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
+
+
+def _static(name):
+    g = as_graph(of_graph(graph(*GRAPHS[name])))
+    assert g.static
+    return g
+
+
+def _leaf(*shape, dtype):
+    return torch.randn(*shape).to(dtype).requires_grad_()
+
+
+def _record_work(monkeypatch):
+    """{kernel name: (n_work or n_items or n_split, grid)} of every dry launch."""
+    seen, dry = {}, launch.Kernel.launch
+
+    def record(self, grid, block, **args):
+        n = next((args[k] for k in ("n_work", "n_items", "n_split") if k in args), None)
+        seen[self.name.split("<")[0]] = (n, grid)
+        dry(self, grid, block, **args)
+
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+def test_gatv2_on_a_static_graph(launches, monkeypatch, dtype, graph_name, variant):
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
+    seen = _record_work(monkeypatch)
+    g = _static(graph_name)
+    H, D = 2, 64
+    xs, xd, et = _leaf(g.n_src, H, D, dtype=dtype), _leaf(g.n_dst, H, D, dtype=dtype), \
+        _leaf(g.num_edges, H, D, dtype=dtype)
+    att = _leaf(H, D, dtype=torch.float32)
+    out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, True, 0.1, torch.tensor([7, 9]), None)
+    (out.float().sum() + alpha.float().sum()).backward()
+    # every row has a split entry in a static list: the merge runs on every graph, the plain
+    # one included (where no entry has chunks and the kernel skips them all)
+    assert {"gatv2_fwd", "gatv2_fwd_merge", "gatv2_bwd_dst"} <= set(launches)
+    assert seen["gatv2_fwd_merge"][0] == g.n_dst
+    assert seen["gatv2_fwd"][0] == (g.n_dst + g.num_edges // 256) * 1  # one head tile of 2 x 64
+    assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
+    for t in (xs, xd, att, et):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_gat_on_a_static_graph(launches, dtype, graph_name):
+    g = _static(graph_name)
+    H, D = 2, 64
+    xs = _leaf(g.n_src, H, D, dtype=dtype)
+    s, t, u = _leaf(g.n_src, H, dtype=torch.float32), _leaf(g.n_dst, H, dtype=torch.float32), \
+        _leaf(g.num_edges, H, dtype=torch.float32)
+    out, alpha = GATAttentionFunction.apply(xs, s, t, u, None, g, 0.2, "dropped", 0.1, torch.tensor([7, 9]), None,
+                                            None)
+    (out.float().sum() + alpha.float().sum()).backward()
+    assert {"gat_fwd", "gat_fwd_merge", "gat_bwd_dst"} <= set(launches)  # static: the atomic backward
+    for x in (xs, s, t, u):
+        assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+def test_dot_on_a_static_graph(launches, monkeypatch, dtype, graph_name, variant):
+    monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", variant)
+    g = _static(graph_name)
+    H, D = 4, 32
+    q, k, v = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.n_src, H, D, dtype=dtype), _leaf(g.n_src, H, D, dtype=dtype)
+    et = _leaf(g.num_edges, H, D, dtype=dtype)
+    out, alpha = DotAttentionFunction.apply(q, k, v, et, g, 0.125, True, 0.1, torch.tensor([7, 9]), None, None)
+    (out.float().sum() + alpha.float().sum()).backward()
+    assert {"dot_fwd", "dot_fwd_merge", "dot_bwd_dst", "dot_sum_partials"} <= set(launches)
+    assert ("dot_bwd_src" in launches) == (variant == "transposed")
+    for x in (q, k, v, et):
+        assert x.grad.shape == x.shape and x.grad.dtype == dtype
