@@ -128,13 +128,18 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
                                   out=piece_out, aux=piece_aux)
     index = owner.unsqueeze(1).expand(cap, F)
-    value = torch.zeros(n_dst + 1, F, dtype=out.dtype, device=device).scatter_reduce_(
-        0, index, piece_out, "amax" if sign > 0 else "amin", include_self=False)
+    # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
+    # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
+    # 2 bytes past the end of a tensor whose last element starts a word (compute-sanitizer
+    # memcheck, bf16, torch 2.11)
+    pieces = piece_out.float()
+    value = torch.zeros(n_dst + 1, F, dtype=torch.float32, device=device).scatter_reduce_(
+        0, index, pieces, "amax" if sign > 0 else "amin", include_self=False)
     out.copy_(value[:n_dst])
     if aux is None:
         return
     best = value.index_select(0, owner)
-    tied = (piece_out == best) | (piece_out.isnan() & best.isnan())
+    tied = (pieces == best) | (pieces.isnan() & best.isnan())
     if mode == MODE_COUNT:  # tied edges of the row: those of the pieces reaching its extreme
         total = torch.zeros(n_dst + 1, F, dtype=torch.int32, device=device).index_add_(0, owner, piece_aux * tied)
     else:  # the first (last) winning edge among the pieces reaching the extreme
