@@ -153,19 +153,26 @@ def test_one_linear_ties_are_exercised(check, monkeypatch, aggr):
 def test_known_difference_at_zero_extreme():
     """Documented: where the aggregated maximum is exactly 0 and tied, torch's scatter counts
     its untouched zero as one more candidate (stock loses that share of the gradient); the
-    node-level path gives the tied edges g / n. Values agree; gradients differ only there."""
+    node-level path gives the tied edges g / n. Values agree; gradients differ only there:
+    with every feature 0 every message is an exact 0 (tied extremes of 0), with node 0's
+    features 1 the two tied messages into node 0 are not 0 and the gradients agree."""
     edge_index = torch.tensor([[1, 2, 0], [0, 0, 1]])  # target 0 has two sources, target 1 one
-    x = torch.zeros(3, F_IN)
-    x[0] = 1.0
     conv = _conv(_linear("torch", bias=False))
-    x_stock, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want = conv(x_stock, edge_index)
-    want.sum().backward()
-    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
-        got = conv(x_ours, edge_index)
-    got.sum().backward()
-    torch.testing.assert_close(got, want)
-    assert not torch.allclose(x_ours.grad, x_stock.grad)
+    grads = {}
+    for case in ("zero", "one"):
+        x = torch.zeros(3, F_IN)
+        if case == "one":
+            x[0] = 1.0
+        x_stock, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want = conv(x_stock, edge_index)
+        want.sum().backward()
+        with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+            got = conv(x_ours, edge_index)
+        got.sum().backward()
+        torch.testing.assert_close(got, want)
+        grads[case] = (x_ours.grad, x_stock.grad)
+    assert not torch.allclose(*grads["zero"])
+    torch.testing.assert_close(*grads["one"])
 
 
 # --------------------------------------------------------------------------- partial
