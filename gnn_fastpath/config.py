@@ -67,6 +67,10 @@ def _flag(name: str, text: str) -> bool:
     raise ValueError(f"{name} must be 0/1 (or true/false, on/off, yes/no); got {text!r}")
 
 
+def _text(name: str, text: str) -> str:
+    return text.strip()
+
+
 def _optional_choice(*choices: str) -> Callable[[str, str], object]:
     parse_choice = _choice(*choices)
 
@@ -95,6 +99,12 @@ SETTINGS = (
             "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
             "out-degree",
             _optional_choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_TUNE", "0", "0 or 1",
+            "1 times the backward variants of dot and GAT attention once per size class (where "
+            "GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and keeps the fastest, remembered across processes; "
+            "0 uses the rules", _flag),
+    Setting("GNN_FASTPATH_TUNE_CACHE", "", "a file path (empty: ~/.cache/gnn_fastpath/tuning.json)",
+            "where the measured choices are kept, per GPU model and package version", _text),
     Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
             "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag",
             _choice("transposed", "flag")),

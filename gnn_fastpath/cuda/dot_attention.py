@@ -22,7 +22,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .. import config
+from .. import config, tuning
 from . import launch, row_attention, worklist
 
 SOURCE = "dot_attention.cu"
@@ -102,6 +102,10 @@ def unsupported(H: int, D: int) -> Optional[str]:
     if config_for(D, 1) is None:
         return f"head width D={D} above {MAX_FLOATS_PER_LANE * 32}"
     return None
+
+
+#: The backward variants (GNN_FASTPATH_DOT_BWD).
+BACKWARDS = ("atomic", "transposed")
 
 
 def backward_mode(graph) -> str:
@@ -197,9 +201,11 @@ def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tens
 
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,
              grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor], alpha_dropped: bool,
-             scale: float, p: float, seed: Union[int, Tensor], offset: Optional[int], need_d_edge_term: bool):
+             scale: float, p: float, seed: Union[int, Tensor], offset: Optional[int], need_d_edge_term: bool,
+             mode: Optional[str] = None):
     """Gradients ``(dq, dk, dv, d_edge_term)`` in q's dtype (d_edge_term None unless
-    ``need_d_edge_term``).
+    ``need_d_edge_term``). ``mode``: ``"atomic"`` or ``"transposed"`` (None: :func:`backward_mode`,
+    or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this size class).
 
     ``grad_out`` [N_dst, H, D] (and ``grad_alpha``, the gradient of the returned attention
     ``alpha``, None when there is none) have out's dtype. dk, dv come from atomics in the
@@ -215,7 +221,15 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     kc = graph.kernel_csr()
     work = _work(graph)
     cfg = _config(graph, q, k, v, edge_term, out, grad_out)
-    transposed = backward_mode(graph) == "transposed"
+    if mode is None:
+        mode = backward_mode(graph)
+        if config.setting("GNN_FASTPATH_DOT_BWD") is None and not graph.static:
+            def run(variant):
+                return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
+                                scale, p, seed, offset, need_d_edge_term, variant)
+
+            mode = tuning.choose_variant("dot_attention.backward", graph, H * D, ti, device, run, BACKWARDS, mode)
+    transposed = mode == "transposed"
     dq = torch.empty_like(q)
     if transposed:
         dk, dv = torch.empty_like(k), torch.empty_like(v)

@@ -23,7 +23,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .. import config
+from .. import config, tuning
 from . import launch, row_attention, worklist
 from .row_attention import Config
 
@@ -151,14 +151,16 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
 def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
              edge_weight: Optional[Tensor], out: Tensor, lse: Tensor, grad_out: Tensor, alpha: Optional[Tensor],
              grad_alpha: Optional[Tensor], alpha_dropped: bool, slope: float, p: float, seed: Union[int, Tensor],
-             offset: Optional[int], needs: Tuple[bool, bool, bool, bool, bool]):
+             offset: Optional[int], needs: Tuple[bool, bool, bool, bool, bool], mode: Optional[str] = None):
     """Gradients (dx_src, d_score_src, d_score_dst, d_edge_score, d_edge_weight), each None
     where ``needs`` (in that order) says so or the tensor is absent.
 
     Inputs as :func:`forward`'s; ``out`` (saved), ``grad_out`` [N_dst, H, D] contiguous,
     ``alpha`` and ``grad_alpha`` [M, H] (caller order, the gradient of the returned attention,
     None when there is none) in out's dtype; the dropout stream as the forward's. dx_src comes
-    back in T, the others in float32.
+    back in T, the others in float32. ``mode``: ``"atomic"`` or ``"transposed"`` (None:
+    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this
+    size class).
     """
     dev = x_src.device
     rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
@@ -196,7 +198,15 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
                   grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed, offset=offset,
                   rng=rng, d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
 
-    if backward_mode(graph) == "atomic":
+    if mode is None:
+        mode = backward_mode(graph)
+        if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static:
+            def run(variant):
+                return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
+                                grad_alpha, alpha_dropped, slope, p, seed, offset, needs, variant)
+
+            mode = tuning.choose_variant("gat_attention.backward", graph, H * D, T, dev, run, BACKWARDS, mode)
+    if mode == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
         n_work = work.n_items * n_tiles
         bwd = stream.kernel(dev, "gat_bwd_dst", ti, to, *cfg.args())

@@ -92,3 +92,65 @@ def test_dot_on_a_static_graph(launches, monkeypatch, dtype, graph_name, variant
     assert ("dot_bwd_src" in launches) == (variant == "transposed")
     for x in (q, k, v, et):
         assert x.grad.shape == x.shape and x.grad.dtype == dtype
+
+
+# ------------------------------------------------------------------------ tuned backward
+@pytest.mark.parametrize("family", ["gat", "dot"])
+def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch, tmp_path, family):
+    """GNN_FASTPATH_TUNE=1: the first backward of a size class runs both variants (timed; here
+    a fake timer calls the one the rule does not pick faster), the choice is kept, and a second
+    graph of the same class runs only it; a forced GNN_FASTPATH_*_BWD and static graphs are not
+    tuned."""
+    from gnn_fastpath import tuning
+    from gnn_fastpath.cuda import dot_attention, gat_attention
+
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "tuning.json"))
+    tuning.forget()
+    timed = []
+
+    g = graph(False, True)
+    rule = (gat_attention if family == "gat" else dot_attention).backward_mode(g)
+    faster = "atomic" if rule == "transposed" else "transposed"
+
+    def timer(run, device):
+        n = len(launches)
+        run()
+        variant = "transposed" if any(name.endswith("_bwd_src") for name in launches[n:]) else "atomic"
+        timed.append(variant)
+        return 1.0 if variant == faster else 2.0
+
+    monkeypatch.setattr(tuning, "_time_ms", timer)
+    H, D = 2, 32
+
+    def step(g):
+        if family == "gat":
+            xs = _leaf(g.n_src, H, D, dtype=torch.float32)
+            s, t = _leaf(g.n_src, H, dtype=torch.float32), _leaf(g.n_dst, H, dtype=torch.float32)
+            out = GATAttentionFunction.apply(xs, s, t, None, None, g, 0.2, False, 0.0, 0, 0, None)
+        else:
+            q, k, v = (_leaf(n, H, D, dtype=torch.float32) for n in (g.n_dst, g.n_src, g.n_src))
+            out = DotAttentionFunction.apply(q, k, v, None, g, 0.125, False, 0.0, 0, 0, None)
+        start = len(launches)
+        out.sum().backward()
+        return launches[start:]
+
+    def ran_transposed(names):
+        return any(name.endswith("_bwd_src") for name in names)
+
+    first = step(g)
+    assert sorted(timed) == ["atomic", "transposed"]
+    # after timing, the call itself runs the faster variant (its last launches)
+    n_last = 1 if faster == "atomic" else 2
+    assert ran_transposed(first[-n_last:]) == (faster == "transposed")
+    rows = tuning.listing(all_devices=True)
+    assert [(r["choice"], r["default"]) for r in rows] == [(faster, rule)]
+    again = step(graph(False, True))  # a new Graph of the same class: the remembered choice, untimed
+    assert len(timed) == 2 and ran_transposed(again) == (faster == "transposed")
+    monkeypatch.setenv(f"GNN_FASTPATH_{family.upper()}_BWD", "atomic")  # forced: neither timed nor tuned
+    forced = step(graph(True))
+    assert len(timed) == 2 and not ran_transposed(forced)
+    monkeypatch.delenv(f"GNN_FASTPATH_{family.upper()}_BWD")
+    static = step(_static("super_node"))  # static graphs: the rule (atomic), never timed
+    assert len(timed) == 2 and not ran_transposed(static)
+    tuning.forget()

@@ -1,0 +1,151 @@
+"""gnn_fastpath.tuning: measured choices per size class, kept in a file across processes and
+used only on the GPU model and versions they were measured for (CPU: fake timings)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gnn_fastpath import tuning
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def tune(monkeypatch, tmp_path):
+    """Tuning on, with a fresh choices file; yields the file's path."""
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(path))
+    tuning.forget()
+    yield path
+    tuning.forget()
+
+
+def fake_timer(times, calls):
+    """A timer that runs nothing and reports ``times[name]`` for the candidate it is given."""
+    def timer(run, device):
+        name = run()
+        calls.append(name)
+        return times[name]
+    return timer
+
+
+def candidates(*names):
+    return {name: (lambda name=name: name) for name in names}
+
+
+def test_off_by_default_uses_the_rule(monkeypatch, tmp_path):
+    monkeypatch.delenv("GNN_FASTPATH_TUNE", raising=False)
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "t.json"))
+    calls = []
+    got = tuning.choose("k", candidates("a", "b"), "a", CPU, fake_timer({"a": 5, "b": 1}, calls))
+    assert got == "a" and calls == [] and not (tmp_path / "t.json").exists()
+
+
+def test_measures_once_keeps_the_fastest_and_survives_a_restart(tune):
+    calls = []
+    timer = fake_timer({"atomic": 3.0, "transposed": 1.0}, calls)
+    assert tuning.choose("cls", candidates("atomic", "transposed"), "atomic", CPU, timer) == "transposed"
+    assert sorted(calls) == ["atomic", "transposed"]
+    assert tuning.choose("cls", candidates("atomic", "transposed"), "atomic", CPU, timer) == "transposed"
+    assert len(calls) == 2  # remembered in this process
+    data = json.loads(tune.read_text())
+    record = data["entries"][tuning.device_key(CPU)]["cls"]
+    assert data["format"] == tuning.FORMAT and record["choice"] == "transposed"
+    assert record["times_ms"] == {"atomic": 3.0, "transposed": 1.0} and record["default"] == "atomic"
+    tuning.forget()  # a new process: read from the file, not timed again
+    assert tuning.choose("cls", candidates("atomic", "transposed"), "atomic", CPU, timer) == "transposed"
+    assert len(calls) == 2
+    # another class is timed on its own
+    assert tuning.choose("other", candidates("atomic", "transposed"), "atomic", CPU,
+                         fake_timer({"atomic": 1.0, "transposed": 2.0}, calls)) == "atomic"
+
+
+def test_ignored_on_another_gpu_or_version(tune, monkeypatch):
+    here = tuning.device_key(CPU)
+    calls = []
+    tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls))
+    others = ("NVIDIA H100 80GB HBM3|gnn_fastpath 0.1.0|torch 2.11.0", "cpu|gnn_fastpath 9.9|torch 2.11.0")
+    for other in others:
+        monkeypatch.setattr(tuning, "device_key", lambda device, other=other: other)
+        tuning.forget()
+        assert tuning.remembered("cls", CPU) is None
+        assert tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 1, "b": 2}, calls)) == "a"
+    assert len(calls) == 6  # timed anew for each
+    entries = json.loads(tune.read_text())["entries"]  # every device key kept side by side
+    assert {k: v["cls"]["choice"] for k, v in entries.items()} == {here: "b", others[0]: "a", others[1]: "a"}
+
+
+def test_device_key_names_gpu_and_versions():
+    key = tuning.device_key(CPU)
+    assert key.startswith("cpu|gnn_fastpath ") and f"torch {torch.__version__}" in key
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"format": 0, "entries": {}}), json.dumps([1, 2])])
+def test_unreadable_or_old_files_are_ignored_and_replaced(tune, content):
+    tune.write_text(content)
+    calls = []
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls)) == "b"
+    assert calls and json.loads(tune.read_text())["format"] == tuning.FORMAT
+
+
+def test_ties_keep_the_rule(tune):
+    assert tuning.choose("cls", candidates("a", "b"), "b", CPU, fake_timer({"a": 1, "b": 1}, [])) == "b"
+
+
+def test_bad_default():
+    with pytest.raises(ValueError, match="default"):
+        tuning.choose("cls", candidates("a", "b"), "c", CPU)
+
+
+def test_no_measuring_while_capturing(tune, monkeypatch):
+    """During CUDA-graph capture nothing is timed: the remembered choice, else the rule."""
+    monkeypatch.setattr(tuning, "may_measure", lambda device: False)
+    calls = []
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls)) == "a"
+    assert calls == []
+    monkeypatch.undo()
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tune))
+    tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls))
+    monkeypatch.setattr(tuning, "may_measure", lambda device: False)
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU) == "b"  # remembered, not timed
+
+
+def test_unwritable_file_keeps_the_choice_in_the_process(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(blocker / "sub" / "tuning.json"))  # parent is a file
+    tuning.forget()
+    calls = []
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls)) == "b"
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, calls)) == "b"
+    assert len(calls) == 2
+    tuning.forget()
+
+
+def test_listing(tune, monkeypatch):
+    tuning.choose("c1", candidates("a", "b"), "a", CPU, fake_timer({"a": 2, "b": 1}, []))
+    monkeypatch.setattr(tuning, "device_key", lambda device: "Some GPU|gnn_fastpath 0.1.0|torch x")
+    tuning.choose("c2", candidates("a", "b"), "a", CPU, fake_timer({"a": 1, "b": 2}, []))
+    rows = tuning.listing(all_devices=True)
+    assert {(r["class"], r["choice"]) for r in rows} == {("c1", "b"), ("c2", "a")}
+    assert all({"device", "class", "choice", "default", "times_ms", "measured"} <= set(r) for r in rows)
+    # by default only what is valid here: the GPU this process sees (none on a CPU machine)
+    here = tuning.listing()
+    assert all(r["device"] == tuning.device_key(torch.device("cuda")) for r in here)
+
+
+def test_size_classes():
+    c = tuning.size_class
+    base = c("dot_attention.backward", 1000, 1000, 20000, 256, torch.float32)
+    assert c("dot_attention.backward", 1100, 1050, 21000, 256, torch.float32) == base  # same powers of two
+    assert c("dot_attention.backward", 1000, 1000, 200000, 256, torch.float32) != base  # 10x the degree
+    assert c("dot_attention.backward", 1000, 1000, 20000, 128, torch.float32) != base
+    assert c("dot_attention.backward", 1000, 1000, 20000, 256, torch.bfloat16) != base
+    assert c("gat_attention.backward", 1000, 1000, 20000, 256, torch.float32) != base
+    assert "float32" in base and "width 256" in base
+    assert c("x", 0, 0, 0, 1, torch.float16)  # empty graphs have a class too
