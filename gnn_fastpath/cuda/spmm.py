@@ -14,7 +14,10 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
   training loop that builds a new weight tensor every step keeps only the newest). In-place
   writes through ``tensor.data`` do not bump ``_version`` and are not noticed: write weights
   in place under ``torch.no_grad()`` instead (what optimizers do);
-- for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
+- for the backward of an undirected graph (``graph.reverse_edges()``: symmetric, detected
+  once per graph) whose values entry is symmetric too (checked once per entry): nothing,
+  dX = A^T dY = A dY on the forward matrix;
+- otherwise, for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
   matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
   values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
   ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32
@@ -63,6 +66,10 @@ SCALES = {"none": (SCALE_NONE, SCALE_NONE), "left": (SCALE_INVERSE, SCALE_NONE),
 EDGES_PER_GROUP = 16
 #: Edge-weight tensors whose values stay cached per (graph, norm).
 WEIGHTED_ENTRIES = 2
+#: Relative difference up to which an edge's value and its reverse's count as equal for the
+#: undirected backward (A^T = A): a few float32 roundings, as normalised values of a symmetric
+#: graph are computed in different orders for the two directions (c_dst * w * c_src).
+SYMMETRY_RTOL = 2.0 ** -21
 #: What was built, by kind (tests check that cached state is reused, not rebuilt).
 build_counts: Counter = Counter()
 MEMO_KEY = "spmm"
@@ -109,6 +116,17 @@ class _Values:
         self.values = EdgeValues(values)
         self.ref = ref
         self._transposed: Optional[EdgeValues] = None
+        self._symmetric: Optional[bool] = None
+
+    def symmetric(self, reverse: Tensor) -> bool:
+        """Whether every edge's value equals its reverse edge's (``reverse``: the graph's
+        :meth:`~gnn_fastpath.graph.Graph.reverse_edges`) up to :data:`SYMMETRY_RTOL`: then
+        A^T = A. One host read per entry."""
+        if self._symmetric is None:
+            v = self.values.fp32
+            self._symmetric = bool(torch.allclose(v, v.index_select(0, reverse), rtol=SYMMETRY_RTOL, atol=0.0))
+            build_counts["symmetry_check"] += 1
+        return self._symmetric
 
     def transposed(self, cache: "SpmmCache") -> EdgeValues:
         if self._transposed is None:
@@ -168,6 +186,13 @@ class SpmmCache:
             lru.popitem(last=False)
         build_counts["values_weighted"] += 1
         return entry
+
+    def undirected(self, entry: _Values) -> bool:
+        """Whether A^T = A for ``entry``'s values: a symmetric graph (detected once per graph,
+        only where its build found every node's in- and out-degree equal) and symmetric values.
+        The backward then multiplies by A itself: no transposed CSR, descriptor or values."""
+        reverse = self._graph().reverse_edges()
+        return reverse is not None and entry.symmetric(reverse)
 
     def transposed(self) -> CsrMatrix:
         """A^T on the graph's int32 source-major CSR, built once per graph."""
@@ -268,6 +293,11 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
     dx = dw = None
     if need_dx:
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
+        if cache.undirected(entry):  # A^T = A: the forward matrix serves the backward
+            cache.csr.matmul(entry.values, grad_out, dx)
+            if need_dw:
+                dw = edge_weight_grad(cache, norm, grad_out, x)
+            return dx, dw
         # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
         # those always take the explicit transposed matrix (run by the own kernel).
         transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"

@@ -134,6 +134,8 @@ class EdgeFacts:
             keeps the caller's order and needs no sort).
         num_self_loops: edges with source == target.
         max_in_degree, max_out_degree: the longest destination and source rows.
+        balanced: n_src == n_dst and every node has as many in-edges as out-edges (what a
+            symmetric graph needs; :meth:`Graph.reverse_edges` checks the rest only then).
     """
 
     id_range: Tuple[Tuple[int, int], Tuple[int, int]]
@@ -141,6 +143,7 @@ class EdgeFacts:
     num_self_loops: int
     max_in_degree: int
     max_out_degree: int
+    balanced: bool = False
 
 
 def _check_range(lo: int, hi: int, bound: int, name: str) -> None:
@@ -164,11 +167,13 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
 
         if cuda.available():
             facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
-            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out = facts_t.tolist()  # the one sync
+            if n_src == n_dst:  # nodes whose in- and out-degree differ, in the same transfer
+                facts_t = torch.cat([facts_t, (in_degree != out_degree).sum().view(1).to(facts_t.dtype)])
+            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out, *unbalanced = facts_t.tolist()  # the one sync
             _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
             _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
-            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out),
-                    in_degree, out_degree)
+            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out,
+                              unbalanced == [0]), in_degree, out_degree)
     check_readable(src, f"{name} (source row)")
     (s_lo, d_lo), (s_hi, d_hi) = (t.tolist() for t in torch.aminmax(torch.stack([src, dst]), dim=1))
     _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
@@ -179,7 +184,9 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
     loops = int((src == dst).sum())
     max_in = int(in_degree.max()) if n_dst else 0
     max_out = int(out_degree.max()) if n_src else 0
-    return EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out), in_degree, out_degree
+    balanced = n_src == n_dst and bool(torch.equal(in_degree, out_degree))
+    return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out, balanced),
+            in_degree, out_degree)
 
 
 def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
@@ -250,6 +257,8 @@ class Graph:
         self._degree_bounds: Tuple[Optional[int], Optional[int]] = (None, None)
         self._bounds_exact = False
         self._num_self_loops: Optional[int] = None
+        # Every node as many in- as out-edges (EdgeFacts.balanced); None: not known.
+        self._balanced: Optional[bool] = None
         # Static: built from tensors inside a custom operator (graph.tensors.as_graph);
         # launch geometry from shapes only, nothing read back to the host.
         self._static = False
@@ -273,7 +282,8 @@ class Graph:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_coo(cls, src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, validate: bool = True,
-                 name: str = "edge_index", degree_bounds: Optional[Tuple[int, int]] = None) -> "Graph":
+                 name: str = "edge_index", degree_bounds: Optional[Tuple[int, int]] = None,
+                 balanced: Optional[bool] = None) -> "Graph":
         """Build from source and destination ids, integer [M] each, in the caller's edge order.
 
         With ``validate`` (the default) the ids are checked against the node counts
@@ -285,7 +295,9 @@ class Graph:
 
         ``validate=False`` is for graphs derived from a validated one (e.g. with self loops
         added): no check, no synchronisation, always sorted; ``degree_bounds`` = (longest
-        destination row, longest source row), upper bounds the caller knows, if any.
+        destination row, longest source row), upper bounds the caller knows, if any;
+        ``balanced``: whether every node has as many in- as out-edges, if the caller knows
+        (a derived graph that adds one self loop per node keeps its base's).
         """
         with _normal_tensors():
             src = src.to(torch.int64)
@@ -297,6 +309,7 @@ class Graph:
                     graph._set_facts(0, 0, 0)
                 elif degree_bounds is not None:
                     graph._set_facts(*degree_bounds, None, exact=False)  # either may be None
+                graph._balanced = True if src.numel() == 0 and n_src == n_dst else balanced
                 return graph
             facts, in_degree, out_degree = _edge_facts(src, dst, n_src, n_dst, name)
             indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=src.device)
@@ -309,6 +322,7 @@ class Graph:
                 _, indices, perm = _sort_into_csr(dst, src, n_dst, n_src, indptr=indptr)
             graph = cls(indptr, indices, perm, n_src, n_dst)
             graph._set_facts(facts.max_in_degree, facts.max_out_degree, facts.num_self_loops)
+            graph._balanced = facts.balanced
             graph._memo["out_degree"] = out_degree.to(torch.int64)
         return graph
 
@@ -459,6 +473,45 @@ class Graph:
             else:
                 self._num_self_loops = int((self.indices == self.dst_index()).sum())
         return self._num_self_loops
+
+    @property
+    def balanced(self) -> Optional[bool]:
+        """Whether every node has as many in-edges as out-edges (n_src == n_dst), as the build
+        found out without an extra host read; None when not known (see :meth:`reverse_edges`)."""
+        return self._balanced
+
+    def reverse_edges(self) -> Optional[Tensor]:
+        """For a symmetric graph, int64 [M]: the CSR position of each CSR edge's reverse (the
+        edge j -> i of edge i -> j; duplicates paired in CSR order, a self loop with itself);
+        None when the graph is not symmetric (as a multiset of (src, dst) pairs; a bipartite
+        graph never is) or not known to have balanced degrees: the build's one host read says
+        whether every node has as many in- as out-edges, and only such graphs are checked
+        further (two sorts and one host read, once per graph, cached), so a graph that cannot be
+        symmetric (a sampled mini-batch) costs nothing. Backward passes of undirected graphs
+        can walk the forward CSR through it instead of a transpose (:meth:`is_symmetric`)."""
+        def build():
+            if self.n_src != self.n_dst or self._static or self._balanced is not True:
+                return None
+            m = self.num_edges
+            if m == 0:
+                return torch.empty(0, dtype=torch.int64, device=self.device)
+            n = self.n_dst
+            dst = self.dst_index().to(torch.int64)
+            src = self.indices.to(torch.int64)
+            forward = torch.sort(dst * n + src, stable=True)
+            reverse = torch.sort(src * n + dst, stable=True)
+            if not bool(torch.equal(forward.values, reverse.values)):
+                return None
+            rev = torch.empty(m, dtype=torch.int64, device=self.device)
+            rev[forward.indices] = reverse.indices
+            return rev
+
+        return self.memo("reverse_edges", build)
+
+    def is_symmetric(self) -> bool:
+        """Whether every edge i -> j has a reverse j -> i, counted with multiplicity (see
+        :meth:`reverse_edges`)."""
+        return self.reverse_edges() is not None
 
     def memo(self, key, build):
         """Cache ``build()`` under ``key`` for this graph's lifetime (derived, per-graph data)."""

@@ -74,6 +74,44 @@ def _check(graph, F, norm, weighted, seed=0, trailing=None):
     return got
 
 
+def _undirected(super_degree=0):
+    """A symmetric multigraph on the GPU (random pairs both ways, self loops, duplicates;
+    a super node when ``super_degree``)."""
+    edge_index, (n, _) = random_edges(400, 400, 3000, seed=7, empty_rows=20, super_node_degree=super_degree)
+    src, dst = edge_index
+    return Graph.from_coo(torch.cat([src, dst]).cuda(), torch.cat([dst, src]).cuda(), n, n)
+
+
+@pytest.mark.parametrize("super_degree", [0, 5000])
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("weights", ["none", "symmetric", "asymmetric"])
+def test_undirected_backward(super_degree, norm, weights):
+    """A symmetric graph: with symmetric values (norm none/both, symmetric or no weights) the
+    backward multiplies by the forward matrix (no transposed matrix built); otherwise by the
+    transpose; both match the float64 reference."""
+    graph = _undirected(super_degree)
+    assert graph.is_symmetric()
+    rev = graph.reverse_edges()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    w = None
+    if weights != "none":
+        w_csr = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.25
+        if weights == "symmetric":
+            w_csr = torch.minimum(w_csr, w_csr[rev])  # the same value on an edge and its reverse
+        w = torch.empty_like(w_csr).scatter_(0, graph.perm.to(torch.int64), w_csr)  # caller order
+    x = torch.randn(graph.n_src, 64, device="cuda", generator=gen)
+    g = torch.randn(graph.n_dst, 64, device="cuda", generator=gen)
+    before = spmm_kernels.build_counts["csr_t"]
+    got = _run(lambda gr, x, w: spmm(gr, x, w, norm), graph, x, w, g)
+    want = _run(lambda gr, x, w: reference.spmm(gr, x, w, norm), graph, x.double(),
+                None if w is None else w.double(), g.double())
+    for name, a, b in zip(("out", "dx", "dw"), got, want):
+        if b is not None:
+            assert_close(f"{name} (norm={norm}, weights={weights})", a, b)
+    symmetric_values = norm in ("none", "both") and weights != "asymmetric"  # left/right: 1/deg differs
+    assert (spmm_kernels.build_counts["csr_t"] == before) == symmetric_values
+
+
 # ------------------------------------------------------------------------------- numerics
 @pytest.mark.parametrize("graph_name", list(_GRAPHS))
 @pytest.mark.parametrize("F", WIDTHS)

@@ -66,3 +66,32 @@ def test_csr_build_launch(launches):
 
     csr_indptr(torch.tensor([0, 0, 2, 5]), 7)
     assert launches == ["csr_indptr_from_sorted"]
+
+
+@pytest.mark.parametrize("values", ["symmetric", "asymmetric"])
+def test_undirected_backward_uses_the_forward_matrix(launches, monkeypatch, values):
+    """On a symmetric graph with symmetric edge values (A^T = A) the backward multiplies by the
+    forward matrix: no transposed CSR, descriptor or values are built; asymmetric values (here
+    by edge position; DGL's "left"/"right" norms on any graph) take the transposed matrix."""
+    from gnn_fastpath import Graph
+
+    n = 30
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randint(0, n, (2, 120), generator=gen)
+    g = Graph.from_coo(torch.cat([a, b]), torch.cat([b, a]), n, n)
+    assert g.is_symmetric()
+    # the dry launches compute nothing: the edge values come from torch here
+    make = (lambda cache, norm, w: torch.ones(cache.kc.indices.numel())) if values == "symmetric" else \
+        (lambda cache, norm, w: torch.arange(cache.kc.indices.numel(), dtype=torch.float32))
+    monkeypatch.setattr(spmm_kernels.SpmmCache, "edge_values", make)
+    before = dict(spmm_kernels.build_counts)
+    x = leaf(n, 8)
+    SpmmFunction.apply(x, None, g, "none").sum().backward()
+    built = {k: spmm_kernels.build_counts[k] - before.get(k, 0) for k in ("csr_t", "values_t", "symmetry_check")}
+    if values == "symmetric":
+        assert built == {"csr_t": 0, "values_t": 0, "symmetry_check": 1}
+    else:
+        assert built == {"csr_t": 1, "values_t": 1, "symmetry_check": 1}
+    assert x.grad.shape == x.shape
+    SpmmFunction.apply(x, None, g, "none").sum().backward()  # the check is made once per values entry
+    assert spmm_kernels.build_counts["symmetry_check"] - before.get("symmetry_check", 0) == 1
