@@ -214,6 +214,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     stream as the forward's.
     """
     device = q.device
+    given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape
     ti, to = q.dtype, out.dtype
@@ -226,7 +227,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         if config.setting("GNN_FASTPATH_DOT_BWD") is None and not graph.static:
             def run(variant):
                 return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
-                                scale, p, seed, offset, need_d_edge_term, variant)
+                                scale, p, *given_stream, need_d_edge_term, variant)
 
             mode = tuning.choose_variant("dot_attention.backward", graph, H * D, ti, device, run, BACKWARDS, mode)
     transposed = mode == "transposed"

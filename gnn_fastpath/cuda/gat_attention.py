@@ -163,6 +163,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     size class).
     """
     dev = x_src.device
+    given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
     rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_src, n_dst, M = graph.n_src, graph.n_dst, graph.num_edges
     H, D = x_src.shape[1], x_src.shape[2]
@@ -203,7 +204,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
         if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static:
             def run(variant):
                 return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
-                                grad_alpha, alpha_dropped, slope, p, seed, offset, needs, variant)
+                                grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
 
             mode = tuning.choose_variant("gat_attention.backward", graph, H * D, T, dev, run, BACKWARDS, mode)
     if mode == "atomic":

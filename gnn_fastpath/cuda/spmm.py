@@ -15,8 +15,10 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
   writes through ``tensor.data`` do not bump ``_version`` and are not noticed: write weights
   in place under ``torch.no_grad()`` instead (what optimizers do);
 - for the backward of an undirected graph (``graph.reverse_edges()``: symmetric, detected
-  once per graph) whose values entry is symmetric too (checked once per entry): nothing,
-  dX = A^T dY = A dY on the forward matrix;
+  once per graph) whose values are symmetric too, from the graph's second training step on
+  (:meth:`SpmmCache.undirected`: never a host read on a per-step path): nothing,
+  dX = A^T dY = A dY on the forward matrix (the transposed matrix of the first backward is
+  dropped);
 - otherwise, for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
   matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
   values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
@@ -117,6 +119,8 @@ class _Values:
         self.ref = ref
         self._transposed: Optional[EdgeValues] = None
         self._symmetric: Optional[bool] = None
+        self.backwards = 0  # backward passes that used this entry (see SpmmCache.undirected())
+        self.reused = False  # a forward used it after one of them
 
     def symmetric(self, reverse: Tensor) -> bool:
         """Whether every edge's value equals its reverse edge's (``reverse``: the graph's
@@ -147,6 +151,8 @@ class SpmmCache:
         self._csr_t: Optional[CsrMatrix] = None
         self._unweighted = {}
         self._weighted = {}
+        self._backwards = 0
+        self._reused = False  # a forward came after a backward (see undirected())
         build_counts["csr"] += 1
 
     def out_degree(self) -> Tensor:
@@ -187,12 +193,37 @@ class SpmmCache:
         build_counts["values_weighted"] += 1
         return entry
 
-    def undirected(self, entry: _Values) -> bool:
-        """Whether A^T = A for ``entry``'s values: a symmetric graph (detected once per graph,
-        only where its build found every node's in- and out-degree equal) and symmetric values.
-        The backward then multiplies by A itself: no transposed CSR, descriptor or values."""
+    def undirected(self, entry: _Values, norm: str) -> bool:
+        """Whether A^T = A for ``entry``'s values, decided without a host read on any per-step
+        path. Only a graph used again after a backward (a forward that follows a backward: the
+        next training step) is checked, so a graph that lives one step (a sampled batch, however
+        many layers share it) never is; then it must be symmetric (detected once per graph, and
+        only where its build found every node's in- and out-degree equal) and its values
+        symmetric: by construction without edge weights for norm none or both, else checked once
+        for a weights entry that is itself used again (weights made anew every step never are).
+        The backward then multiplies by A itself, and the transposed matrix is dropped."""
+        self._backwards += 1
+        entry.backwards += 1
+        if not self._reused:
+            return False
         reverse = self._graph().reverse_edges()
-        return reverse is not None and entry.symmetric(reverse)
+        if reverse is None:
+            return False
+        if entry.ref is None:  # c_dst[row] * c_src[col] with in- = out-degree: equal both ways
+            return norm in ("none", "both")
+        return entry.reused and entry.symmetric(reverse)
+
+    def note_forward(self, entry: _Values) -> None:
+        """A forward on this graph (and entry): after a backward, that is the next step."""
+        if self._backwards:
+            self._reused = True
+        if entry.backwards:
+            entry.reused = True
+
+    def drop_transposed(self, entry: _Values) -> None:
+        """Free what the undirected backward no longer needs."""
+        self._csr_t = None
+        entry._transposed = None
 
     def transposed(self) -> CsrMatrix:
         """A^T on the graph's int32 source-major CSR, built once per graph."""
@@ -281,6 +312,7 @@ def forward(graph, x: Tensor, edge_weight: Optional[Tensor], norm: str, out: Ten
     ``out`` (x's dtype or float32); returns the values entry used (the backward needs it)."""
     cache = cache_of(graph)
     entry = cache.values(norm, edge_weight)
+    cache.note_forward(entry)
     cache.csr.matmul(entry.values, x, out)
     return entry
 
@@ -293,7 +325,8 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
     dx = dw = None
     if need_dx:
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
-        if cache.undirected(entry):  # A^T = A: the forward matrix serves the backward
+        if cache.undirected(entry, norm):  # A^T = A: the forward matrix serves the backward
+            cache.drop_transposed(entry)
             cache.csr.matmul(entry.values, grad_out, dx)
             if need_dw:
                 dw = edge_weight_grad(cache, norm, grad_out, x)

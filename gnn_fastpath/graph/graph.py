@@ -597,6 +597,7 @@ class Graph:
                              self.n_src, self.n_dst)
             copy._stats = self._stats
             copy._set_facts(*self._degree_bounds, self._num_self_loops, exact=self._bounds_exact)
+            copy._balanced = self._balanced
             self._device_copies[device] = copy
         return copy
 

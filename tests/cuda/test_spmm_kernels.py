@@ -91,9 +91,10 @@ def _undirected(super_degree=0):
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("weights", ["none", "symmetric", "asymmetric"])
 def test_undirected_backward(super_degree, norm, weights):
-    """A symmetric graph: with symmetric values (norm none/both, symmetric or no weights) the
-    backward multiplies by the forward matrix (no transposed matrix built); otherwise by the
-    transpose; both match the float64 reference."""
+    """A symmetric graph over two training steps (the same weight tensor): with symmetric
+    values (norm none/both, symmetric or no weights) the second step's backward multiplies by
+    the forward matrix and drops the transposed one; otherwise it keeps the transpose; every
+    step matches the float64 reference."""
     graph = _undirected(super_degree)
     assert graph.is_symmetric()
     rev = graph.reverse_edges()
@@ -103,13 +104,24 @@ def test_undirected_backward(super_degree, norm, weights):
         w_csr = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.25
         if weights == "symmetric":
             w_csr = torch.minimum(w_csr, w_csr[rev])  # the same value on an edge and its reverse
-        w = torch.empty_like(w_csr).scatter_(0, graph.perm.to(torch.int64), w_csr)  # caller order
-    x = torch.randn(graph.n_src, 64, device="cuda", generator=gen)
-    g = torch.randn(graph.n_dst, 64, device="cuda", generator=gen)
-    before = spmm_kernels.build_counts["csr_t"]
-    _compare(graph, x, w, g, norm, f"norm={norm}, weights={weights}")
+        w = torch.empty_like(w_csr).scatter_(0, graph.perm.to(torch.int64), w_csr).requires_grad_()  # caller order
+    for step in range(2):
+        x = torch.randn(graph.n_src, 64, device="cuda", generator=gen, requires_grad=True)
+        g = torch.randn(graph.n_dst, 64, device="cuda", generator=gen)
+        out = spmm(graph, x, w, norm)
+        out.backward(g)
+        x_ref = x.detach().double().requires_grad_()
+        w_ref = None if w is None else w.detach().double().requires_grad_()
+        ref = reference.spmm(graph, x_ref, w_ref, norm)
+        ref.backward(g.double())
+        what = f"step {step}, norm={norm}, weights={weights}"
+        assert_close(f"out ({what})", out.detach(), ref.detach())
+        assert_close(f"dx ({what})", x.grad, x_ref.grad)
+        if w is not None:
+            assert_close(f"dw ({what})", w.grad, w_ref.grad)
+            w.grad = None
     symmetric_values = norm in ("none", "both") and weights != "asymmetric"  # left/right: 1/deg differs
-    assert (spmm_kernels.build_counts["csr_t"] == before) == symmetric_values
+    assert (spmm_kernels.cache_of(graph)._csr_t is None) == symmetric_values
 
 
 # ------------------------------------------------------------------------------- numerics

@@ -68,30 +68,66 @@ def test_csr_build_launch(launches):
     assert launches == ["csr_indptr_from_sorted"]
 
 
-@pytest.mark.parametrize("values", ["symmetric", "asymmetric"])
-def test_undirected_backward_uses_the_forward_matrix(launches, monkeypatch, values):
-    """On a symmetric graph with symmetric edge values (A^T = A) the backward multiplies by the
-    forward matrix: no transposed CSR, descriptor or values are built; asymmetric values (here
-    by edge position; DGL's "left"/"right" norms on any graph) take the transposed matrix."""
+def _symmetric_graph(n=30, seed=3):
+    """Random pairs both ways (the symmetry tests of tests/graph check the detection)."""
     from gnn_fastpath import Graph
 
-    n = 30
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(seed)
     a, b = torch.randint(0, n, (2, 120), generator=gen)
-    g = Graph.from_coo(torch.cat([a, b]), torch.cat([b, a]), n, n)
-    assert g.is_symmetric()
-    # the dry launches compute nothing: the edge values come from torch here
-    make = (lambda cache, norm, w: torch.ones(cache.kc.indices.numel())) if values == "symmetric" else \
-        (lambda cache, norm, w: torch.arange(cache.kc.indices.numel(), dtype=torch.float32))
-    monkeypatch.setattr(spmm_kernels.SpmmCache, "edge_values", make)
+    return Graph.from_coo(torch.cat([a, b]), torch.cat([b, a]), n, n)
+
+
+def _built(before, *kinds):
+    return {k: spmm_kernels.build_counts[k] - before.get(k, 0) for k in kinds}
+
+
+@pytest.mark.parametrize("case", ["unweighted", "same_weights", "asymmetric_weights", "new_weights"])
+def test_undirected_backward_from_the_second_step(launches, monkeypatch, case):
+    """A symmetric graph with symmetric values (A^T = A): the first step's backward takes the
+    transposed matrix as before; from the next step on the forward matrix serves (the transposed
+    one dropped). Unweighted values are symmetric by construction (no check); a weights entry
+    is checked once when used again (asymmetric ones keep the transpose); weights made anew
+    every step are never checked."""
+    g = _symmetric_graph()
+    m = g.num_edges
+    # the dry launches compute nothing: weighted values come from torch here (ones, or by position)
+    asym = case == "asymmetric_weights"
+    original = spmm_kernels.SpmmCache.edge_values
+    monkeypatch.setattr(spmm_kernels.SpmmCache, "edge_values", lambda cache, norm, w: (
+        original(cache, norm, w) if w is None else
+        torch.arange(m, dtype=torch.float32) if asym else torch.ones(m)))
     before = dict(spmm_kernels.build_counts)
-    x = leaf(n, 8)
-    SpmmFunction.apply(x, None, g, "none").sum().backward()
-    built = {k: spmm_kernels.build_counts[k] - before.get(k, 0) for k in ("csr_t", "values_t", "symmetry_check")}
-    if values == "symmetric":
-        assert built == {"csr_t": 0, "values_t": 0, "symmetry_check": 1}
+    w = torch.rand(m) + 0.1
+    x = leaf(g.n_src, 8)
+    for step in range(3):
+        weights = None if case == "unweighted" else (torch.rand(m) + 0.1 if case == "new_weights" else w)
+        SpmmFunction.apply(x, weights, g, "none").sum().backward()
+        built = _built(before, "csr_t", "symmetry_check")
+        if step == 0:
+            assert built == {"csr_t": 1, "symmetry_check": 0}
+    if case == "unweighted":
+        assert built == {"csr_t": 1, "symmetry_check": 0}  # step 2 on: the forward matrix
+        assert spmm_kernels.cache_of(g)._csr_t is None
+    elif case == "same_weights":
+        assert built == {"csr_t": 1, "symmetry_check": 1}
+        assert spmm_kernels.cache_of(g)._csr_t is None
+    elif case == "asymmetric_weights":
+        assert built == {"csr_t": 1, "symmetry_check": 1} and spmm_kernels.cache_of(g)._csr_t is not None
     else:
-        assert built == {"csr_t": 1, "values_t": 1, "symmetry_check": 1}
+        assert built == {"csr_t": 1, "symmetry_check": 0} and spmm_kernels.cache_of(g)._csr_t is not None
     assert x.grad.shape == x.shape
-    SpmmFunction.apply(x, None, g, "none").sum().backward()  # the check is made once per values entry
-    assert spmm_kernels.build_counts["symmetry_check"] - before.get("symmetry_check", 0) == 1
+
+
+def test_one_step_graph_is_never_checked(launches, monkeypatch):
+    """A graph that lives one step, shared by two layers (forward, forward, backward, backward),
+    costs no symmetry detection (no host read), symmetric or not."""
+    from gnn_fastpath import Graph
+
+    g = _symmetric_graph(seed=4)
+    calls = []
+    real = Graph.reverse_edges
+    monkeypatch.setattr(Graph, "reverse_edges", lambda self: calls.append(1) or real(self))
+    x = leaf(g.n_src, 8)
+    h = SpmmFunction.apply(x, None, g, "both")
+    SpmmFunction.apply(h, None, g, "both").sum().backward()
+    assert calls == []
