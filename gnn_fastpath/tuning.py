@@ -103,14 +103,22 @@ def _write(path: Path, dkey: str, klass: str, record: dict) -> None:
     entries = _read(path)
     entries.setdefault(dkey, {})[klass] = record
     _loaded[str(path)] = entries
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump({"format": FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
+        tmp = None
     except OSError:
         pass
+    finally:
+        if tmp is not None:  # written but not moved into place
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def remembered(klass: str, device: torch.device) -> Optional[str]:
