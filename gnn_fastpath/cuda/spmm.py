@@ -197,8 +197,8 @@ class SpmmCache:
         """Whether A^T = A for ``entry``'s values, decided without a host read on any per-step
         path. Only a graph used again after a backward (a forward that follows a backward: the
         next training step) is checked, so a graph that lives one step (a sampled batch, however
-        many layers share it) never is; then it must be symmetric (detected once per graph, and
-        only where its build found every node's in- and out-degree equal) and its values
+        many layers share it) never is; then it must be symmetric (detected once per graph, two
+        host reads at most: :meth:`~gnn_fastpath.graph.Graph.reverse_edges`) and its values
         symmetric: by construction without edge weights for norm none or both, else checked once
         for a weights entry that is itself used again (weights made anew every step never are).
         The backward then multiplies by A itself, and the transposed matrix is dropped."""

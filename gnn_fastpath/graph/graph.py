@@ -134,8 +134,6 @@ class EdgeFacts:
             keeps the caller's order and needs no sort).
         num_self_loops: edges with source == target.
         max_in_degree, max_out_degree: the longest destination and source rows.
-        balanced: n_src == n_dst and every node has as many in-edges as out-edges (what a
-            symmetric graph needs; :meth:`Graph.reverse_edges` checks the rest only then).
     """
 
     id_range: Tuple[Tuple[int, int], Tuple[int, int]]
@@ -143,7 +141,6 @@ class EdgeFacts:
     num_self_loops: int
     max_in_degree: int
     max_out_degree: int
-    balanced: bool = False
 
 
 def _check_range(lo: int, hi: int, bound: int, name: str) -> None:
@@ -167,13 +164,11 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
 
         if cuda.available():
             facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
-            if n_src == n_dst:  # nodes whose in- and out-degree differ, in the same transfer
-                facts_t = torch.cat([facts_t, (in_degree != out_degree).sum().view(1).to(facts_t.dtype)])
-            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out, *unbalanced = facts_t.tolist()  # the one sync
+            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out = facts_t.tolist()  # the one sync
             _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
             _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
-            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out,
-                              unbalanced == [0]), in_degree, out_degree)
+            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out),
+                    in_degree, out_degree)
     check_readable(src, f"{name} (source row)")
     (s_lo, d_lo), (s_hi, d_hi) = (t.tolist() for t in torch.aminmax(torch.stack([src, dst]), dim=1))
     _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
@@ -184,9 +179,7 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
     loops = int((src == dst).sum())
     max_in = int(in_degree.max()) if n_dst else 0
     max_out = int(out_degree.max()) if n_src else 0
-    balanced = n_src == n_dst and bool(torch.equal(in_degree, out_degree))
-    return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out, balanced),
-            in_degree, out_degree)
+    return EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out), in_degree, out_degree
 
 
 def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
@@ -257,8 +250,6 @@ class Graph:
         self._degree_bounds: Tuple[Optional[int], Optional[int]] = (None, None)
         self._bounds_exact = False
         self._num_self_loops: Optional[int] = None
-        # Every node as many in- as out-edges (EdgeFacts.balanced); None: not known.
-        self._balanced: Optional[bool] = None
         # Static: built from tensors inside a custom operator (graph.tensors.as_graph);
         # launch geometry from shapes only, nothing read back to the host.
         self._static = False
@@ -282,8 +273,7 @@ class Graph:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_coo(cls, src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, validate: bool = True,
-                 name: str = "edge_index", degree_bounds: Optional[Tuple[int, int]] = None,
-                 balanced: Optional[bool] = None) -> "Graph":
+                 name: str = "edge_index", degree_bounds: Optional[Tuple[int, int]] = None) -> "Graph":
         """Build from source and destination ids, integer [M] each, in the caller's edge order.
 
         With ``validate`` (the default) the ids are checked against the node counts
@@ -295,9 +285,7 @@ class Graph:
 
         ``validate=False`` is for graphs derived from a validated one (e.g. with self loops
         added): no check, no synchronisation, always sorted; ``degree_bounds`` = (longest
-        destination row, longest source row), upper bounds the caller knows, if any;
-        ``balanced``: whether every node has as many in- as out-edges, if the caller knows
-        (a derived graph that adds one self loop per node keeps its base's).
+        destination row, longest source row), upper bounds the caller knows, if any.
         """
         with _normal_tensors():
             src = src.to(torch.int64)
@@ -309,7 +297,6 @@ class Graph:
                     graph._set_facts(0, 0, 0)
                 elif degree_bounds is not None:
                     graph._set_facts(*degree_bounds, None, exact=False)  # either may be None
-                graph._balanced = True if src.numel() == 0 and n_src == n_dst else balanced
                 return graph
             facts, in_degree, out_degree = _edge_facts(src, dst, n_src, n_dst, name)
             indptr = torch.zeros(n_dst + 1, dtype=torch.int64, device=src.device)
@@ -322,7 +309,6 @@ class Graph:
                 _, indices, perm = _sort_into_csr(dst, src, n_dst, n_src, indptr=indptr)
             graph = cls(indptr, indices, perm, n_src, n_dst)
             graph._set_facts(facts.max_in_degree, facts.max_out_degree, facts.num_self_loops)
-            graph._balanced = facts.balanced
             graph._memo["out_degree"] = out_degree.to(torch.int64)
         return graph
 
@@ -474,27 +460,24 @@ class Graph:
                 self._num_self_loops = int((self.indices == self.dst_index()).sum())
         return self._num_self_loops
 
-    @property
-    def balanced(self) -> Optional[bool]:
-        """Whether every node has as many in-edges as out-edges (n_src == n_dst), as the build
-        found out without an extra host read; None when not known (see :meth:`reverse_edges`)."""
-        return self._balanced
-
     def reverse_edges(self) -> Optional[Tensor]:
         """For a symmetric graph, int64 [M]: the CSR position of each CSR edge's reverse (the
         edge j -> i of edge i -> j; duplicates paired in CSR order, a self loop with itself);
         None when the graph is not symmetric (as a multiset of (src, dst) pairs; a bipartite
-        graph never is) or not known to have balanced degrees: the build's one host read says
-        whether every node has as many in- as out-edges, and only such graphs are checked
-        further (two sorts and one host read, once per graph, cached), so a graph that cannot be
-        symmetric (a sampled mini-batch) costs nothing. Backward passes of undirected graphs
-        can walk the forward CSR through it instead of a transpose (:meth:`is_symmetric`)."""
+        graph, or a static one, never is). Detected once per graph and cached: in- against
+        out-degrees first (one host read; most directed graphs stop there), then two sorts and
+        one more read. It reads back to the host, so callers on a per-step path ask only for
+        graphs that outlive a step (:meth:`gnn_fastpath.cuda.spmm.SpmmCache.undirected`).
+        Backward passes of undirected graphs can walk the forward CSR through it instead of a
+        transpose (:meth:`is_symmetric`)."""
         def build():
-            if self.n_src != self.n_dst or self._static or self._balanced is not True:
+            if self.n_src != self.n_dst or self._static:
                 return None
             m = self.num_edges
             if m == 0:
                 return torch.empty(0, dtype=torch.int64, device=self.device)
+            if not bool(torch.equal(self.in_degree().to(torch.int64), self.out_degree().to(torch.int64))):
+                return None
             n = self.n_dst
             dst = self.dst_index().to(torch.int64)
             src = self.indices.to(torch.int64)
@@ -597,7 +580,6 @@ class Graph:
                              self.n_src, self.n_dst)
             copy._stats = self._stats
             copy._set_facts(*self._degree_bounds, self._num_self_loops, exact=self._bounds_exact)
-            copy._balanced = self._balanced
             self._device_copies[device] = copy
         return copy
 

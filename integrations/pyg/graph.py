@@ -298,11 +298,10 @@ def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
         keep, loop_pos = torch.arange(m, device=base.device), src.new_empty(0)
     loop_node = src[loop_pos]
     loops = torch.arange(num_loops, device=base.device)
-    # At most one loop more per row than the base graph had; removing loops and adding one per
-    # node keep every node's in- and out-degree equal where the base's were.
+    # At most one loop more per row than the base graph had.
     bounds = tuple(None if b is None else b + 1 for b in (base.degree_bound(False), base.degree_bound(True)))
     graph = Graph.from_coo(torch.cat([src[keep], loops]), torch.cat([dst[keep], loops]),
-                           base.n_src, base.n_dst, validate=False, degree_bounds=bounds, balanced=base.balanced)
+                           base.n_src, base.n_dst, validate=False, degree_bounds=bounds)
     return Looped(graph, keep, loop_node, loop_pos, num_loops)
 
 

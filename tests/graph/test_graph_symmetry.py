@@ -1,5 +1,5 @@
-"""Symmetric graphs (Graph.reverse_edges / is_symmetric / balanced): detected once per graph,
-only where the build found balanced degrees, and the reverse of every edge found exactly."""
+"""Symmetric graphs (Graph.reverse_edges / is_symmetric): detected once per graph (degrees
+first, the sorts only for balanced degrees), the reverse of every edge found exactly."""
 from __future__ import annotations
 
 import pytest
@@ -31,7 +31,7 @@ def _pairs(g: Graph):
 def test_reverse_of_every_edge(seed):
     src, dst, n = _undirected(seed=seed)
     g = Graph.from_coo(src, dst, n, n)
-    assert g.balanced is True and g.is_symmetric()
+    assert g.is_symmetric()
     rev = g.reverse_edges()
     d, s = _pairs(g)
     assert torch.equal(d[rev], s) and torch.equal(s[rev], d)  # edge i -> j's reverse is j -> i
@@ -44,56 +44,53 @@ def test_balanced_but_not_symmetric():
     """A directed cycle: every in-degree equals the out-degree, yet no edge has a reverse."""
     src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
     g = Graph.from_coo(src, dst, 4, 4)
-    assert g.balanced is True and g.reverse_edges() is None and not g.is_symmetric()
+    assert g.reverse_edges() is None and not g.is_symmetric()
 
 
 def test_one_missing_reverse_or_duplicate():
     src, dst, n = _undirected()
     g = Graph.from_coo(src[1:], dst[1:], n, n)
-    assert not g.balanced and not g.is_symmetric()
+    assert not g.is_symmetric()
     # a duplicated edge without a duplicated reverse is unbalanced as well
     g2 = Graph.from_coo(torch.cat([src, src[:1]]), torch.cat([dst, dst[:1]]), n, n)
     assert not g2.is_symmetric()
 
 
-def test_unbalanced_graphs_are_not_checked(monkeypatch):
-    """A graph whose build found unbalanced degrees is not symmetric without another look (a
-    sampled mini-batch pays nothing); bipartite graphs never are."""
+def test_unbalanced_degrees_stop_before_the_sorts(monkeypatch):
+    """In- and out-degrees that differ settle it without sorting (most directed graphs, a
+    sampled batch); bipartite and static graphs are never symmetric."""
     g = Graph.from_coo(torch.tensor([0, 0, 1]), torch.tensor([1, 2, 2]), 3, 3)
-    assert g.balanced is False
     sorts = []
     monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1))
     assert g.reverse_edges() is None and sorts == []
     monkeypatch.undo()
     bip = Graph.from_coo(torch.tensor([0, 1]), torch.tensor([1, 0]), 3, 2)
-    assert bip.balanced is False and not bip.is_symmetric()
+    assert not bip.is_symmetric()
+    src, dst, n = _undirected()
+    static = as_graph(from_coo(src, dst, n, n))
+    assert static.reverse_edges() is None
 
 
-def test_unknown_balance_is_not_symmetric():
-    """A graph built without facts (bare CSR arrays, a static graph) is never checked."""
+def test_graph_from_bare_csr():
     src, dst, n = _undirected()
     g = Graph.from_coo(src, dst, n, n)
     bare = Graph.from_csr(g.indptr, g.indices, g.perm, n, n)
-    assert bare.balanced is None and not bare.is_symmetric()
-    static = as_graph(from_coo(src, dst, n, n))
-    assert static.balanced is None and static.reverse_edges() is None
+    assert bare.is_symmetric()
+    d, s = _pairs(bare)
+    assert torch.equal(d[bare.reverse_edges()], s)
 
 
 def test_empty_graph_is_symmetric():
     g = Graph.from_coo(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), 5, 5)
-    assert g.balanced is True and g.is_symmetric() and g.reverse_edges().numel() == 0
+    assert g.is_symmetric() and g.reverse_edges().numel() == 0
 
 
 @pytest.mark.parametrize("remove_existing", [False, True])
-def test_self_looped_graph_keeps_its_base_balance(remove_existing):
+def test_self_looped_graph(remove_existing):
     """PyG's self-loop handling (loops removed, one added per node) keeps a symmetric graph
-    symmetric and an unbalanced one unbalanced, without a new read."""
+    symmetric."""
     src, dst, n = _undirected()
-    base = Graph.from_coo(src, dst, n, n)
-    looped = _looped(base, n, remove_existing).graph
-    assert looped.balanced is True and looped.is_symmetric()
+    looped = _looped(Graph.from_coo(src, dst, n, n), n, remove_existing).graph
+    assert looped.is_symmetric()
     d, s = _pairs(looped)
-    rev = looped.reverse_edges()
-    assert torch.equal(d[rev], s)
-    skew = Graph.from_coo(torch.tensor([0, 0, 1]), torch.tensor([1, 2, 2]), 3, 3)
-    assert _looped(skew, 3, remove_existing).graph.balanced is False
+    assert torch.equal(d[looped.reverse_edges()], s)
