@@ -325,26 +325,30 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
     dx = dw = None
     if need_dx:
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
-        if cache.undirected(entry, norm):  # A^T = A: the forward matrix serves the backward
-            cache.drop_transposed(entry)
-            cache.csr.matmul(entry.values, grad_out, dx)
-            if need_dw:
-                dw = edge_weight_grad(cache, norm, grad_out, x)
-            return dx, dw
-        # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
-        # those always take the explicit transposed matrix (run by the own kernel).
-        transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
-                      or cache.csr.nnz > cache.n_src * cache.n_dst)
-        if not transposed:
-            try:
-                cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
-            except NoAlgorithm:  # cuSPARSE takes no transposed product of these dtypes
-                transposed = True
-        if transposed:
-            cache.transposed().matmul(entry.transposed(cache), grad_out, dx)
+        _transposed_product(cache, entry, norm, grad_out, dx)
     if need_dw:
         dw = edge_weight_grad(cache, norm, grad_out, x)
     return dx, dw
+
+
+def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: Tensor, dx: Tensor) -> None:
+    """dx = A^T grad_out: A itself where A^T = A (:meth:`SpmmCache.undirected`; the transposed
+    matrix is then dropped), else the explicit transposed matrix or cuSPARSE's transpose flag."""
+    if cache.undirected(entry, norm):
+        cache.drop_transposed(entry)
+        cache.csr.matmul(entry.values, grad_out, dx)
+        return
+    # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
+    # those always take the explicit transposed matrix (run by the own kernel).
+    transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
+                  or cache.csr.nnz > cache.n_src * cache.n_dst)
+    if not transposed:
+        try:
+            cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
+        except NoAlgorithm:  # cuSPARSE takes no transposed product of these dtypes
+            transposed = True
+    if transposed:
+        cache.transposed().matmul(entry.transposed(cache), grad_out, dx)
 
 
 def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -> Tensor:
