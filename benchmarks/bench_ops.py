@@ -283,6 +283,7 @@ class Runner:
                     self.add(row)
                     continue
                 ctx = gops.force_reference()
+            tuned_before = _tuned_classes() if backend == "cuda" else None
             with ctx:
                 failed = None
                 try:
@@ -300,6 +301,10 @@ class Runner:
             err = res.get("error")
             row["status"] = ("ok" if not err and OOM not in (res["fwd_ms"], res["fwd_bwd_ms"], res["peak_mb"])
                              else (f"error: {err}" if err else OOM))
+            if tuned_before is not None:
+                chose = _tuned_since(tuned_before)
+                if chose:
+                    row["tuned"] = chose
             if row.get("floor_fwd_ms") and isinstance(res["fwd_ms"], float):
                 row["x_floor_fwd"] = res["fwd_ms"] / row["floor_fwd_ms"]
             if row.get("floor_fwd_bwd_ms") and isinstance(res["fwd_bwd_ms"], float):
@@ -392,6 +397,26 @@ def _free_bytes(device: torch.device) -> Optional[int]:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
+# ----------------------------------------------------------------------------- tuner
+def _tuned_classes() -> Optional[set]:
+    """The size classes the tuner has choices for now (None with GNN_FASTPATH_TUNE off)."""
+    from gnn_fastpath import tuning
+
+    return {r["class"] for r in tuning.listing()} if tuning.enabled() else None
+
+
+def _tuned_since(before: Optional[set]) -> str:
+    """What the tuner chose (and timed) for the classes it met since ``before``, e.g.
+    ``dot_bwd/...: transposed (atomic 1.92, transposed 1.41 ms)``."""
+    from gnn_fastpath import tuning
+
+    if before is None:
+        return ""
+    new = [r for r in tuning.listing() if r["class"] not in before]
+    return "; ".join(f"{r['class']}: {r['choice']} (" + ", ".join(f"{k} {v:.3f}" for k, v in r["times_ms"].items())
+                     + " ms)" for r in new)
+
+
 # ----------------------------------------------------------------------------- variants
 def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], bandwidth: Optional[float]) -> List[dict]:
     """Rerun ``op_names`` restricted to those ``spec``'s variables concern, in a subprocess
@@ -425,9 +450,9 @@ def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], ba
 
 # ----------------------------------------------------------------------------- output
 COLUMNS = ["graph", "op", "dtype", "backend", "variant", "fwd_ms", "fwd_bwd_ms", "peak_mb", "floor_fwd_ms", "x_floor_fwd",
-           "floor_fwd_bwd_ms", "x_floor_fwd_bwd", "rel_err_vs_reference", "status"]
+           "floor_fwd_bwd_ms", "x_floor_fwd_bwd", "rel_err_vs_reference", "status", "tuned"]
 HEADERS = ["graph", "op", "dtype", "backend", "variant", "fwd ms", "fwd+bwd ms", "fwd peak MB", "floor fwd ms", "x floor",
-           "floor f+b ms", "x floor f+b", "rel err", "status"]
+           "floor f+b ms", "x floor f+b", "rel err", "status", "tuner chose (GNN_FASTPATH_TUNE=1)"]
 
 
 def _err(v):

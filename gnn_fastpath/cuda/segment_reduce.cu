@@ -17,9 +17,16 @@
 // the same ties). Without weights (sw = +-1) both roundings are exact.
 //
 // Tie rules (MODE, a template parameter): SR_MODE_COUNT = count the tied edges (gradient
-// split; aux = tie count), SR_MODE_FIRST = first tied edge in caller edge order (aux = its
-// caller edge id), SR_MODE_LAST = last, SR_MODE_VALUE = value only (no aux; forward without
-// autograd).
+// split), SR_MODE_FIRST = first tied edge in caller edge order (aux = its caller edge id),
+// SR_MODE_LAST = last, SR_MODE_VALUE = value only (no aux; forward without autograd).
+//
+// What SR_MODE_COUNT saves (one int32 per output element, so the common case needs no
+// re-walk): aux >= 0 is the caller id of the one edge reaching a finite or infinite extreme
+// (the backward scatters along it like first/last); aux < 0 means "walk": n = -1 - aux edges
+// tie (n = 0: empty row), or the extreme is NaN, and the backward re-walks the row's edges.
+// One more int32 after aux, the "walk all" flag, is set when any message is -inf: torch's
+// split rule then sends a losing edge 0 * inf = NaN, which only the walk gives, so the
+// backward walks every element (inputs with infinities are rare; the flag keeps them exact).
 //
 // Forward, degree-aware (the row-chunk work list of gnn_fastpath/cuda/worklist.py: the
 // launcher cuts every destination with >= 128 in-edges into chunks, so no group walks more
@@ -32,13 +39,15 @@
 //   per feature into packed[slot, f]:
 //     first/last/value: atomicMax on (order key << 32 | tie-break bits), tie-break bits = ~edge id
 //                (first: smallest id wins) or edge id (last) or 0;
-//     count:      a CAS loop on (order key << 32 | count): larger key replaces, equal key
-//                adds (skipped without an atomic when the stored key is already larger);
+//     count:      a CAS loop on (order key << 32 | winner or tie count, sr_merge_count):
+//                larger key replaces, equal key adds the counts;
 //   then sr_fwd_unpack writes out/aux of the heavy rows.
-// Backward: first/last scatter along the saved arg (sr_bwd_arg); count walks the CSR
-// edges in ranges (sr_bwd_ties), recomputes each message and, where it equals the
-// saved extreme, adds g / (count + [count_zero_as_tie && out == 0]) (count_zero_as_tie: torch scatter_reduce's
-// include_self=False rule, which counts the untouched zero of the output as one more tie).
+// Backward: first/last, and count's single-winner elements, scatter along the saved arg
+// (sr_bwd_arg); count's walk elements are found by walking the CSR edges in ranges
+// (sr_bwd_ties, whose groups leave at once where no element of theirs walks): it recomputes
+// each message and, where it equals the saved extreme, adds g / (n + [count_zero_as_tie &&
+// out == 0]) (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts
+// the untouched zero of the output as one more tie; a single winner gets g / 2 for it too).
 #include "common.cuh"
 
 // Tie-rule codes come from the launcher (-D defines), so Python and CUDA agree on them.
@@ -78,9 +87,11 @@ __device__ __forceinline__ bool sr_finite(float v) {
 // Non-finite rules (NF): SR_KEEP (torch, PyG): a NaN message wins and the extreme stays NaN;
 // +-inf are values like any other. SR_DROP (DGL): NaN messages never win (every comparison
 // with them is false), and a non-finite extreme is written as 0 with no winning edge.
-// MODE: count ties, first (smallest caller id), last, or value only (no aux).
+// MODE: count ties, first (smallest caller id), last, or value only (no aux). With
+// SR_MODE_COUNT, a counts the tied edges and b is the caller id of the last one, which is
+// the winner when a == 1 (b is not read otherwise); the other modes keep the winner in a.
 template <int MODE, int NF>
-__device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
+__device__ __forceinline__ void sr_update(float& m, int& a, int& b, float v, int p) {
     if (NF == SR_KEEP && (v != v || m != m)) {  // NaN is the extreme; NaNs tie with each other
         if (v != v) {
             if (m != m) {
@@ -90,12 +101,13 @@ __device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
             } else {
                 m = v;
                 a = MODE == SR_MODE_COUNT ? 1 : p;
+                if (MODE == SR_MODE_COUNT) b = p;
             }
         }
         return;
     }
     if (MODE == SR_MODE_COUNT) {
-        if (v > m) { m = v; a = 1; } else if (v == m) { a += 1; }
+        if (v > m) { m = v; a = 1; b = p; } else if (v == m) { a += 1; b = p; }
     } else if (MODE == SR_MODE_FIRST) {
         if (v > m || (v == m && p < a)) { m = v; a = p; }
     } else if (MODE == SR_MODE_LAST) {
@@ -132,7 +144,15 @@ __device__ __forceinline__ void sr_load_aux(int* r, const int* p) {
     }
 }
 
-// Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
+// One message into the running state; with SR_MODE_COUNT also notes a -inf message (see
+// the header: the "walk all" flag).
+template <int MODE, int NF>
+__device__ __forceinline__ void sr_take(float& m, int& a, int& b, bool& saw_neg_inf, float v, int p) {
+    sr_update<MODE, NF>(m, a, b, v, p);
+    if (MODE == SR_MODE_COUNT) saw_neg_inf |= v == GF_NEG_INF;
+}
+
+// Reduce CSR edges [start, end) into m/a/b for this lane's CH x VEC features (feature
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
 // T edges at a time, one per lane, then broadcast; rows are loaded U = 4/CH edges at a time
 // so 4 loads of VEC floats per lane are in flight together.
@@ -140,7 +160,8 @@ template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
-                                                unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC]) {
+                                                unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
+                                                int (&b)[CH][VEC], bool& saw_neg_inf) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     for (int e0 = start; e0 < end; e0 += T) {
         const int k = e0 + lane;
@@ -174,7 +195,8 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF, TO>(ww[u], v[u][c][j]), pp[u]);
+                            sr_take<MODE, NF>(m[c][j], a[c][j], b[c][j], saw_neg_inf,
+                                              sr_message<NF, TO>(ww[u], v[u][c][j]), pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
@@ -187,7 +209,8 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j)
-                        sr_update<MODE, NF>(m[c][j], a[c][j], sr_message<NF, TO>(w0, v0[j]), p0);
+                        sr_take<MODE, NF>(m[c][j], a[c][j], b[c][j], saw_neg_inf, sr_message<NF, TO>(w0, v0[j]),
+                                          p0);
                 }
             }
         }
@@ -195,13 +218,15 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 }
 
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
-// out [n_dst, F]; aux [n_dst, F] (tie count or caller edge id; 0 / -1 for empty rows),
-// unused with MODE 3.
+// out [n_dst, F]; aux [n_dst, F] (the caller id of the winning edge, or for SR_MODE_COUNT
+// the single winner or -1 - n, see the header; -1 for empty rows), unused with MODE 3;
+// walk_all: the "walk all" flag (SR_MODE_COUNT only).
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, TO* __restrict__ out, int* __restrict__ aux) {
+                            int F, float sign, TO* __restrict__ out, int* __restrict__ aux,
+                            int* __restrict__ walk_all) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
@@ -211,13 +236,16 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
-    int a[CH][VEC];
+    int a[CH][VEC], b[CH][VEC];
+    bool saw_neg_inf = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); b[c][j] = -1; }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a, b,
+                                                  saw_neg_inf);
+    if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
     const bool empty = start == end;
 #pragma unroll
@@ -234,7 +262,7 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
                 const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
                 if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
                 if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
-                if (MODE == SR_MODE_COUNT && empty) v = 0;
+                if (MODE == SR_MODE_COUNT) v = (v == 1 && !no_winner) ? b[c][j] : -1 - (empty ? 0 : v);
                 q[j] = v;
             }
             gf_store<VEC>(out + o, r);
@@ -243,13 +271,23 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
     }
 }
 
-__device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigned int key, unsigned int count) {
+// SR_MODE_COUNT's packed word: order key << 32 | low, low = the caller id of the one tied
+// edge (bit 31 clear), or SR_TIES | n for n != 1 tied edges. A larger key replaces, an equal
+// key adds the counts (skipped without an atomic when the stored key is already larger).
+#define SR_TIES 0x80000000u
+
+__device__ __forceinline__ unsigned int sr_tie_count(unsigned int low) {
+    return (low & SR_TIES) ? (low & ~SR_TIES) : 1u;
+}
+
+__device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigned int key, unsigned int low) {
     unsigned long long old = *((volatile unsigned long long*)addr);
     while (true) {
         const unsigned int old_key = (unsigned int)(old >> 32);
         if (old_key > key) return;
-        const unsigned long long next =
-            old_key == key ? old + count : (((unsigned long long)key << 32) | (unsigned long long)count);
+        const unsigned int next_low =
+            old_key == key ? (SR_TIES | (sr_tie_count((unsigned int)old) + sr_tie_count(low))) : low;
+        const unsigned long long next = ((unsigned long long)key << 32) | (unsigned long long)next_low;
         const unsigned long long prev = atomicCAS(addr, old, next);
         if (prev == old) return;
         old = prev;
@@ -258,12 +296,12 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
 // (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
-// MODE 3 merges like MODE 2.
+// MODE 3 merges like MODE 2. walk_all: as in sr_fwd_rows.
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
                               const TX* __restrict__ x, const float* __restrict__ w,
                               const int4* __restrict__ items, int n_items, int F, float sign,
-                              unsigned long long* __restrict__ packed) {
+                              unsigned long long* __restrict__ packed, int* __restrict__ walk_all) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_items) return;
@@ -273,13 +311,16 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
-    int a[CH][VEC];
+    int a[CH][VEC], b[CH][VEC];
+    bool saw_neg_inf = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); b[c][j] = -1; }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a, b,
+                                                  saw_neg_inf);
+    if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -290,7 +331,8 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
             for (int j = 0; j < VEC; ++j) {
                 const unsigned int key = sr_order_key(m[c][j]);
                 if (MODE == SR_MODE_COUNT) {
-                    sr_merge_count(prow + j, key, (unsigned int)a[c][j]);
+                    // a >= 1: a chunk has edges, and its extreme is one of its messages
+                    sr_merge_count(prow + j, key, a[c][j] == 1 ? (unsigned int)b[c][j] : SR_TIES | (unsigned int)a[c][j]);
                 } else {
                     const unsigned int low =
                         MODE == SR_MODE_FIRST ? ~(unsigned int)a[c][j] : (MODE == SR_MODE_LAST ? (unsigned int)a[c][j] : 0u);
@@ -322,36 +364,46 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     if (aux != nullptr) {
         int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
         if (mode != SR_MODE_COUNT && (no_winner || v < 0 || v == GF_INT_MAX)) v = -1;
+        if (mode == SR_MODE_COUNT && ((low & SR_TIES) || no_winner)) v = -1 - (int)sr_tie_count(low);
         aux[o] = v;
     }
 }
 
-// Backward of the single-edge rules: total = n_dst * F elements; arg [n_dst, F] caller edge
-// ids (-1: empty row); src_of [M] source id per caller edge. dx [n_src, F] and dw [M] are
-// zero-initialised float accumulators (either may be null; for 16-bit x or weights they are
-// float scratch buffers the launcher casts once: atomics into 16-bit memory would round at
-// every add). grad_out is read as TO (the output's type), x as TX.
+// Backward along the saved arg: total = n_dst * F elements; arg [n_dst, F] caller edge ids
+// (< 0: no winning edge, or for SR_MODE_COUNT an element sr_bwd_ties walks). src_of [M]
+// source id per caller edge. dx [n_src, F] and dw [M] are zero-initialised float
+// accumulators (either may be null; for 16-bit x or weights they are float scratch buffers
+// the launcher casts once: atomics into 16-bit memory would round at every add). grad_out
+// is read as TO (the output's type), x as TX. For SR_MODE_COUNT's single winners:
+// walk_all (non-null) set means sr_bwd_ties does every element, and with count_zero_as_tie
+// a winner reaching exactly 0 gets g / 2 (torch's untouched zero is the second candidate).
 template <typename TX, typename TO>
 __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
                            const int* __restrict__ src_of, const float* __restrict__ w,
                            const TX* __restrict__ x, long long total, int F,
-                                      float* __restrict__ dx, float* __restrict__ dw) {
+                           const int* __restrict__ walk_all, int count_zero_as_tie, const TO* __restrict__ out,
+                           float* __restrict__ dx, float* __restrict__ dw) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
+    if (walk_all != nullptr && __ldg(walk_all) != 0) return;
     const int e = __ldg(arg + idx);
     if (e < 0) return;
     const int f = (int)(idx % F);
-    const float g = gf_ldg(grad_out + idx);
+    float g = gf_ldg(grad_out + idx);
+    if (count_zero_as_tie && gf_ldg(out + idx) == 0.f) g *= 0.5f;
     const long long xo = (long long)__ldg(src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
     if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
 }
 
-// Backward of the counting tie rules (non-finite rule SR_KEEP) over the work items: items [n_items] = (row, edge
-// start, edge end, tag), every CSR edge in exactly one item (short rows whole, long rows in
-// chunks). A group keeps its row's extreme and gradient share in registers, walks the item's
-// edges (metadata T at a time, U = 4/CH rows' loads in flight) and, for each message equal
-// to the extreme, adds share * w to dx[src] and share * x to dw (reduced over the group).
+// Backward of the counting tie rules (non-finite rule SR_KEEP) for the elements that walk
+// (aux < 0, or every element when walk_all is set; the others went along their arg in
+// sr_bwd_arg), over the work items: items [n_items] = (row, edge start, edge end, tag),
+// every CSR edge in exactly one item (short rows whole, long rows in chunks). A group keeps
+// its row's extreme and gradient share in registers, leaves at once when none of its
+// elements walks, else walks the item's edges (metadata T at a time, U = 4/CH rows' loads in
+// flight) and, for each message equal to the extreme, adds share * w to dx[src] and share * x
+// to dw (reduced over the group).
 // With count_zero_as_tie (torch's split rule) a losing message still passes torch's 0 * x to
 // dw and 0 * w to dx: NaN where x (or w) is not finite, as the reference's autograd gives.
 // x is read as TX, out and grad_out as TO; dx and dw are float (scratch buffers for 16-bit
@@ -360,8 +412,9 @@ template <typename TX, typename TO, int VEC, int T, int CH>
 __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
-                            const TO* __restrict__ out, const int* __restrict__ cnt,
-                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
+                            const TO* __restrict__ out, const int* __restrict__ aux,
+                            const int* __restrict__ walk_all, const TO* __restrict__ grad_out,
+                            float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -372,21 +425,26 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
     if (start == end) return;  // a row without edges has no gradient to route (whole groups leave)
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
+    const bool all = __ldg(walk_all) != 0;
     float mo[CH][VEC], share[CH][VEC];
+    bool walks[CH][VEC], any = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
         if (f < F) {
             const long long ro = (long long)row * F + f;
             float o[VEC], g[VEC];
-            int n[VEC];
+            int a[VEC];
             gf_load<VEC>(o, out + ro);
             gf_load<VEC>(g, grad_out + ro);
-            sr_load_aux<VEC>(n, cnt + ro);
+            sr_load_aux<VEC>(a, aux + ro);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
+                walks[c][j] = all || a[j] < 0;
+                any |= walks[c][j];
                 mo[c][j] = sign * o[j];
-                const int total = n[j] + ((count_zero_as_tie && o[j] == 0.f) ? 1 : 0);
+                const int n = a[j] < 0 ? -1 - a[j] : 1;
+                const int total = n + ((count_zero_as_tie && o[j] == 0.f) ? 1 : 0);
                 share[c][j] = total > 0 ? g[j] / (float)total : 0.f;
                 // torch's rule for a NaN extreme: no message equals it, and every edge of the
                 // row gets NaN (its mask 0 times g / 0 tied edges)
@@ -394,9 +452,10 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) { mo[c][j] = 0.f; share[c][j] = 0.f; }
+            for (int j = 0; j < VEC; ++j) { walks[c][j] = false; mo[c][j] = 0.f; share[c][j] = 0.f; }
         }
     }
+    if (!__any_sync(mask, any)) return;  // uniform over the group: every element went along its arg
 
     for (int e0 = start; e0 < end; e0 += T) {
         const int k = e0 + lane;
@@ -434,6 +493,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                     if (f < F) {
 #pragma unroll
                         for (int j = 0; j < VEC; ++j) {
+                            if (!walks[c][j]) continue;
                             if (sr_message<SR_KEEP, TO>(sw, v[u][c][j]) == mo[c][j] || share[c][j] != share[c][j]) {
                                 if (dx != nullptr) atomicAdd(dx + (long long)ss[u] * F + f + j, share[c][j] * wu[u]);
                                 dwp += share[c][j] * v[u][c][j];

@@ -61,41 +61,54 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     """``out`` [n_dst, F] = sign * max_k round_out((sign * w_k) * x[src_k]) per row; returns aux.
 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
-    or x's dtype (messages are rounded to it, see segment_reduce.cu). aux int32 [n_dst, F]
-    is what the backward needs for the tie rule (tie counts, or the winning caller edge id);
-    None without ``need_aux`` (value only).
+    or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
+    [n_dst * F + 1] (:func:`saved_state`): aux [n_dst, F], what the backward needs for the
+    tie rule (the winning caller edge id; for split/even that id where one edge wins, else
+    -1 - the tie count), then the "walk all" flag; None without ``need_aux`` (value only).
     """
     F = x.size(1)
     device = x.device
     n_dst = graph.n_dst
-    aux = torch.empty(n_dst, F, dtype=torch.int32, device=device) if need_aux else None
+    state = torch.empty(n_dst * F + 1, dtype=torch.int32, device=device) if need_aux else None
+    aux, walk_all = saved_state(state, n_dst, F)
+    if need_aux and MODES[tie_break] == MODE_COUNT:
+        walk_all.zero_()
     if n_dst == 0 or F == 0:
-        return aux
+        return state
     kc = graph.kernel_csr()
     fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"), vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
+    flag = walk_all if mode == MODE_COUNT else None
     if _pieces(graph, non_finite):
-        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux)
-        return aux
+        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, flag)
+        return state
     work = row_chunks(graph)
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
         KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux)
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux, walk_all=flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
         KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed)
+            perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed,
+            walk_all=flag)
         KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, out=out, aux=aux)
-    return aux
+    return state
+
+
+def saved_state(state: Optional[Tensor], n_dst: int, F: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(aux [n_dst, F], walk_all [1]) views of the forward's saved state (None, None for None)."""
+    if state is None:
+        return None, None
+    return state[:n_dst * F].view(n_dst, F), state[n_dst * F:]
 
 
 def _pieces(graph, non_finite: str) -> bool:
@@ -111,7 +124,7 @@ def _virtual(graph):
                       lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
 
 
-def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
+def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all) -> None:
     """The forward over row pieces: each piece's extreme (and tie count or winning edge) by
     the whole-row kernel, then combined per row by torch scatter reductions; the pieces' empty
     tail goes to a spare row ``n_dst``."""
@@ -126,7 +139,7 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
                        nf).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  out=piece_out, aux=piece_aux)
+                                  out=piece_out, aux=piece_aux, walk_all=walk_all)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
@@ -140,8 +153,15 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
         return
     best = value.index_select(0, owner)
     tied = (pieces == best) | (pieces.isnan() & best.isnan())
-    if mode == MODE_COUNT:  # tied edges of the row: those of the pieces reaching its extreme
-        total = torch.zeros(n_dst + 1, F, dtype=torch.int32, device=device).index_add_(0, owner, piece_aux * tied)
+    if mode == MODE_COUNT:
+        # tied edges of the row: those of the pieces reaching its extreme (a piece's aux is its
+        # one winner, or -1 - its tie count); the row's winner is the one of a single tied
+        # piece with a single winner
+        count = torch.where(piece_aux < 0, -1 - piece_aux, 1) * tied
+        n = torch.zeros(n_dst + 1, F, dtype=torch.int32, device=device).index_add_(0, owner, count)
+        winner = torch.full((n_dst + 1, F), -1, dtype=torch.int32, device=device).scatter_reduce_(
+            0, index, torch.where(tied, piece_aux, -1), "amax")
+        total = torch.where((n == 1) & (winner >= 0), winner, -1 - n)
     else:  # the first (last) winning edge among the pieces reaching the extreme
         first = mode == MODE_FIRST
         none = torch.iinfo(torch.int32).max if first else -1
@@ -151,9 +171,10 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux) -> None:
     aux.copy_(total[:n_dst])
 
 
-def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, aux: Tensor,
+def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, state: Tensor,
              grad_out: Tensor, need_dx: bool, need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used.
+    """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used, from the
+    state :func:`forward` saved.
 
     ``out`` and ``grad_out`` in the output's dtype, ``x`` in its own, ``w`` float32. dx comes
     back in x's dtype; dw float32 (the op casts it to the weight's dtype).
@@ -162,23 +183,29 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     # float32 accumulators (the result itself for float32 x, else scratch cast once below)
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
+    aux, walk_all = saved_state(state, graph.n_dst, x.size(1))
     if aux.numel() != 0:
-        _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw)
+        _backward(graph, x, w, sign, tie_break, out, aux, walk_all, grad_out, dx, dw)
     return (None if dx is None else dx.to(x.dtype)), dw
 
 
-def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
+def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, grad_out, dx, dw) -> None:
     F = x.size(1)
     device = x.device
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     kc = graph.kernel_csr()
-    if MODES[tie_break] != MODE_COUNT:  # one winning edge per element: scatter along it
-        src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
-        total = aux.numel()
-        KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
-            launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
-            dx=dx, dw=dw)
+    count = MODES[tie_break] == MODE_COUNT
+    count_zero_as_tie = int(tie_break == "split")
+    # every element with one winning edge (first/last: all of them): scatter along it
+    src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
+    total = aux.numel()
+    KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
+        launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
+        walk_all=walk_all if count else None, count_zero_as_tie=count_zero_as_tie if count else 0,
+        out=out if count else None, dx=dx, dw=dw)
+    if not count:
         return
+    # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
     if graph.static:  # the pieces of the forward as work items, each naming its real row
         vindptr, owner = _virtual(graph)
         items = torch.stack([owner.clamp(max=max(graph.n_dst - 1, 0)), vindptr[:-1].to(torch.int64),
@@ -193,4 +220,4 @@ def _backward(graph, x, w, sign, tie_break, out, aux, grad_out, dx, dw) -> None:
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
         launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
-        count_zero_as_tie=int(tie_break == "split"), out=out, cnt=aux, grad_out=grad_out, dx=dx, dw=dw)
+        count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)

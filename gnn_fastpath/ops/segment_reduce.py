@@ -5,10 +5,13 @@ Layer -> op -> kernel: PyG ``SAGEConv(aggr="max"/"min")`` and DGL ``SAGEConv("po
 into the launcher :mod:`gnn_fastpath.cuda.segment_reduce`, whose kernels are
 ``cuda/segment_reduce.cu``; the reference is :func:`gnn_fastpath.reference.segment_reduce`.
 
-What the forward saves depends on the tie rule: ``"first"``/``"last"`` save the winning
-caller edge id per output element (int32 [N_dst, F]); ``"split"``/``"even"`` save the
-number of tied edges per output element (int32 [N_dst, F]) and the backward re-walks the
-edges to find them. Nothing is saved when no input needs a gradient.
+What the forward saves: one int32 per output element, the winning caller edge id, which
+the backward scatters the gradient along. ``"first"``/``"last"`` always have one; for
+``"split"``/``"even"`` an element reached by several tied edges (or whose extreme is NaN)
+saves ``-1 - n`` instead, and only those elements' rows are re-walked in the backward to
+find the tied edges (plus one flag, set when a message is ``-inf``, under which every
+element is re-walked: torch's split rule sends a losing edge ``0 * inf = NaN``). Nothing is
+saved when no input needs a gradient.
 
 Dtypes (the reduced-precision contract): ``x`` float32, float16 or bfloat16 is read as it is;
 the result has ``promote_types(x.dtype, edge_weight.dtype)`` (x's dtype without weights),
@@ -129,21 +132,21 @@ class SegmentReduceFunction(torch.autograd.Function):
         # allocated in its final shape so the op returns a fresh tensor, not a view
         result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
                              device=x2.device)
-        aux = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
+        state = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
                               result.view(graph.n_dst, x2.size(1)))
         if need_grad:
             ctx.graph, ctx.sign, ctx.tie_break, ctx.x_shape = graph, sign, tie_break, x.shape
             ctx.w_dtype = None if edge_weight is None else edge_weight.dtype
-            ctx.save_for_backward(x2, w, result, aux)
+            ctx.save_for_backward(x2, w, result, state)
         return result
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        x2, w, result, aux = ctx.saved_tensors
+        x2, w, result, state = ctx.saved_tensors
         graph = ctx.graph
         grad_out = grad_out.reshape(graph.n_dst, x2.size(1)).to(result.dtype).contiguous()
-        dx, dw = kernels.backward(graph, x2, w, ctx.sign, ctx.tie_break, result.view(graph.n_dst, x2.size(1)), aux,
+        dx, dw = kernels.backward(graph, x2, w, ctx.sign, ctx.tie_break, result.view(graph.n_dst, x2.size(1)), state,
                                   grad_out, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         if dx is not None:
             dx = dx.view(ctx.x_shape)

@@ -229,3 +229,105 @@ def test_non_finite_matches_reference(name, F, reduce, tie_break, non_finite, we
         torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
     if non_finite == "drop":
         assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------- saved state layout
+def _saved(graph, x, w, tie_break, reduce="max"):
+    """(aux [n_dst, F], walk_all) the forward saves, through the op's autograd Function."""
+    from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
+
+    xr = x.clone().requires_grad_(True)
+    out = SegmentReduceFunction.apply(xr, w, graph, reduce, tie_break, "keep")
+    state = out.grad_fn.saved_tensors[3]
+    return out.detach(), *sr_kernels.saved_state(state, graph.n_dst, x.size(1))
+
+
+def _winners(graph, x, w, reduce):
+    """The float64 answer: per (row, feature) the number of edges reaching the extreme and
+    the caller id of the last of them."""
+    src, dst = graph.caller_coo()
+    msg = x.double()[src] * (1.0 if w is None else w.double()[:, None])
+    if reduce == "min":
+        msg = -msg
+    best = torch.full((graph.n_dst, x.size(1)), float("-inf"), dtype=torch.float64, device=x.device)
+    best = best.scatter_reduce(0, dst[:, None].expand_as(msg), msg, "amax")
+    tied = msg == best[dst]
+    n = torch.zeros_like(best, dtype=torch.int64).index_add_(0, dst, tied.long())
+    ids = torch.arange(graph.num_edges, device=x.device)[:, None].expand_as(msg)
+    last = torch.full_like(n, -1).scatter_reduce(0, dst[:, None].expand_as(msg), torch.where(tied, ids, -1), "amax")
+    return n, last
+
+
+@pytest.mark.parametrize("graph_name", ["random", "super", "heavy_rows"])
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
+    """split/even save the winning caller edge where one edge reaches the extreme (so the
+    backward scatters along it) and -1 - n where n != 1 edges do (those rows are walked),
+    on light rows and on the atomically merged chunks of long rows; no -inf, no flag."""
+    graph = _graph(graph_name)
+    x, w, _ = _inputs(graph, 64, True, ties, seed=3)
+    _, aux, walk_all = _saved(graph, x, w, tie_break, reduce)
+    n, last = _winners(graph, x, w, reduce)
+    want = torch.where(n == 1, last, -1 - n).to(torch.int32)
+    assert torch.equal(aux, want)
+    assert walk_all.item() == 0
+    if not ties:
+        assert (aux >= 0).float().mean() > 0.9  # the common case: no walk
+    else:
+        assert (aux < -1).any() and (aux >= 0).any()
+
+
+@pytest.mark.parametrize("graph_name", ["random", "heavy_rows"])
+def test_negative_infinity_sets_walk_all(graph_name):
+    """A -inf message anywhere sets the flag (split's losing edge gets 0 * inf = NaN, which
+    only the walk gives); the gradients then match the reference, NaNs included."""
+    graph = _graph(graph_name)
+    x = torch.randn(graph.n_src, 7, device="cuda")
+    x[5, 3] = float("-inf")
+    _, _, walk_all = _saved(graph, x, None, "split")
+    assert walk_all.item() == 1
+    grads = []
+    for run in (segment_reduce, reference.segment_reduce):
+        xr = x.clone().requires_grad_(True)
+        run(graph, xr, "max", None, "split").sum().backward()
+        grads.append(xr.grad)
+    assert grads[1][5].isnan().any()  # the case is real: torch's rule gives NaN here
+    torch.testing.assert_close(grads[0], grads[1], equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["nan", "+inf", "-inf"])
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_one_kind_of_non_finite(kind, tie_break, reduce):
+    """One kind of non-finite value at a time, so walked and scattered elements mix: NaN
+    extremes walk, a unique +-inf winner is scattered along its arg, -inf sets the flag."""
+    graph = _graph("heavy_rows")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(graph.n_src, 64, device="cuda", generator=gen)
+    x[torch.rand(graph.n_src, 64, device="cuda", generator=gen) < 0.01] = float(kind)
+    g = torch.randn(graph.n_dst, 64, device="cuda", generator=gen)
+    grads = []
+    for run in (segment_reduce, reference.segment_reduce):
+        xr = x.clone().requires_grad_(True)
+        out = run(graph, xr, reduce, None, tie_break)
+        out.backward(g)
+        grads.append((out.detach(), xr.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie_break,share", [("split", 0.5), ("even", 1.0)])
+def test_single_winner_at_zero(tie_break, share):
+    """torch's split rule counts the untouched zero of the output as a second candidate: a
+    single edge reaching exactly 0 gets g / 2 (scattered along its arg, no walk)."""
+    edge_index = torch.tensor([[0, 1, 2], [0, 0, 1]], device="cuda")
+    graph = Graph.from_edge_index(edge_index, (3, 2))
+    x = torch.tensor([[0.0], [-1.0], [3.0]], device="cuda", requires_grad=True)
+    out = segment_reduce(graph, x, "max", tie_break=tie_break)
+    out.backward(torch.tensor([[4.0], [2.0]], device="cuda"))
+    assert out.detach().flatten().tolist() == [0.0, 3.0]
+    assert x.grad.flatten().tolist() == [4.0 * share, 0.0, 2.0]
+    _, aux, _ = _saved(graph, x.detach(), None, tie_break)
+    assert aux.flatten().tolist() == [0, 2]

@@ -1,0 +1,90 @@
+"""The tuner on the GPU: real timings of the attention backwards' variants, the choice kept
+in the file and read (not timed again) by a second process; tuned gradients equal the
+untuned ones (both variants are exact)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnn_fastpath import Graph, tuning
+from gnn_fastpath.ops import dot_attention, gat_attention
+from zoo import random_edges
+
+pytestmark = pytest.mark.cuda
+
+H, D = 2, 32
+
+
+def _graph():
+    edge_index, sizes = random_edges(3000, 3000, 60000, seed=21, empty_rows=5, super_node_degree=20000)
+    return Graph.from_edge_index(edge_index.cuda(), sizes)
+
+
+def _grads(family, graph, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen).requires_grad_(True)
+
+    if family == "dot":
+        ins = [leaf(graph.n_dst, H, D), leaf(graph.n_src, H, D), leaf(graph.n_src, H, D)]
+        out = dot_attention(graph, *ins)
+    else:
+        ins = [leaf(graph.n_src, H, D), leaf(graph.n_src, H), leaf(graph.n_dst, H)]
+        out = gat_attention(graph, *ins)
+    out.backward(torch.randn(out.shape, device="cuda", generator=gen))
+    return [t.grad for t in ins]
+
+
+# a second process: the same call with tuning on reads the file and times nothing
+_SECOND = """
+import sys, torch
+sys.path[:0] = [{tests!r}, {root!r}]
+from gnn_fastpath import tuning
+def no_timing(run, device):
+    raise AssertionError("timed again in a new process")
+tuning._time_ms = no_timing
+from test_tuning_kernels import _graph, _grads
+_grads({family!r}, _graph())
+print("choices", len(tuning.listing()))
+"""
+
+
+@pytest.mark.parametrize("family", ["dot", "gat"])
+def test_tuned_backward_on_the_gpu(monkeypatch, tmp_path, family):
+    path = tmp_path / "tuning.json"
+    graph = _graph()
+    monkeypatch.delenv("GNN_FASTPATH_TUNE", raising=False)
+    want = _grads(family, graph)
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(path))
+    tuning.forget()
+    got = _grads(family, graph)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    rows = tuning.listing()
+    assert len(rows) == 1
+    record = rows[0]
+    assert record["class"].startswith(f"{family}_attention.backward")
+    assert set(record["times_ms"]) == {"atomic", "transposed"}
+    assert all(t > 0 for t in record["times_ms"].values())
+    assert record["choice"] == min(record["times_ms"], key=record["times_ms"].get)
+    assert torch.cuda.get_device_name() in record["device"]
+    before = path.read_text()
+
+    env = dict(os.environ, GNN_FASTPATH_TUNE="1", GNN_FASTPATH_TUNE_CACHE=str(path))
+    here = Path(__file__).parent
+    code = _SECOND.format(tests=str(here), root=str(here.parent), family=family)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "choices 1" in proc.stdout
+    assert path.read_text() == before  # nothing measured or written again
+    # another GPU model or version: the entry is not used there (a fresh timing would be)
+    data = json.loads(before)
+    assert list(data["entries"]) == [tuning.device_key(torch.device("cuda"))]
