@@ -47,7 +47,7 @@ from . import report
 from .timing import DTYPES, OOM, SHORT, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
-FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
+FULL_GRAPHS = QUICK_GRAPHS + ["clustered", "pokec-like"]
 CPU_GRAPHS = ["arxiv-like", "roads-like"]
 CPU_SCALE = 0.01
 

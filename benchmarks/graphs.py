@@ -76,6 +76,8 @@ class Spec:
     skew: Optional[float] = None
     max_degree: Optional[int] = None
     regular_degree: int = 0
+    block: int = 0
+    intra: float = 0.0
     family: str = ""
     note: str = ""
 
@@ -92,6 +94,10 @@ SPECS: Dict[str, Spec] = {s.name: s for s in [
     # baselines.md: every node in-degree 2 (284,514 edges, not the 279,061 of design.md).
     Spec("roads-like", 142_257, 284_514, "regular", regular_degree=2, family="roads",
          note="random 2-regular undirected graph: every in- and out-degree is 2"),
+    # issue 14: locally dense windows (what a block-sparse layout of 16-row windows exploits):
+    # a stochastic block model whose blocks are runs of consecutive ids.
+    Spec("clustered", 131_072, 2_097_152, "clustered", block=128, intra=0.9, family="clustered",
+         note="stochastic block model, undirected: blocks of 128 consecutive ids, 90% of edges inside a block"),
     Spec("twitch-like", 168_114, 13_595_114, "undirected", skew=42.0, family="twitch",
          note="undirected power-law (configuration model)"),
     Spec("pokec-like", 1_632_803, 30_622_564, "directed", src="powerlaw", dst="uniform",
@@ -216,6 +222,19 @@ def _configuration_model(deg: np.ndarray, rng: np.random.Generator) -> Tuple[np.
 
 
 # ----------------------------------------------------------------------------- generation
+def _block_model(n: int, m: int, block: int, intra: float, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+    """m // 2 undirected pairs stored in both directions: a share ``intra`` with both ends in
+    one block of ``block`` consecutive ids (the block drawn uniformly), the rest uniform."""
+    half = m // 2
+    k = int(round(half * intra))
+    first = rng.integers(0, max(1, -(-n // block)), size=k, dtype=np.int64) * block
+    a = np.minimum(first + rng.integers(0, block, size=k), n - 1)
+    b = np.minimum(first + rng.integers(0, block, size=k), n - 1)
+    a = np.concatenate([a, rng.integers(0, n, size=half - k)])
+    b = np.concatenate([b, rng.integers(0, n, size=half - k)])
+    return np.concatenate([a, b]), np.concatenate([b, a])
+
+
 def _scaled(spec: Spec, scale: float) -> Tuple[int, int, Optional[float], Optional[float]]:
     if scale == 1.0:
         return spec.nodes, spec.edges, spec.skew, spec.max_degree
@@ -226,7 +245,7 @@ def _scaled(spec: Spec, scale: float) -> Tuple[int, int, Optional[float], Option
         m = spec.regular_degree * n
     else:
         m = max(2, int(round(spec.edges * scale)))
-        if spec.kind == "undirected":
+        if spec.kind in ("undirected", "clustered"):
             m += m % 2
     skew = None if spec.skew is None else max(1.0, spec.skew * math.sqrt(scale))
     mx = None if spec.max_degree is None else max(2.0, spec.max_degree * scale)
@@ -259,6 +278,8 @@ def generate(name: str, seed: int = 0, scale: float = 1.0) -> Tuple[np.ndarray, 
             rng.shuffle(dst)
         else:
             raise ValueError(f"{name}: unsupported sides src={spec.src} dst={spec.dst}")
+    elif spec.kind == "clustered":
+        src, dst = _block_model(n, m, spec.block, spec.intra, rng)
     else:
         raise ValueError(f"{name}: unknown kind {spec.kind}")
     edges = np.stack([src.astype(np.int32, copy=False), dst.astype(np.int32, copy=False)])

@@ -5,8 +5,9 @@ width (a backward with atomics or a source-major pass, ...). A fixed rule (mean 
 picks wrongly on some graphs, so with ``GNN_FASTPATH_TUNE=1`` the first call of a *size
 class* times every variant on the call's own inputs and keeps the fastest:
 
-- a size class (:func:`size_class`) is the op's decision, the node and edge counts and the
-  mean degree rounded to powers of two, the row width and the dtype: graphs of one class
+- a size class (:func:`size_class`) is the op's decision, the node and edge counts, the
+  mean degrees and the degree skew rounded to powers of two, the row width and the dtype:
+  graphs of one class
   share the choice, and a training run's mini-batches fall into a few classes;
 - choices are written to a small JSON file (``GNN_FASTPATH_TUNE_CACHE``, default
   ``~/.cache/gnn_fastpath/tuning.json``) under a key naming the GPU model, the gnn_fastpath
@@ -60,14 +61,18 @@ def _pow2(x: float) -> int:
     return 0 if x <= 0 else 1 << max(0, round(math.log2(x)))
 
 
-def size_class(decision: str, n_src: int, n_dst: int, num_edges: int, width: int, dtype: torch.dtype) -> str:
+def size_class(decision: str, n_src: int, n_dst: int, num_edges: int, width: int, dtype: torch.dtype,
+               long_row_chunks: int = 0) -> str:
     """The class a call's choice is shared by: ``decision`` (e.g. ``"dot_attention.backward"``),
-    node and edge counts and mean in- and out-degree to the nearest power of two, the row width
-    (H * D or F) and the dtype."""
+    node and edge counts, mean in- and out-degree and the degree skew (``long_row_chunks``:
+    the chunks the work list cut long destination rows into, 0 without such rows) to the
+    nearest power of two, the row width (H * D or F) and the dtype. Two graphs of one size
+    and mean degree, one with uniform in-degrees and one with super nodes, are two classes."""
     deg_in = num_edges / max(n_dst, 1)
     deg_out = num_edges / max(n_src, 1)
     return (f"{decision}|src~{_pow2(n_src)}|dst~{_pow2(n_dst)}|edges~{_pow2(num_edges)}"
-            f"|in~{_pow2(deg_in)}|out~{_pow2(deg_out)}|width {width}|{str(dtype).replace('torch.', '')}")
+            f"|in~{_pow2(deg_in)}|out~{_pow2(deg_out)}|long-row chunks~{_pow2(long_row_chunks)}"
+            f"|width {width}|{str(dtype).replace('torch.', '')}")
 
 
 def device_key(device: torch.device) -> str:
@@ -183,14 +188,10 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
     return best
 
 
-def choose_variant(decision: str, graph, width: int, dtype: torch.dtype, device: torch.device,
-                   run: Callable[[str], object], variants, default: str) -> str:
-    """:func:`choose` for one call of a kernel family on ``graph``: the call's size class
-    (``decision``, ``width`` = H * D or F, ``dtype``), one candidate per name of ``variants``
-    (``run(name)`` does the call with that variant), ``default`` the family's rule."""
-    if not enabled():
-        return default
-    klass = size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, width, dtype)
+def choose_variant(klass: str, device: torch.device, run: Callable[[str], object], variants, default: str) -> str:
+    """:func:`choose` for one call of a kernel family: ``klass`` the call's :func:`size_class`,
+    one candidate per name of ``variants`` (``run(name)`` does the call with that variant),
+    ``default`` the family's rule."""
     return choose(klass, {name: (lambda name=name: run(name)) for name in variants}, default, device)
 
 

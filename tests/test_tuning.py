@@ -149,3 +149,13 @@ def test_size_classes():
     assert c("gat_attention.backward", 1000, 1000, 20000, 256, torch.float32) != base
     assert "float32" in base and "width 256" in base
     assert c("x", 0, 0, 0, 1, torch.float16)  # empty graphs have a class too
+
+
+def test_size_class_sees_degree_skew():
+    """Same counts and mean degrees, one graph with super nodes (its work list cuts long rows
+    into chunks): two classes, so the uniform graph's choice is not reused for the skewed one."""
+    c = tuning.size_class
+    uniform = c("dot_attention.backward", 169343, 169343, 1166243, 512, torch.float32, 0)
+    skewed = c("dot_attention.backward", 169343, 169343, 1166243, 512, torch.float32, 9000)
+    assert uniform != skewed and "long-row chunks~0" in uniform
+    assert c("dot_attention.backward", 169343, 169343, 1166243, 512, torch.float32, 8500) == skewed

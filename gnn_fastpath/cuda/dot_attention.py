@@ -118,6 +118,14 @@ def backward_mode(graph) -> str:
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
+def backward_class(graph, width: int, dtype: torch.dtype) -> str:
+    """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of this backward on
+    ``graph`` for rows of ``width`` = H * D in ``dtype``: the degree skew is the number of
+    chunks the work list cut long rows into."""
+    return tuning.size_class("dot_attention.backward", graph.n_src, graph.n_dst, graph.num_edges, width, dtype,
+                             _work(graph).n_split_items)
+
+
 def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype,
             rng: Optional[Tensor] = None) -> launch.Kernel:
     """Kernel ``name`` for storage types ``dtypes`` (row kernels: TI, TO; helpers: their one
@@ -224,12 +232,12 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     cfg = _config(graph, q, k, v, edge_term, out, grad_out)
     if mode is None:
         mode = backward_mode(graph)
-        if config.setting("GNN_FASTPATH_DOT_BWD") is None and not graph.static:
+        if config.setting("GNN_FASTPATH_DOT_BWD") is None and not graph.static and tuning.enabled():
             def run(variant):
                 return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
                                 scale, p, *given_stream, need_d_edge_term, variant)
 
-            mode = tuning.choose_variant("dot_attention.backward", graph, H * D, ti, device, run, BACKWARDS, mode)
+            mode = tuning.choose_variant(backward_class(graph, H * D, ti), device, run, BACKWARDS, mode)
     transposed = mode == "transposed"
     dq = torch.empty_like(q)
     if transposed:

@@ -94,6 +94,14 @@ def backward_mode(graph) -> str:
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
+def backward_class(graph, width: int, dtype: torch.dtype) -> str:
+    """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of this backward on
+    ``graph`` for rows of ``width`` = H * D in ``dtype``: the degree skew is the number of
+    chunks the work list cut long rows into."""
+    return tuning.size_class("gat_attention.backward", graph.n_src, graph.n_dst, graph.num_edges, width, dtype,
+                             _work(graph).n_split_items)
+
+
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     return row_attention.work(graph, CHUNK_EDGES, source_major, order="degree")
 
@@ -201,12 +209,12 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
 
     if mode is None:
         mode = backward_mode(graph)
-        if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static:
+        if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static and tuning.enabled():
             def run(variant):
                 return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
                                 grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
 
-            mode = tuning.choose_variant("gat_attention.backward", graph, H * D, T, dev, run, BACKWARDS, mode)
+            mode = tuning.choose_variant(backward_class(graph, H * D, T), dev, run, BACKWARDS, mode)
     if mode == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
         n_work = work.n_items * n_tiles

@@ -70,14 +70,28 @@ __device__ __forceinline__ float sr_order_key_decode(unsigned int k) {
     return __uint_as_float(u);
 }
 
-// One canonical message (see the header). Under SR_KEEP every NaN becomes the positive quiet
-// NaN, whose order key is above every other value's, so the heavy path lets it win too.
-template <int NF, typename TO>
-__device__ __forceinline__ float sr_message(float sw, float xv) {
+// The rounded product of one message: one rounding (no FMA contraction, so forward and
+// backward agree bit for bit), rounded once more to the output type when that is 16-bit.
+template <typename TO>
+__device__ __forceinline__ float sr_product(float sw, float xv) {
     float p = __fmul_rn(sw, xv);
     if constexpr (sizeof(TO) == 2) p = gf_to_float(gf_cast<TO>(p));
+    return p;
+}
+
+// The canonical form of a value (see the header): -0 -> +0, and under SR_KEEP every NaN ->
+// the positive quiet NaN, whose order key is above every other value's (so the heavy path
+// lets it win too).
+template <int NF>
+__device__ __forceinline__ float sr_canonical(float p) {
     const float v = __fadd_rn(p, 0.0f);
     return (NF == SR_KEEP && v != v) ? __int_as_float(0x7fc00000) : v;
+}
+
+// One canonical message.
+template <int NF, typename TO>
+__device__ __forceinline__ float sr_message(float sw, float xv) {
+    return sr_canonical<NF>(sr_product<TO>(sw, xv));
 }
 
 __device__ __forceinline__ bool sr_finite(float v) {
@@ -87,39 +101,49 @@ __device__ __forceinline__ bool sr_finite(float v) {
 // Non-finite rules (NF): SR_KEEP (torch, PyG): a NaN message wins and the extreme stays NaN;
 // +-inf are values like any other. SR_DROP (DGL): NaN messages never win (every comparison
 // with them is false), and a non-finite extreme is written as 0 with no winning edge.
-// MODE: count ties, first (smallest caller id), last, or value only (no aux). With
-// SR_MODE_COUNT, a counts the tied edges and b is the caller id of the last one, which is
-// the winner when a == 1 (b is not read otherwise); the other modes keep the winner in a.
+//
+// SR_MODE_FIRST / SR_MODE_LAST (a = the winning caller id; NaNs tie with each other), on
+// canonical messages:
 template <int MODE, int NF>
-__device__ __forceinline__ void sr_update(float& m, int& a, int& b, float v, int p) {
-    if (NF == SR_KEEP && (v != v || m != m)) {  // NaN is the extreme; NaNs tie with each other
+__device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
+    if (NF == SR_KEEP && (v != v || m != m)) {  // NaN is the extreme
         if (v != v) {
-            if (m != m) {
-                if (MODE == SR_MODE_COUNT) a += 1;
-                else if (MODE == SR_MODE_FIRST) a = p < a ? p : a;
-                else if (MODE == SR_MODE_LAST) a = p > a ? p : a;
-            } else {
-                m = v;
-                a = MODE == SR_MODE_COUNT ? 1 : p;
-                if (MODE == SR_MODE_COUNT) b = p;
-            }
+            if (m != m) a = MODE == SR_MODE_FIRST ? (p < a ? p : a) : (p > a ? p : a);
+            else { m = v; a = p; }
         }
         return;
     }
-    if (MODE == SR_MODE_COUNT) {
-        if (v > m) { m = v; a = 1; b = p; } else if (v == m) { a += 1; b = p; }
-    } else if (MODE == SR_MODE_FIRST) {
+    if (MODE == SR_MODE_FIRST) {
         if (v > m || (v == m && p < a)) { m = v; a = p; }
-    } else if (MODE == SR_MODE_LAST) {
-        if (v > m || (v == m && p > a)) { m = v; a = p; }
     } else {
-        m = fmaxf(m, v);
+        if (v > m || (v == m && p > a)) { m = v; a = p; }
+    }
+}
+
+// SR_MODE_COUNT and SR_MODE_VALUE, the rules of every training and inference step, with the
+// fewest instructions per message (the forward issues about as many instructions as it
+// moves bytes): raw products, no canonical form per message (float compares see -0 == +0;
+// the extreme is made canonical once, at the end). a is the saved state of the header: the
+// winner's caller id, or -1 - n (init -1: n = 0). A NaN stays in m (no later message
+// compares > or == with it), so under SR_KEEP the extreme is NaN as soon as one message is.
+// A -inf message tying with the initial -inf counts as a tie (n = 1, a = -2): the row walks,
+// which is exact, and a -inf message sets the "walk all" flag anyway.
+template <int MODE, int NF>
+__device__ __forceinline__ void sr_update_fast(float& m, int& a, float v, int p) {
+    if (MODE == SR_MODE_COUNT) {
+        if (v > m) { m = v; a = p; }
+        else if (v == m) { a = a >= 0 ? -3 : a - 1; }
+        else if (v != v) { m = v; }
+    } else if (NF == SR_KEEP) {
+        m = (v > m || v != v) ? v : m;
+    } else {
+        m = fmaxf(m, v);  // SR_DROP: NaN never wins
     }
 }
 
 template <int MODE>
 __device__ __forceinline__ int sr_init_aux() {
-    return MODE == SR_MODE_COUNT ? 0 : (MODE == SR_MODE_FIRST ? GF_INT_MAX : -1);
+    return MODE == SR_MODE_FIRST ? GF_INT_MAX : -1;
 }
 
 // aux rows (int32) of VEC elements: 16-byte accesses for every VEC multiple of 4 (16-bit x
@@ -144,15 +168,20 @@ __device__ __forceinline__ void sr_load_aux(int* r, const int* p) {
     }
 }
 
-// One message into the running state; with SR_MODE_COUNT also notes a -inf message (see
-// the header: the "walk all" flag).
-template <int MODE, int NF>
-__device__ __forceinline__ void sr_take(float& m, int& a, int& b, bool& saw_neg_inf, float v, int p) {
-    sr_update<MODE, NF>(m, a, b, v, p);
-    if (MODE == SR_MODE_COUNT) saw_neg_inf |= v == GF_NEG_INF;
+// One message (weight sw, feature xv) into the running state; with SR_MODE_COUNT also notes
+// a -inf message (see the header: the "walk all" flag).
+template <typename TO, int MODE, int NF>
+__device__ __forceinline__ void sr_take(float& m, int& a, bool& saw_neg_inf, float sw, float xv, int p) {
+    if constexpr (MODE == SR_MODE_COUNT || MODE == SR_MODE_VALUE) {
+        const float v = sr_product<TO>(sw, xv);
+        sr_update_fast<MODE, NF>(m, a, v, p);
+        if (MODE == SR_MODE_COUNT) saw_neg_inf |= v == GF_NEG_INF;
+    } else {
+        sr_update<MODE, NF>(m, a, sr_message<NF, TO>(sw, xv), p);
+    }
 }
 
-// Reduce CSR edges [start, end) into m/a/b for this lane's CH x VEC features (feature
+// Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
 // T edges at a time, one per lane, then broadcast; rows are loaded U = 4/CH edges at a time
 // so 4 loads of VEC floats per lane are in flight together.
@@ -161,7 +190,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
-                                                int (&b)[CH][VEC], bool& saw_neg_inf) {
+                                                bool& saw_neg_inf) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     for (int e0 = start; e0 < end; e0 += T) {
         const int k = e0 + lane;
@@ -195,8 +224,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_take<MODE, NF>(m[c][j], a[c][j], b[c][j], saw_neg_inf,
-                                              sr_message<NF, TO>(ww[u], v[u][c][j]), pp[u]);
+                            sr_take<TO, MODE, NF>(m[c][j], a[c][j], saw_neg_inf, ww[u], v[u][c][j], pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
@@ -209,8 +237,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j)
-                        sr_take<MODE, NF>(m[c][j], a[c][j], b[c][j], saw_neg_inf, sr_message<NF, TO>(w0, v0[j]),
-                                          p0);
+                        sr_take<TO, MODE, NF>(m[c][j], a[c][j], saw_neg_inf, w0, v0[j], p0);
                 }
             }
         }
@@ -220,13 +247,14 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
 // out [n_dst, F]; aux [n_dst, F] (the caller id of the winning edge, or for SR_MODE_COUNT
 // the single winner or -1 - n, see the header; -1 for empty rows), unused with MODE 3;
-// walk_all: the "walk all" flag (SR_MODE_COUNT only).
+// walk_all: the "walk all" flag, row_walks [n_dst]: set to 1 for a row with a walking
+// element (zero-initialised; SR_MODE_COUNT only, row_walks may be null).
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
                             int F, float sign, TO* __restrict__ out, int* __restrict__ aux,
-                            int* __restrict__ walk_all) {
+                            int* __restrict__ walk_all, int* __restrict__ row_walks) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
@@ -236,18 +264,19 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
-    int a[CH][VEC], b[CH][VEC];
+    int a[CH][VEC];
     bool saw_neg_inf = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); b[c][j] = -1; }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a, b,
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a,
                                                   saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
     const bool empty = start == end;
+    bool walks = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
@@ -257,18 +286,22 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
             int q[VEC];
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                r[j] = empty ? 0.f : sign * m[c][j];
+                r[j] = empty ? 0.f : sign * sr_canonical<NF>(m[c][j]);
                 int v = a[c][j];
                 const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
                 if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
                 if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
-                if (MODE == SR_MODE_COUNT) v = (v == 1 && !no_winner) ? b[c][j] : -1 - (empty ? 0 : v);
+                if (MODE == SR_MODE_COUNT && !empty && (v < 0 || no_winner)) {  // a NaN extreme walks too
+                    v = v < 0 ? v : -2;
+                    walks = true;
+                }
                 q[j] = v;
             }
             gf_store<VEC>(out + o, r);
             if (MODE != SR_MODE_VALUE) sr_store_aux<VEC>(aux + o, q);
         }
     }
+    if (MODE == SR_MODE_COUNT && row_walks != nullptr && __any_sync(mask, walks) && lane == 0) row_walks[row] = 1;
 }
 
 // SR_MODE_COUNT's packed word: order key << 32 | low, low = the caller id of the one tied
@@ -311,14 +344,14 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
-    int a[CH][VEC], b[CH][VEC];
+    int a[CH][VEC];
     bool saw_neg_inf = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); b[c][j] = -1; }
+        for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a, b,
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a,
                                                   saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
@@ -329,10 +362,10 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
             unsigned long long* prow = packed + (long long)slot * F + f;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                const unsigned int key = sr_order_key(m[c][j]);
+                const unsigned int key = sr_order_key(sr_canonical<NF>(m[c][j]));
                 if (MODE == SR_MODE_COUNT) {
-                    // a >= 1: a chunk has edges, and its extreme is one of its messages
-                    sr_merge_count(prow + j, key, a[c][j] == 1 ? (unsigned int)b[c][j] : SR_TIES | (unsigned int)a[c][j]);
+                    const int e = a[c][j];
+                    sr_merge_count(prow + j, key, e >= 0 ? (unsigned int)e : SR_TIES | (unsigned int)(-1 - e));
                 } else {
                     const unsigned int low =
                         MODE == SR_MODE_FIRST ? ~(unsigned int)a[c][j] : (MODE == SR_MODE_LAST ? (unsigned int)a[c][j] : 0u);
@@ -349,7 +382,7 @@ template <typename TO>
 __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
                               const int4* __restrict__ split, int n_split, int F, float sign,
                               int mode, int non_finite, TO* __restrict__ out,
-                              int* __restrict__ aux) {
+                              int* __restrict__ aux, int* __restrict__ row_walks) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= (long long)n_split * F) return;
     const int h = (int)(idx / F), f = (int)(idx % F);
@@ -364,7 +397,10 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     if (aux != nullptr) {
         int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
         if (mode != SR_MODE_COUNT && (no_winner || v < 0 || v == GF_INT_MAX)) v = -1;
-        if (mode == SR_MODE_COUNT && ((low & SR_TIES) || no_winner)) v = -1 - (int)sr_tie_count(low);
+        if (mode == SR_MODE_COUNT && ((low & SR_TIES) || no_winner)) {
+            v = -1 - (int)sr_tie_count(low);
+            row_walks[row] = 1;
+        }
         aux[o] = v;
     }
 }
@@ -413,8 +449,8 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
                             const TO* __restrict__ out, const int* __restrict__ aux,
-                            const int* __restrict__ walk_all, const TO* __restrict__ grad_out,
-                            float* __restrict__ dx, float* __restrict__ dw) {
+                            const int* __restrict__ walk_all, const int* __restrict__ row_walks,
+                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -423,9 +459,10 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
     const int4 it = __ldg(items + gid);
     const int row = it.x, start = it.y, end = it.z;
     if (start == end) return;  // a row without edges has no gradient to route (whole groups leave)
+    const bool all = __ldg(walk_all) != 0;
+    if (!all && __ldg(row_walks + row) == 0) return;  // every element of the row went along its arg
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
-    const bool all = __ldg(walk_all) != 0;
     float mo[CH][VEC], share[CH][VEC];
     bool walks[CH][VEC], any = false;
 #pragma unroll

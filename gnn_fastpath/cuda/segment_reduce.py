@@ -62,17 +62,18 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
     or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
-    [n_dst * F + 1] (:func:`saved_state`): aux [n_dst, F], what the backward needs for the
-    tie rule (the winning caller edge id; for split/even that id where one edge wins, else
-    -1 - the tie count), then the "walk all" flag; None without ``need_aux`` (value only).
+    [n_dst * F + 1 + n_dst] (:func:`saved_state`): aux [n_dst, F], what the backward needs for
+    the tie rule (the winning caller edge id; for split/even that id where one edge wins, else
+    -1 - the tie count), the "walk all" flag and one "walks" flag per row (split/even); None
+    without ``need_aux`` (value only).
     """
     F = x.size(1)
     device = x.device
     n_dst = graph.n_dst
-    state = torch.empty(n_dst * F + 1, dtype=torch.int32, device=device) if need_aux else None
-    aux, walk_all = saved_state(state, n_dst, F)
+    state = torch.empty(state_size(n_dst, F), dtype=torch.int32, device=device) if need_aux else None
+    aux, walk_all, row_walks = saved_state(state, n_dst, F)
     if need_aux and MODES[tie_break] == MODE_COUNT:
-        walk_all.zero_()
+        state[n_dst * F:].zero_()  # the flags, in one fill
     if n_dst == 0 or F == 0:
         return state
     kc = graph.kernel_csr()
@@ -81,9 +82,10 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
-    flag = walk_all if mode == MODE_COUNT else None
+    count = mode == MODE_COUNT
+    flag, rows_flag = (walk_all, row_walks) if count else (None, None)
     if _pieces(graph, non_finite):
-        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, flag)
+        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, flag, rows_flag)
         return state
     work = row_chunks(graph)
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
@@ -91,7 +93,8 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_rows:
         KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux, walk_all=flag)
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux, walk_all=flag,
+            row_walks=rows_flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
         KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf).launch(
@@ -100,15 +103,22 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             walk_all=flag)
         KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
-            sign=sign, mode=mode, non_finite=nf, out=out, aux=aux)
+            sign=sign, mode=mode, non_finite=nf, out=out, aux=aux, row_walks=rows_flag)
     return state
 
 
-def saved_state(state: Optional[Tensor], n_dst: int, F: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """(aux [n_dst, F], walk_all [1]) views of the forward's saved state (None, None for None)."""
+def state_size(n_dst: int, F: int):
+    """int32 elements of the saved state: aux, the "walk all" flag, one flag per row."""
+    return n_dst * F + 1 + n_dst
+
+
+def saved_state(state: Optional[Tensor], n_dst: int, F: int) -> Tuple[Optional[Tensor], ...]:
+    """(aux [n_dst, F], walk_all [1], row_walks [n_dst]) views of the forward's saved state
+    (three None for None)."""
     if state is None:
-        return None, None
-    return state[:n_dst * F].view(n_dst, F), state[n_dst * F:]
+        return None, None, None
+    a = n_dst * F
+    return state[:a].view(n_dst, F), state[a:a + 1], state[a + 1:]
 
 
 def _pieces(graph, non_finite: str) -> bool:
@@ -124,7 +134,7 @@ def _virtual(graph):
                       lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
 
 
-def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all) -> None:
+def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all, row_walks) -> None:
     """The forward over row pieces: each piece's extreme (and tie count or winning edge) by
     the whole-row kernel, then combined per row by torch scatter reductions; the pieces' empty
     tail goes to a spare row ``n_dst``."""
@@ -139,7 +149,7 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all) -> No
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
                        nf).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  out=piece_out, aux=piece_aux, walk_all=walk_all)
+                                  out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
@@ -162,6 +172,7 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all) -> No
         winner = torch.full((n_dst + 1, F), -1, dtype=torch.int32, device=device).scatter_reduce_(
             0, index, torch.where(tied, piece_aux, -1), "amax")
         total = torch.where((n == 1) & (winner >= 0), winner, -1 - n)
+        row_walks.copy_((total[:n_dst] < 0).any(1))  # empty rows too: the walk skips them
     else:  # the first (last) winning edge among the pieces reaching the extreme
         first = mode == MODE_FIRST
         none = torch.iinfo(torch.int32).max if first else -1
@@ -183,13 +194,12 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     # float32 accumulators (the result itself for float32 x, else scratch cast once below)
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
-    aux, walk_all = saved_state(state, graph.n_dst, x.size(1))
-    if aux.numel() != 0:
-        _backward(graph, x, w, sign, tie_break, out, aux, walk_all, grad_out, dx, dw)
+    if state.numel() == state_size(graph.n_dst, x.size(1)) and graph.n_dst * x.size(1) != 0:
+        _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, x.size(1)), grad_out, dx, dw)
     return (None if dx is None else dx.to(x.dtype)), dw
 
 
-def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, grad_out, dx, dw) -> None:
+def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_out, dx, dw) -> None:
     F = x.size(1)
     device = x.device
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
@@ -220,4 +230,5 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, grad_out, dx, dw
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
         launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
-        count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)
+        count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all, row_walks=row_walks,
+        grad_out=grad_out, dx=dx, dw=dw)

@@ -8,10 +8,10 @@ into the launcher :mod:`gnn_fastpath.cuda.segment_reduce`, whose kernels are
 What the forward saves: one int32 per output element, the winning caller edge id, which
 the backward scatters the gradient along. ``"first"``/``"last"`` always have one; for
 ``"split"``/``"even"`` an element reached by several tied edges (or whose extreme is NaN)
-saves ``-1 - n`` instead, and only those elements' rows are re-walked in the backward to
-find the tied edges (plus one flag, set when a message is ``-inf``, under which every
-element is re-walked: torch's split rule sends a losing edge ``0 * inf = NaN``). Nothing is
-saved when no input needs a gradient.
+saves ``-1 - n`` instead, and only the rows holding such an element (one flag per row) are
+re-walked in the backward to find the tied edges; one more flag, set when a message is
+``-inf``, re-walks every row (torch's split rule sends a losing edge ``0 * inf = NaN``).
+Nothing is saved when no input needs a gradient.
 
 Dtypes (the reduced-precision contract): ``x`` float32, float16 or bfloat16 is read as it is;
 the result has ``promote_types(x.dtype, edge_weight.dtype)`` (x's dtype without weights),

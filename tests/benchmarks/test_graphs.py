@@ -66,6 +66,20 @@ def test_undirected_graphs_are_symmetric():
     assert np.array_equal(np.bincount(e[0], minlength=n), np.bincount(e[1], minlength=n))
 
 
+def test_clustered_is_symmetric_and_locally_dense():
+    """The block model: every pair in both directions, and most edges inside one block of
+    128 consecutive ids (what a block-sparse layout of row windows can exploit)."""
+    e, n, meta = G.generate("clustered", scale=SCALE)
+    half = e.shape[1] // 2
+    assert np.array_equal(e[0, :half], e[1, half:]) and np.array_equal(e[1, :half], e[0, half:])
+    spec = G.SPECS["clustered"]
+    inside = (e[0] // spec.block == e[1] // spec.block).mean()
+    assert inside > spec.intra - 0.02  # the uniform rest lands inside a block by chance too
+    e_full, n_full, _ = G.generate("clustered")
+    assert (n_full, e_full.shape[1]) == (131_072, 2_097_152)
+    assert (e_full[0] // spec.block == e_full[1] // spec.block).mean() > 0.89
+
+
 def test_full_arxiv_like_and_skewdst():
     t0 = time.perf_counter()
     e, n, meta = G.generate("arxiv-like")

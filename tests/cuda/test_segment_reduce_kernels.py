@@ -233,7 +233,8 @@ def test_non_finite_matches_reference(name, F, reduce, tie_break, non_finite, we
 
 # --------------------------------------------------------------------- saved state layout
 def _saved(graph, x, w, tie_break, reduce="max"):
-    """(aux [n_dst, F], walk_all) the forward saves, through the op's autograd Function."""
+    """(out, aux [n_dst, F], walk_all, row_walks) the forward saves, through the op's autograd
+    Function."""
     from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
 
     xr = x.clone().requires_grad_(True)
@@ -268,11 +269,13 @@ def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
     on light rows and on the atomically merged chunks of long rows; no -inf, no flag."""
     graph = _graph(graph_name)
     x, w, _ = _inputs(graph, 64, True, ties, seed=3)
-    _, aux, walk_all = _saved(graph, x, w, tie_break, reduce)
+    _, aux, walk_all, row_walks = _saved(graph, x, w, tie_break, reduce)
     n, last = _winners(graph, x, w, reduce)
     want = torch.where(n == 1, last, -1 - n).to(torch.int32)
     assert torch.equal(aux, want)
     assert walk_all.item() == 0
+    # a row walks where one of its elements does (rows without edges need no walk)
+    assert torch.equal(row_walks.bool(), ((want < 0) & (n > 0)).any(1))
     if not ties:
         assert (aux >= 0).float().mean() > 0.9  # the common case: no walk
     else:
@@ -284,17 +287,20 @@ def test_negative_infinity_sets_walk_all(graph_name):
     """A -inf message anywhere sets the flag (split's losing edge gets 0 * inf = NaN, which
     only the walk gives); the gradients then match the reference, NaNs included."""
     graph = _graph(graph_name)
-    x = torch.randn(graph.n_src, 7, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(graph.n_src, 7, device="cuda", generator=gen)
+    w = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.5
     x[5, 3] = float("-inf")
-    _, _, walk_all = _saved(graph, x, None, "split")
+    _, _, walk_all, _ = _saved(graph, x, w, "split")
     assert walk_all.item() == 1
     grads = []
     for run in (segment_reduce, reference.segment_reduce):
-        xr = x.clone().requires_grad_(True)
-        run(graph, xr, "max", None, "split").sum().backward()
-        grads.append(xr.grad)
-    assert grads[1][5].isnan().any()  # the case is real: torch's rule gives NaN here
-    torch.testing.assert_close(grads[0], grads[1], equal_nan=True, rtol=1e-5, atol=1e-5)
+        xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        run(graph, xr, "max", wr, "split").sum().backward()
+        grads.append((xr.grad, wr.grad))
+    assert grads[1][1].isnan().any()  # the case is real: torch's rule gives the losing edges NaN
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["nan", "+inf", "-inf"])
@@ -329,5 +335,5 @@ def test_single_winner_at_zero(tie_break, share):
     out.backward(torch.tensor([[4.0], [2.0]], device="cuda"))
     assert out.detach().flatten().tolist() == [0.0, 3.0]
     assert x.grad.flatten().tolist() == [4.0 * share, 0.0, 2.0]
-    _, aux, _ = _saved(graph, x.detach(), None, tie_break)
-    assert aux.flatten().tolist() == [0, 2]
+    _, aux, _, row_walks = _saved(graph, x.detach(), None, tie_break)
+    assert aux.flatten().tolist() == [0, 2] and row_walks.tolist() == [0, 0]

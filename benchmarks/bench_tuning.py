@@ -1,0 +1,165 @@
+"""Does the tuner pick the faster kernel variant? Every variant and the tuner's choice, timed
+side by side in one process.
+
+For each graph, op and dtype the forward + backward step is timed with each backward
+variant forced (``GNN_FASTPATH_{DOT,GAT}_BWD``), with the rule (nothing set) and with
+``GNN_FASTPATH_TUNE=1`` (a fresh choices file: the first, untimed, warm-up call of a size
+class measures). Variants alternate within each round and the rounds repeat, so clock and
+thermal drift hit all of them alike; the table shows the median over rounds of each
+round's median, the variant the rule and the tuner took, and the tuned step against the
+fastest forced one (1.00 = the tuner found the best)::
+
+    python -m benchmarks.bench_tuning --graphs tolokers,arxiv-like,arxiv-skewdst,roads-like \
+        --dtypes float32,bfloat16 --json-out bench_tuning.json --md bench_tuning.md
+
+Settings are read per call (gnn_fastpath.config), so one process can switch between them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from . import graphs as G
+from . import report
+from .bench_ops import OPS
+from .timing import DTYPES, fmt, parse_dtypes, time_calls
+
+#: op -> (setting that forces its backward variant, module whose backward_mode is the rule)
+TUNED_OPS = {"dot_attention": ("GNN_FASTPATH_DOT_BWD", "dot_attention"),
+             "gat_attention": ("GNN_FASTPATH_GAT_BWD", "gat_attention")}
+VARIANTS = ("atomic", "transposed")
+SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE") + tuple(s for s, _ in TUNED_OPS.values())
+
+
+def _environ(values: Dict[str, str]) -> None:
+    """The tuning-related settings exactly as ``values`` (the others unset)."""
+    for name in SETTINGS:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+
+
+def _step(fn, graph, inputs, kwargs, grad):
+    def run():
+        out = fn(graph, *inputs, **kwargs)
+        out.backward(grad)
+    return run
+
+
+def _zero(inputs):
+    def clear():
+        for t in inputs:
+            t.grad = None
+    return clear
+
+
+def run_case(graph, gname: str, op: str, dtype_name: str, args, cache: Path) -> dict:
+    import importlib
+
+    from gnn_fastpath import tuning
+
+    _environ({})
+    setting, module = TUNED_OPS[op]
+    case = OPS[op]
+    inputs, kwargs = case.inputs(graph.n_src, torch.device("cuda"), args.seed, DTYPES[dtype_name])
+    fn = case.fn()
+    with torch.no_grad():
+        shape = fn(graph, *inputs, **kwargs).shape
+    grad = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(DTYPES[dtype_name])
+    rule = importlib.import_module(f"gnn_fastpath.cuda.{module}").backward_mode(graph)
+    envs = {v: {setting: v} for v in VARIANTS}
+    envs["rule"] = {}
+    envs["tuned"] = {"GNN_FASTPATH_TUNE": "1", "GNN_FASTPATH_TUNE_CACHE": str(cache)}
+    times: Dict[str, List[float]] = {k: [] for k in envs}
+    step, clear = _step(fn, graph, inputs, kwargs, grad), _zero(inputs)
+    for _ in range(args.rounds):
+        for name, env in envs.items():
+            _environ(env)
+            tuning.forget()
+            times[name].append(statistics.median(time_calls(step, args.warmup, args.iters, torch.device("cuda"),
+                                                            before=clear)))
+    _environ({"GNN_FASTPATH_TUNE": "1", "GNN_FASTPATH_TUNE_CACHE": str(cache)})
+    tuning.forget()
+    klass = importlib.import_module(f"gnn_fastpath.cuda.{module}").backward_class(graph, case.width,
+                                                                                 DTYPES[dtype_name])
+    chosen = [r for r in tuning.listing() if r["class"] == klass]
+    _environ({})
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    best = min(ms[v] for v in VARIANTS)
+    row = {"graph": gname, "op": op, "shape": case.label, "dtype": dtype_name, "rule": rule,
+           "tuned_choice": chosen[0]["choice"] if chosen else None,
+           "tuner_times_ms": chosen[0]["times_ms"] if chosen else None,
+           "class": chosen[0]["class"] if chosen else None,
+           **{f"{k}_ms": v for k, v in ms.items()}, "rounds_ms": times,
+           "tuned_vs_best": ms["tuned"] / best, "rule_vs_best": ms["rule"] / best}
+    return row
+
+
+COLUMNS = ["graph", "op", "dtype", "atomic_ms", "transposed_ms", "rule", "rule_ms", "tuned_choice", "tuned_ms",
+           "rule_vs_best", "tuned_vs_best"]
+HEADERS = ["graph", "op", "dtype", "atomic f+b ms", "transposed f+b ms", "rule picks", "rule ms", "tuner picks",
+           "tuned ms", "rule / best", "tuned / best"]
+
+
+def markdown(payload: dict) -> str:
+    fm = {c: fmt for c in COLUMNS if c.endswith("_ms") or c.endswith("_best")}
+    return "\n".join(["### Tuned backward variants (forward + backward step, ms)", "",
+                      report.env_header(payload["environment"]), "",
+                      f"{payload['settings']['rounds']} rounds of {payload['settings']['iters']} timed steps after "
+                      f"{payload['settings']['warmup']} warm-ups, variants alternating; median of round medians.", "",
+                      report.markdown_table(payload["rows"], COLUMNS, HEADERS, fm), ""])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--graphs", default="tolokers,arxiv-like,arxiv-skewdst,roads-like")
+    p.add_argument("--ops", default=",".join(TUNED_OPS))
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--json-out", default=None)
+    p.add_argument("--md", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_tuning needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import gnn_fastpath
+
+    rows = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory() as tmp:
+        for gname in args.graphs.split(","):
+            bg = G.load(gname, data_dir=args.data_dir, device="cuda", seed=args.seed)
+            graph = gnn_fastpath.Graph.from_edge_index(bg.edge_index, bg.num_nodes)
+            for op in args.ops.split(","):
+                for dtype_name in parse_dtypes(args.dtypes):
+                    row = run_case(graph, gname, op, dtype_name, args, Path(tmp) / "tuning.json")
+                    rows.append(row)
+                    print("  " + " ".join(f"{k}={fmt(row[k]) if isinstance(row[k], float) else row[k]}"
+                                          for k in COLUMNS), flush=True)
+            del graph, bg
+            torch.cuda.empty_cache()
+    payload = {"benchmark": "tuning", "environment": report.environment(), "started": started,
+               "settings": {k: getattr(args, k) for k in ("graphs", "ops", "dtypes", "rounds", "warmup", "iters")},
+               "rows": rows}
+    text = markdown(payload)
+    print(text)
+    if args.json_out:
+        report.write_json(args.json_out, payload)
+    if args.md:
+        Path(args.md).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
