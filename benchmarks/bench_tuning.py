@@ -1,8 +1,9 @@
 """Does the tuner pick the faster kernel variant? Every variant and the tuner's choice, timed
 side by side in one process.
 
-For each graph, op and dtype the forward + backward step is timed with each backward
-variant forced (``GNN_FASTPATH_{DOT,GAT}_BWD``), with the rule (nothing set) and with
+For each graph, op and dtype the forward + backward step is timed with each variant forced
+(``GNN_FASTPATH_{DOT,GAT}_BWD``: the attention backwards; ``GNN_FASTPATH_SR_CHUNKS``: the
+min/max forward's feature chunks), with the rule (nothing set) and with
 ``GNN_FASTPATH_TUNE=1`` (a fresh choices file: the first, untimed, warm-up call of a size
 class measures). Variants alternate within each round and the rounds repeat, so clock and
 thermal drift hit all of them alike; the table shows the median over rounds of each
@@ -17,13 +18,15 @@ Settings are read per call (gnn_fastpath.config), so one process can switch betw
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -32,11 +35,33 @@ from . import report
 from .bench_ops import OPS
 from .timing import DTYPES, fmt, parse_dtypes, time_calls
 
-#: op -> (setting that forces its backward variant, module whose backward_mode is the rule)
-TUNED_OPS = {"dot_attention": ("GNN_FASTPATH_DOT_BWD", "dot_attention"),
-             "gat_attention": ("GNN_FASTPATH_GAT_BWD", "gat_attention")}
-VARIANTS = ("atomic", "transposed")
-SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE") + tuple(s for s, _ in TUNED_OPS.values())
+@dataclass(frozen=True)
+class Tuned:
+    """One tuned decision of an op: the setting that forces a variant, the variants, the
+    rule's pick on a graph, and the size class the launcher names the call by."""
+    setting: str
+    variants: Tuple[str, ...]
+    rule: Callable
+    klass: Callable
+
+
+def _module(name):
+    return importlib.import_module(f"gnn_fastpath.cuda.{name}")
+
+
+TUNED_OPS = {
+    "dot_attention": Tuned("GNN_FASTPATH_DOT_BWD", ("atomic", "transposed"),
+                           lambda g: _module("dot_attention").backward_mode(g),
+                           lambda g, width, dt: _module("dot_attention").backward_class(g, width, dt)),
+    "gat_attention": Tuned("GNN_FASTPATH_GAT_BWD", ("atomic", "transposed"),
+                           lambda g: _module("gat_attention").backward_mode(g),
+                           lambda g, width, dt: _module("gat_attention").backward_class(g, width, dt)),
+    # the forward's feature chunks per lane (the step's backward does not depend on them)
+    "segment_reduce": Tuned("GNN_FASTPATH_SR_CHUNKS", ("1", "2", "4"),
+                            lambda g: str(_module("segment_reduce").CHUNKS),
+                            lambda g, width, dt: _module("segment_reduce").forward_class(g, width, dt, dt, True)),
+}
+SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE") + tuple(t.setting for t in TUNED_OPS.values())
 
 
 def _environ(values: Dict[str, str]) -> None:
@@ -61,20 +86,18 @@ def _zero(inputs):
 
 
 def run_case(graph, gname: str, op: str, dtype_name: str, args, cache: Path) -> dict:
-    import importlib
-
     from gnn_fastpath import tuning
 
     _environ({})
-    setting, module = TUNED_OPS[op]
+    tuned = TUNED_OPS[op]
     case = OPS[op]
-    inputs, kwargs = case.inputs(graph.n_src, torch.device("cuda"), args.seed, DTYPES[dtype_name])
+    dtype = DTYPES[dtype_name]
+    inputs, kwargs = case.inputs(graph.n_src, torch.device("cuda"), args.seed, dtype)
     fn = case.fn()
     with torch.no_grad():
         shape = fn(graph, *inputs, **kwargs).shape
-    grad = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(DTYPES[dtype_name])
-    rule = importlib.import_module(f"gnn_fastpath.cuda.{module}").backward_mode(graph)
-    envs = {v: {setting: v} for v in VARIANTS}
+    grad = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(dtype)
+    envs = {v: {tuned.setting: v} for v in tuned.variants}
     envs["rule"] = {}
     envs["tuned"] = {"GNN_FASTPATH_TUNE": "1", "GNN_FASTPATH_TUNE_CACHE": str(cache)}
     times: Dict[str, List[float]] = {k: [] for k in envs}
@@ -87,25 +110,23 @@ def run_case(graph, gname: str, op: str, dtype_name: str, args, cache: Path) -> 
                                                             before=clear)))
     _environ({"GNN_FASTPATH_TUNE": "1", "GNN_FASTPATH_TUNE_CACHE": str(cache)})
     tuning.forget()
-    klass = importlib.import_module(f"gnn_fastpath.cuda.{module}").backward_class(graph, case.width,
-                                                                                 DTYPES[dtype_name])
+    klass = tuned.klass(graph, case.width, dtype)
     chosen = [r for r in tuning.listing() if r["class"] == klass]
     _environ({})
     ms = {k: statistics.median(v) for k, v in times.items()}
-    best = min(ms[v] for v in VARIANTS)
-    row = {"graph": gname, "op": op, "shape": case.label, "dtype": dtype_name, "rule": rule,
-           "tuned_choice": chosen[0]["choice"] if chosen else None,
-           "tuner_times_ms": chosen[0]["times_ms"] if chosen else None,
-           "class": chosen[0]["class"] if chosen else None,
-           **{f"{k}_ms": v for k, v in ms.items()}, "rounds_ms": times,
-           "tuned_vs_best": ms["tuned"] / best, "rule_vs_best": ms["rule"] / best}
-    return row
+    best = min(ms[v] for v in tuned.variants)
+    return {"graph": gname, "op": op, "shape": case.label, "dtype": dtype_name, "rule": tuned.rule(graph),
+            "tuned_choice": chosen[0]["choice"] if chosen else None,
+            "tuner_times_ms": chosen[0]["times_ms"] if chosen else None, "class": klass,
+            **{f"{k}_ms": v for k, v in ms.items()}, "rounds_ms": times,
+            "variants": ", ".join(f"{v} {ms[v]:.3f}" for v in tuned.variants),
+            "tuned_vs_best": ms["tuned"] / best, "rule_vs_best": ms["rule"] / best}
 
 
-COLUMNS = ["graph", "op", "dtype", "atomic_ms", "transposed_ms", "rule", "rule_ms", "tuned_choice", "tuned_ms",
-           "rule_vs_best", "tuned_vs_best"]
-HEADERS = ["graph", "op", "dtype", "atomic f+b ms", "transposed f+b ms", "rule picks", "rule ms", "tuner picks",
-           "tuned ms", "rule / best", "tuned / best"]
+COLUMNS = ["graph", "op", "dtype", "variants", "rule", "rule_ms", "tuned_choice", "tuned_ms", "rule_vs_best",
+           "tuned_vs_best"]
+HEADERS = ["graph", "op", "dtype", "each variant forced: f+b ms", "rule picks", "rule ms", "tuner picks", "tuned ms",
+           "rule / best", "tuned / best"]
 
 
 def markdown(payload: dict) -> str:

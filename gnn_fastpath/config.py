@@ -57,6 +57,15 @@ def _int_in(lo: int, hi: int, allowed: Tuple[int, ...] = ()) -> Callable[[str, s
     return parse
 
 
+def _optional_int_in(lo: int, hi: int, allowed: Tuple[int, ...] = ()) -> Callable[[str, str], object]:
+    parse_int = _int_in(lo, hi, allowed)
+
+    def parse(name: str, text: str):
+        return None if not text.strip() else parse_int(name, text)
+
+    return parse
+
+
 def _flag(name: str, text: str) -> bool:
     """'0', 'false', 'off', 'no' (any case) are off; '1', 'true', 'on', 'yes' are on."""
     value = text.strip().lower()
@@ -100,9 +109,9 @@ SETTINGS = (
             "out-degree",
             _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_TUNE", "0", "0 or 1",
-            "1 times the backward variants of dot and GAT attention once per size class (where "
-            "GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and keeps the fastest, remembered across processes; "
-            "0 uses the rules", _flag),
+            "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
+            "the backward of dot and GAT attention (where GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and the "
+            "min/max forward's feature chunks (where GNN_FASTPATH_SR_CHUNKS is empty); 0 uses the rules", _flag),
     Setting("GNN_FASTPATH_TUNE_CACHE", "", "a file path (empty: ~/.cache/gnn_fastpath/tuning.json)",
             "where the measured choices are kept, per GPU model and package version", _text),
     Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
@@ -113,8 +122,8 @@ SETTINGS = (
             _optional_choice("default", "alg1", "alg2", "alg3", "custom")),
     Setting("GNN_FASTPATH_SPMM_CUSTOM", "1", "0 or 1",
             "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
-    Setting("GNN_FASTPATH_SR_CHUNKS", "2", "1, 2, 4",
-            "min/max reduction: feature chunks of 4 floats per lane", _int_in(1, 4, (1, 2, 4))),
+    Setting("GNN_FASTPATH_SR_CHUNKS", "", "1, 2, 4 (empty: 2, or timed with GNN_FASTPATH_TUNE=1)",
+            "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),
     Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
             "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "
             "empty: 16 for dot attention, 8 for the others (measured fastest on the H200)",

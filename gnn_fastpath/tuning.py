@@ -22,6 +22,7 @@ process at most; it never runs while a CUDA graph is being captured or on a stat
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -77,9 +78,15 @@ def size_class(decision: str, n_src: int, n_dst: int, num_edges: int, width: int
 
 def device_key(device: torch.device) -> str:
     """What a choice is valid for: the GPU model and the gnn_fastpath and torch versions."""
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else -1
+    return _device_key(device.type, index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_key(kind: str, index: int) -> str:
     from . import __version__
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    name = torch.cuda.get_device_name(index) if kind == "cuda" else kind
     return f"{name}|gnn_fastpath {__version__}|torch {torch.__version__}"
 
 
@@ -193,6 +200,24 @@ def choose_variant(klass: str, device: torch.device, run: Callable[[str], object
     one candidate per name of ``variants`` (``run(name)`` does the call with that variant),
     ``default`` the family's rule."""
     return choose(klass, {name: (lambda name=name: run(name)) for name in variants}, default, device)
+
+
+def choose_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.device,
+                    run: Callable[[str], object], variants, default: str) -> str:
+    """:func:`choose_variant`, with a measured (or remembered) choice also kept on ``graph``
+    under ``key`` (the call's decision, width and dtype), so that the next calls on the graph
+    cost one dictionary lookup: a step that is short on the GPU is bound by host time, which
+    must not grow with tuning on. ``klass()`` gives the size class (computed only when the
+    graph has no choice yet)."""
+    memo = ("tuned", key, cache_path())
+    found = graph.memo_get(memo)
+    if found is not None:
+        return found
+    name = klass()
+    chosen = choose_variant(name, device, run, variants, default)
+    if remembered(name, device) == chosen:  # a rule's default (nothing measured yet) is not kept
+        graph.memo_set(memo, chosen)
+    return chosen
 
 
 def listing(all_devices: bool = False) -> List[dict]:

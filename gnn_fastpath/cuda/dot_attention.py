@@ -237,7 +237,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
                 return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
                                 scale, p, *given_stream, need_d_edge_term, variant)
 
-            mode = tuning.choose_variant(backward_class(graph, H * D, ti), device, run, BACKWARDS, mode)
+            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H * D, ti),
+                                          lambda: backward_class(graph, H * D, ti), device, run, BACKWARDS,
+                                          mode)
     transposed = mode == "transposed"
     dq = torch.empty_like(q)
     if transposed:

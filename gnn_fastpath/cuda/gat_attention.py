@@ -214,7 +214,9 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
                 return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
                                 grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
 
-            mode = tuning.choose_variant(backward_class(graph, H * D, T), dev, run, BACKWARDS, mode)
+            mode = tuning.choose_on_graph(graph, ("gat_attention.backward", H * D, T),
+                                          lambda: backward_class(graph, H * D, T), dev, run, BACKWARDS,
+                                          mode)
     if mode == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
         n_work = work.n_items * n_tiles

@@ -13,7 +13,8 @@ directly when those are float32, else into float32 scratch buffers cast once at 
 (adding into 16-bit memory would round at every atomic).
 
 Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
-chunks of 4 floats per lane).
+chunks of 4 floats per lane; empty: :data:`CHUNKS`, or with ``GNN_FASTPATH_TUNE=1`` the
+forward's count measured fastest per size class).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import config
+from .. import config, tuning
 from . import launch, worklist
 
 SOURCE = "segment_reduce.cu"
@@ -47,6 +48,9 @@ MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": M
 SPLIT_FROM = 128
 #: Edges per chunk of a long row.
 CHUNK = 64
+#: Feature chunks of VEC features per lane when neither GNN_FASTPATH_SR_CHUNKS nor the tuner
+#: says otherwise.
+CHUNKS = 2
 
 
 def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
@@ -57,8 +61,13 @@ def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
 
 
 def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
-            need_aux: bool, out: Tensor) -> Optional[Tensor]:
+            need_aux: bool, out: Tensor, max_chunks: Optional[int] = None) -> Optional[Tensor]:
     """``out`` [n_dst, F] = sign * max_k round_out((sign * w_k) * x[src_k]) per row; returns aux.
+
+    ``max_chunks``: feature chunks per lane (None: ``GNN_FASTPATH_SR_CHUNKS``, else
+    :data:`CHUNKS`, or with ``GNN_FASTPATH_TUNE=1`` the count measured fastest for the size
+    class: fewer chunks issue fewer instructions per edge at once, more keep more loads in
+    flight; which wins depends on the graph).
 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
     or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
@@ -76,8 +85,20 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
         state[n_dst * F:].zero_()  # the flags, in one fill
     if n_dst == 0 or F == 0:
         return state
+    if max_chunks is None:
+        max_chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
+    if max_chunks is None:
+        max_chunks = CHUNKS
+        if tuning.enabled() and not graph.static:
+            def run(variant):
+                return forward(graph, x, w, sign, tie_break, non_finite, need_aux, out, int(variant))
+
+            max_chunks = int(tuning.choose_on_graph(
+                graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux),
+                lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux), device, run, ("1", "2", "4"),
+                str(max_chunks)))
     kc = graph.kernel_csr()
-    fcfg = launch.lane_groups(F, x, out, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"), vec16_bytes=VEC16_BYTES)
+    fcfg = launch.lane_groups(F, x, out, max_chunks=max_chunks, vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
@@ -105,6 +126,15 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, out=out, aux=aux, row_walks=rows_flag)
     return state
+
+
+def forward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, need_aux: bool) -> str:
+    """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of the forward: the
+    degree skew is the number of chunks the work list cut long rows into; the output dtype
+    and whether the winner is saved change the instructions per edge."""
+    decision = f"segment_reduce.forward|out {str(out_dtype).replace('torch.', '')}|{'grad' if need_aux else 'value'}"
+    return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, F, x_dtype,
+                             row_chunks(graph).n_split_items)
 
 
 def state_size(n_dst: int, F: int):
@@ -224,7 +254,7 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
-    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS"),
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or CHUNKS,
                               vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(

@@ -505,6 +505,14 @@ class Graph:
                 value = self._memo[key] = build()
             return value
 
+    def memo_get(self, key, default=None):
+        """What :meth:`memo` (or :meth:`memo_set`) keeps under ``key``, or ``default``."""
+        return self._memo.get(key, default)
+
+    def memo_set(self, key, value) -> None:
+        """Keep ``value`` under ``key`` (a value decided elsewhere, e.g. a tuned choice)."""
+        self._memo[key] = value
+
     # ------------------------------------------------------------------ derived data
     def degree_stats(self) -> DegreeStats:
         """Max and mean of the destination in-degrees (computed once)."""

@@ -244,10 +244,11 @@ def _saved(graph, x, w, tie_break, reduce="max"):
 
 
 def _winners(graph, x, w, reduce):
-    """The float64 answer: per (row, feature) the number of edges reaching the extreme and
-    the caller id of the last of them."""
+    """Per (row, feature) the number of edges reaching the extreme and the caller id of the
+    last of them, on the float32 products the kernels compare (one IEEE rounding each, as
+    torch's float32 multiply; float64 products could separate values float32 ties)."""
     src, dst = graph.caller_coo()
-    msg = x.double()[src] * (1.0 if w is None else w.double()[:, None])
+    msg = (x.float()[src] * (1.0 if w is None else w.float()[:, None])).double()
     if reduce == "min":
         msg = -msg
     best = torch.full((graph.n_dst, x.size(1)), float("-inf"), dtype=torch.float64, device=x.device)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gnn_fastpath import Graph, tuning
-from gnn_fastpath.ops import dot_attention, gat_attention
+from gnn_fastpath.ops import dot_attention, gat_attention, segment_reduce
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
@@ -35,6 +35,9 @@ def _grads(family, graph, seed=0):
     if family == "dot":
         ins = [leaf(graph.n_dst, H, D), leaf(graph.n_src, H, D), leaf(graph.n_src, H, D)]
         out = dot_attention(graph, *ins)
+    elif family == "sr":
+        ins = [leaf(graph.n_src, 256)]
+        out = segment_reduce(graph, *ins, "max")
     else:
         ins = [leaf(graph.n_src, H, D), leaf(graph.n_src, H), leaf(graph.n_dst, H)]
         out = gat_attention(graph, *ins)
@@ -56,8 +59,15 @@ print("choices", len(tuning.listing()))
 """
 
 
-@pytest.mark.parametrize("family", ["dot", "gat"])
-def test_tuned_backward_on_the_gpu(monkeypatch, tmp_path, family):
+#: family -> (decision of its class, the variants timed)
+DECISIONS = {"dot": ("dot_attention.backward", {"atomic", "transposed"}),
+             "gat": ("gat_attention.backward", {"atomic", "transposed"}),
+             "sr": ("segment_reduce.forward", {"1", "2", "4"})}
+
+
+@pytest.mark.parametrize("family", list(DECISIONS))
+def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family):
+    """dot/GAT attention's backward variants and the min/max forward's feature chunks."""
     path = tmp_path / "tuning.json"
     graph = _graph()
     monkeypatch.delenv("GNN_FASTPATH_TUNE", raising=False)
@@ -71,8 +81,9 @@ def test_tuned_backward_on_the_gpu(monkeypatch, tmp_path, family):
     rows = tuning.listing()
     assert len(rows) == 1
     record = rows[0]
-    assert record["class"].startswith(f"{family}_attention.backward")
-    assert set(record["times_ms"]) == {"atomic", "transposed"}
+    decision, variants = DECISIONS[family]
+    assert record["class"].startswith(decision)
+    assert set(record["times_ms"]) == variants
     assert all(t > 0 for t in record["times_ms"].values())
     assert record["choice"] == min(record["times_ms"], key=record["times_ms"].get)
     assert torch.cuda.get_device_name() in record["device"]
