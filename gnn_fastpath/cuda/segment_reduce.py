@@ -81,8 +81,8 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     n_dst = graph.n_dst
     state = torch.empty(state_size(n_dst, F), dtype=torch.int32, device=device) if need_aux else None
     aux, walk_all, row_walks = saved_state(state, n_dst, F)
-    if need_aux and MODES[tie_break] == MODE_COUNT:
-        state[n_dst * F:].zero_()  # the flags, in one fill
+    if need_aux:
+        state[n_dst * F:].zero_()  # the flags (split/even only; zero for the others too), in one fill
     if n_dst == 0 or F == 0:
         return state
     if max_chunks is None:
