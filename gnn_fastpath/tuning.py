@@ -38,8 +38,13 @@ from . import config
 
 #: Version of the file layout; a file of another version is ignored (and replaced on write).
 FORMAT = 1
-#: Timed runs per variant (after one untimed run that compiles and warms it); the median counts.
-REPEATS = 3
+#: Timing rounds: each round times every variant once, in turn (so drift hits them alike);
+#: a variant's median over the rounds counts. Every variant runs once untimed first
+#: (compiles and warms it).
+ROUNDS = 5
+#: Calls per timed sample, back to back: a call that is short on the GPU is then timed by
+#: its kernels, not by the gaps while the host launches them.
+CALLS = 3
 
 _lock = threading.Lock()
 #: path -> the file's entries as last read or written by this process
@@ -141,23 +146,20 @@ def remembered(klass: str, device: torch.device) -> Optional[str]:
 
 
 def _time_ms(run: Callable[[], object], device: torch.device) -> float:
-    """Median wall time of ``run`` over :data:`REPEATS` calls after one warm-up (device events
-    on a GPU)."""
-    run()
-    times = []
-    for _ in range(REPEATS):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    """One sample: milliseconds per call of :data:`CALLS` back-to-back calls of ``run``
+    (device events on a GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(CALLS):
             run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / CALLS
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        run()
+    return (time.perf_counter() - t0) * 1e3 / CALLS
 
 
 def may_measure(device: torch.device) -> bool:
@@ -172,9 +174,10 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
     """The variant of ``candidates`` (name -> a run of the call with that variant) for ``klass``.
 
     Tuning off, or a CUDA graph being captured: the remembered choice if there is one, else
-    ``default``. Otherwise the remembered choice, or every candidate timed (``timer``, default
-    :func:`_time_ms`), the fastest (ties: the default) kept in this process and in the choices
-    file.
+    ``default``. Otherwise the remembered choice, or every candidate timed in :data:`ROUNDS`
+    rounds (``timer(run, device)`` gives one sample; default :func:`_time_ms`, after one
+    untimed call of each), the fastest median (ties: the default) kept in this process and in
+    the choices file.
     """
     if default not in candidates:
         raise ValueError(f"default {default!r} is not one of the candidates {sorted(candidates)}")
@@ -185,8 +188,15 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
         return found
     if not may_measure(device):
         return default
-    timer = timer or _time_ms
-    times = {name: float(timer(run, device)) for name, run in candidates.items()}
+    if timer is None:
+        timer = _time_ms
+        for run in candidates.values():  # untimed: compiles and warms each variant
+            run()
+    samples: Dict[str, List[float]] = {name: [] for name in candidates}
+    for _ in range(ROUNDS):
+        for name, run in candidates.items():
+            samples[name].append(float(timer(run, device)))
+    times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
     best = min(times, key=lambda name: (times[name], name != default))
     record = {"choice": best, "times_ms": times, "default": default,
               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
