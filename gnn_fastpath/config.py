@@ -108,7 +108,7 @@ SETTINGS = (
             "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
             "out-degree",
             _optional_choice("atomic", "transposed")),
-    Setting("GNN_FASTPATH_TUNE", "0", "0 or 1",
+    Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
             "the backward of dot and GAT attention (where GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and the "
             "min/max forward's feature chunks (where GNN_FASTPATH_SR_CHUNKS is empty); 0 uses the rules", _flag),

@@ -1,24 +1,26 @@
 """Measured choices between kernel variants, made once per size class and kept across processes.
 
 Several kernel families have variants whose order of speed depends on the graph and the
-width (a backward with atomics or a source-major pass, ...). A fixed rule (mean out-degree)
-picks wrongly on some graphs, so with ``GNN_FASTPATH_TUNE=1`` the first call of a *size
-class* times every variant on the call's own inputs and keeps the fastest:
+width (a backward with atomics or a source-major pass, feature chunks per lane, ...). A
+fixed rule (mean out-degree) picks wrongly on some graphs, so with ``GNN_FASTPATH_TUNE=1``
+(the default) the first call of a *size class* times every variant on the call's own inputs
+and keeps the fastest:
 
 - a size class (:func:`size_class`) is the op's decision, the node and edge counts, the
   mean degrees and the degree skew rounded to powers of two, the row width and the dtype:
-  graphs of one class
-  share the choice, and a training run's mini-batches fall into a few classes;
+  graphs of one class share the choice, and a training run's mini-batches fall into a few
+  classes;
 - choices are written to a small JSON file (``GNN_FASTPATH_TUNE_CACHE``, default
   ``~/.cache/gnn_fastpath/tuning.json``) under a key naming the GPU model, the gnn_fastpath
   and torch versions (:func:`device_key`), so the next process does not time again, and a
   choice timed on another GPU or another version is never used;
 - :func:`listing` shows every choice (the debug listing), with its timings.
 
-Timing synchronises with the host and runs each variant a few times, once per class and
-process at most; it never runs while a CUDA graph is being captured or on a static graph
-(the compiled path), which read the remembered choice or the rule. ``GNN_FASTPATH_TUNE=0``
-(the default until the device runs have checked the choices) keeps the rules.
+Timing synchronises with the host and runs each variant 16 times (:data:`ROUNDS` x
+:data:`CALLS` and a warm-up), once per class and process at most; it never runs while a CUDA
+graph is being captured or on a static graph (the compiled path), which read the remembered
+choice or the rule. A variant that runs out of GPU memory while being timed ends the timing:
+the call takes the rule, and nothing is remembered. ``GNN_FASTPATH_TUNE=0`` keeps the rules.
 """
 from __future__ import annotations
 
@@ -188,14 +190,21 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
         return found
     if not may_measure(device):
         return default
-    if timer is None:
-        timer = _time_ms
-        for run in candidates.values():  # untimed: compiles and warms each variant
-            run()
     samples: Dict[str, List[float]] = {name: [] for name in candidates}
-    for _ in range(ROUNDS):
-        for name, run in candidates.items():
-            samples[name].append(float(timer(run, device)))
+    try:
+        if timer is None:
+            timer = _time_ms
+            for run in candidates.values():  # untimed: compiles and warms each variant
+                run()
+        for _ in range(ROUNDS):
+            for name, run in candidates.items():
+                samples[name].append(float(timer(run, device)))
+    except torch.OutOfMemoryError:
+        # timing holds the call's own buffers and one variant's more: a call that fits without
+        # tuning must not fail because of it
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return default
     times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
     best = min(times, key=lambda name: (times[name], name != default))
     record = {"choice": best, "times_ms": times, "default": default,

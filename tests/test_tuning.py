@@ -36,8 +36,13 @@ def candidates(*names):
     return {name: (lambda name=name: name) for name in names}
 
 
-def test_off_by_default_uses_the_rule(monkeypatch, tmp_path):
+def test_on_by_default(monkeypatch):
     monkeypatch.delenv("GNN_FASTPATH_TUNE", raising=False)
+    assert tuning.enabled()
+
+
+def test_off_uses_the_rule(monkeypatch, tmp_path):
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
     monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "t.json"))
     calls = []
     got = tuning.choose("k", candidates("a", "b"), "a", CPU, fake_timer({"a": 5, "b": 1}, calls))
@@ -159,3 +164,15 @@ def test_size_class_sees_degree_skew():
     skewed = c("dot_attention.backward", 169343, 169343, 1166243, 512, torch.float32, 9000)
     assert uniform != skewed and "long-row chunks~0" in uniform
     assert c("dot_attention.backward", 169343, 169343, 1166243, 512, torch.float32, 8500) == skewed
+
+
+def test_out_of_memory_while_timing_takes_the_rule(tune):
+    """A variant that runs out of GPU memory while timed: the call takes the rule, and nothing
+    is remembered (a call that fits without tuning must not fail because of it)."""
+    def timer(run, device):
+        if run() == "b":
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return 1.0
+
+    assert tuning.choose("cls", candidates("a", "b"), "a", CPU, timer) == "a"
+    assert tuning.remembered("cls", CPU) is None and not tune.exists()

@@ -21,8 +21,9 @@
 // SR_MODE_LAST = last, SR_MODE_VALUE = value only (no aux; forward without autograd).
 //
 // What SR_MODE_COUNT saves (one int32 per output element, so the common case needs no
-// re-walk): aux >= 0 is the caller id of the one edge reaching a finite or infinite extreme
-// (the backward scatters along it like first/last); aux < 0 means "walk": n = -1 - aux edges
+// re-walk): aux >= 0 is the CSR position of the one edge reaching a finite or infinite
+// extreme (the backward scatters along it like first/last, reading the source and caller id
+// from the CSR, so no per-graph source table is built); aux < 0 means "walk": n = -1 - aux edges
 // tie (n = 0: empty row), or the extreme is NaN, and the backward re-walks the row's edges.
 // One more int32 after aux, the "walk all" flag, is set when any message is -inf: torch's
 // split rule then sends a losing edge 0 * inf = NaN, which only the walk gives, so the
@@ -198,7 +199,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
         float sw = sign;
         if (k < end) {
             s = __ldg(indices + k);
-            if (MODE != SR_MODE_VALUE || w != nullptr) p = __ldg(perm + k);
+            if (MODE == SR_MODE_FIRST || MODE == SR_MODE_LAST || w != nullptr) p = __ldg(perm + k);
             if (w != nullptr) sw = sign * __ldg(w + p);
         }
         const int nb = min(T, end - e0);
@@ -209,7 +210,8 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 ss[u] = __shfl_sync(mask, s, t + u, T);
-                pp[u] = MODE == SR_MODE_VALUE ? 0 : __shfl_sync(mask, p, t + u, T);
+                // SR_MODE_COUNT tags an edge by its CSR position (the same in every lane)
+                pp[u] = MODE == SR_MODE_VALUE ? 0 : MODE == SR_MODE_COUNT ? e0 + t + u : __shfl_sync(mask, p, t + u, T);
                 ww[u] = w != nullptr ? __shfl_sync(mask, sw, t + u, T) : sign;
             }
 #pragma unroll
@@ -228,7 +230,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
-            const int p0 = MODE == SR_MODE_VALUE ? 0 : __shfl_sync(mask, p, t, T);
+            const int p0 = MODE == SR_MODE_VALUE ? 0 : MODE == SR_MODE_COUNT ? e0 + t : __shfl_sync(mask, p, t, T);
             const float w0 = w != nullptr ? __shfl_sync(mask, sw, t, T) : sign;
 #pragma unroll
             for (int c = 0; c < CH; ++c) {
@@ -405,9 +407,10 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     }
 }
 
-// Backward along the saved arg: total = n_dst * F elements; arg [n_dst, F] caller edge ids
-// (< 0: no winning edge, or for SR_MODE_COUNT an element sr_bwd_ties walks). src_of [M]
-// source id per caller edge. dx [n_src, F] and dw [M] are zero-initialised float
+// Backward along the saved arg: total = n_dst * F elements; arg [n_dst, F] caller edge ids,
+// or with by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for
+// SR_MODE_COUNT an element sr_bwd_ties walks). src_of [M] source id per caller edge (null
+// with by_position: indices and perm of the CSR give source and caller id). dx [n_src, F] and dw [M] are zero-initialised float
 // accumulators (either may be null; for 16-bit x or weights they are float scratch buffers
 // the launcher casts once: atomics into 16-bit memory would round at every add). grad_out
 // is read as TO (the output's type), x as TX. For SR_MODE_COUNT's single winners:
@@ -415,19 +418,21 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
 // a winner reaching exactly 0 gets g / 2 (torch's untouched zero is the second candidate).
 template <typename TX, typename TO>
 __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
-                           const int* __restrict__ src_of, const float* __restrict__ w,
+                           const int* __restrict__ src_of, const int* __restrict__ indices,
+                           const int* __restrict__ perm, int by_position, const float* __restrict__ w,
                            const TX* __restrict__ x, long long total, int F,
                            const int* __restrict__ walk_all, int count_zero_as_tie, const TO* __restrict__ out,
                            float* __restrict__ dx, float* __restrict__ dw) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
     if (walk_all != nullptr && __ldg(walk_all) != 0) return;
-    const int e = __ldg(arg + idx);
-    if (e < 0) return;
+    const int a = __ldg(arg + idx);
+    if (a < 0) return;
     const int f = (int)(idx % F);
     float g = gf_ldg(grad_out + idx);
     if (count_zero_as_tie && gf_ldg(out + idx) == 0.f) g *= 0.5f;
-    const long long xo = (long long)__ldg(src_of + e) * F + f;
+    const int e = by_position ? __ldg(perm + a) : a;
+    const long long xo = (long long)__ldg(by_position ? indices + a : src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
     if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
 }

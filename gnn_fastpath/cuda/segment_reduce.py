@@ -72,8 +72,9 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
     or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
     [n_dst * F + 1 + n_dst] (:func:`saved_state`): aux [n_dst, F], what the backward needs for
-    the tie rule (the winning caller edge id; for split/even that id where one edge wins, else
-    -1 - the tie count), the "walk all" flag and one "walks" flag per row (split/even); None
+    the tie rule (the winning caller edge id; for split/even the winning edge's CSR position
+    where one edge wins, else -1 - the tie count), the "walk all" flag and one "walks" flag
+    per row (split/even); None
     without ``need_aux`` (value only).
     """
     F = x.size(1)
@@ -236,13 +237,15 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     kc = graph.kernel_csr()
     count = MODES[tie_break] == MODE_COUNT
     count_zero_as_tie = int(tie_break == "split")
-    # every element with one winning edge (first/last: all of them): scatter along it
-    src_of = graph.memo(("segment_reduce", "caller_src_int32"), lambda: graph.caller_coo()[0].to(torch.int32))
+    # every element with one winning edge (first/last: all of them): scatter along it (split/even
+    # saved its CSR position, first/last its caller id, whose source needs a per-graph table)
+    src_of = None if count else graph.memo(("segment_reduce", "caller_src_int32"),
+                                           lambda: graph.caller_coo()[0].to(torch.int32))
     total = aux.numel()
     KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
-        launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, w=w, x=x, total=total, F=F,
-        walk_all=walk_all if count else None, count_zero_as_tie=count_zero_as_tie if count else 0,
-        out=out if count else None, dx=dx, dw=dw)
+        launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, indices=kc.indices, perm=kc.perm,
+        by_position=int(count), w=w, x=x, total=total, F=F, walk_all=walk_all if count else None,
+        count_zero_as_tie=count_zero_as_tie if count else 0, out=out if count else None, dx=dx, dw=dw)
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows

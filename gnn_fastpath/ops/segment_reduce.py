@@ -5,8 +5,9 @@ Layer -> op -> kernel: PyG ``SAGEConv(aggr="max"/"min")`` and DGL ``SAGEConv("po
 into the launcher :mod:`gnn_fastpath.cuda.segment_reduce`, whose kernels are
 ``cuda/segment_reduce.cu``; the reference is :func:`gnn_fastpath.reference.segment_reduce`.
 
-What the forward saves: one int32 per output element, the winning caller edge id, which
-the backward scatters the gradient along. ``"first"``/``"last"`` always have one; for
+What the forward saves: one int32 per output element, the winning edge (its caller id for
+``"first"``/``"last"``, its CSR position for ``"split"``/``"even"``), which the backward
+scatters the gradient along. ``"first"``/``"last"`` always have one; for
 ``"split"``/``"even"`` an element reached by several tied edges (or whose extreme is NaN)
 saves ``-1 - n`` instead, and only the rows holding such an element (one flag per row) are
 re-walked in the backward to find the tied edges; one more flag, set when a message is

@@ -234,13 +234,17 @@ def test_non_finite_matches_reference(name, F, reduce, tie_break, non_finite, we
 # --------------------------------------------------------------------- saved state layout
 def _saved(graph, x, w, tie_break, reduce="max"):
     """(out, aux [n_dst, F], walk_all, row_walks) the forward saves, through the op's autograd
-    Function."""
+    Function; aux's saved winners (CSR positions for split/even) as caller edge ids."""
     from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
 
     xr = x.clone().requires_grad_(True)
     out = SegmentReduceFunction.apply(xr, w, graph, reduce, tie_break, "keep")
     state = out.grad_fn.saved_tensors[3]
-    return out.detach(), *sr_kernels.saved_state(state, graph.n_dst, x.size(1))
+    aux, walk_all, row_walks = sr_kernels.saved_state(state, graph.n_dst, x.size(1))
+    if tie_break in ("split", "even"):
+        perm = graph.kernel_csr().perm
+        aux = torch.where(aux >= 0, perm[aux.clamp(min=0).long()].to(aux.dtype), aux)
+    return out.detach(), aux, walk_all, row_walks
 
 
 def _winners(graph, x, w, reduce):
@@ -265,7 +269,7 @@ def _winners(graph, x, w, reduce):
 @pytest.mark.parametrize("reduce", ["max", "min"])
 @pytest.mark.parametrize("ties", [False, True])
 def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
-    """split/even save the winning caller edge where one edge reaches the extreme (so the
+    """split/even save the winning edge where one edge reaches the extreme (so the
     backward scatters along it) and -1 - n where n != 1 edges do (those rows are walked),
     on light rows and on the atomically merged chunks of long rows; no -inf, no flag."""
     graph = _graph(graph_name)
