@@ -117,9 +117,10 @@ SETTINGS = (
     Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
             "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag",
             _choice("transposed", "flag")),
-    Setting("GNN_FASTPATH_SPMM_ALG", "", "default, alg1, alg2, alg3, custom (empty: timed)",
-            "SpMM algorithm: force one instead of timing cuSPARSE's CSR algorithms and the own kernel",
-            _optional_choice("default", "alg1", "alg2", "alg3", "custom")),
+    Setting("GNN_FASTPATH_SPMM_ALG", "", "default, alg1, alg2, alg3, custom, block (empty: timed)",
+            "SpMM algorithm: force one instead of timing cuSPARSE's CSR algorithms, the own kernel and "
+            "(16-bit features) the block-sparse tensor-core kernel",
+            _optional_choice("default", "alg1", "alg2", "alg3", "custom", "block")),
     Setting("GNN_FASTPATH_SPMM_CUSTOM", "1", "0 or 1",
             "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
     Setting("GNN_FASTPATH_SR_CHUNKS", "", "1, 2, 4 (empty: 2, or timed with GNN_FASTPATH_TUNE=1)",

@@ -62,6 +62,9 @@ CUSTOM = -1
 #: Pseudo-algorithm recorded when cuSPARSE refused every algorithm for a call (so later calls
 #: of that key raise :class:`NoAlgorithm` at once instead of searching again).
 REFUSED = -2
+#: Algorithm code of the block-sparse tensor-core kernel (16-bit products on dense-enough
+#: matrices; :mod:`gnn_fastpath.cuda.block_spmm`).
+BLOCK = -3
 TIMED_RUNS = 3
 #: cusparseStatus_t values that mean "this algorithm does not take this call".
 _REFUSALS = (3, 10)  # CUSPARSE_STATUS_INVALID_VALUE, CUSPARSE_STATUS_NOT_SUPPORTED
@@ -147,11 +150,14 @@ def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype, transpose: bool = False
 _TIMED = ("default", "alg2")
 
 
-def algorithms(transpose: bool = False) -> Dict[str, int]:
-    """The SpMM algorithms tried, name -> cusparseSpMMAlg_t value (CUSTOM: the own kernel)."""
+def algorithms(transpose: bool = False, block: bool = False) -> Dict[str, int]:
+    """The SpMM algorithms tried, name -> cusparseSpMMAlg_t value (CUSTOM: the own kernel;
+    BLOCK: the block-sparse tensor-core kernel, where ``block`` says the call can take it)."""
     algs = {name: _ALGS[name] for name in _TIMED}
     if not transpose and config.setting("GNN_FASTPATH_SPMM_CUSTOM"):
         algs["custom"] = CUSTOM
+    if not transpose and block:
+        algs["block"] = BLOCK
     return algs
 
 
@@ -171,11 +177,14 @@ class CsrMatrix:
     ``indptr`` and ``indices`` must stay unchanged for the object's lifetime (it keeps
     references to them). ``own_kernel(values, b, c)`` (float32 values) computes ``c = A @ b`` without
     cuSPARSE (required for multigraphs with more entries than matrix cells, which cuSPARSE
-    cannot describe).
+    cannot describe). ``block_kernel``, when given, is a timed candidate too: an object with
+    ``offered(b, c)`` (whether to time it for this call), ``__call__(values, b, c)`` (raises
+    :class:`NoAlgorithm` when the matrix turns out unsuited) and ``release()`` (frees its
+    state when another algorithm won).
     """
 
     def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int, n_cols: int,
-                 own_kernel: Callable[[Tensor, Tensor, Tensor], None]):
+                 own_kernel: Callable[[Tensor, Tensor, Tensor], None], block_kernel=None):
         if indptr.dtype != torch.int32 or indices.dtype != torch.int32:
             raise ValueError("CsrMatrix needs int32 indptr and indices")
         self.indptr = indptr
@@ -189,6 +198,7 @@ class CsrMatrix:
         self._workspaces: Dict[tuple, Tensor] = {}
         self._sizes: Dict[tuple, int] = {}
         self._own_kernel = own_kernel
+        self._block = block_kernel
         self._destroy = None  # cusparse.destroySpMat, kept so __del__ imports nothing at exit
 
     def __del__(self):
@@ -223,6 +233,9 @@ class CsrMatrix:
         if alg == CUSTOM:
             self._own_kernel(fp32_values(values), b, c)
             return
+        if alg == BLOCK:
+            self._block(fp32_values(values), b, c)
+            return
         cs = _cusparse()
         skey = (op, key[1], alg) + key[3:]
         size = self._sizes.get(skey)
@@ -251,7 +264,7 @@ class CsrMatrix:
         global search_count
         cs = _cusparse()
         best, best_ms, errors = None, float("inf"), []
-        for name, alg in algorithms(transpose).items():
+        for name, alg in algorithms(transpose, self._offers_block(b, c)).items():
             try:
                 self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)  # warm-up (and workspace)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -266,8 +279,13 @@ class CsrMatrix:
                     raise
                 errors.append(f"{name}: {exc}")
                 continue
+            except NoAlgorithm as exc:  # the block kernel declined this matrix
+                errors.append(f"{name}: {exc}")
+                continue
             if ms < best_ms:
                 best, best_ms = alg, ms
+        if best != BLOCK and self._block is not None:
+            self._block.release()
         with _lock:
             search_count += 1
         if best is None:
@@ -313,6 +331,9 @@ class CsrMatrix:
         if alg == CUSTOM:  # no cuSPARSE state needed
             self._own_kernel(fp32_values(values), b, c)
             return c
+        if alg == BLOCK:
+            self._block(fp32_values(values), b, c)
+            return c
         if alg == REFUSED:
             raise NoAlgorithm(f"cuSPARSE refused every SpMM algorithm for {akey}")
         if not isinstance(values, EdgeValues):
@@ -334,7 +355,8 @@ class CsrMatrix:
             mat_c = cs.createDnMat(rows_c, F, F, c_lib.data_ptr(), _cuda_type(c_type), cs.CUSPARSE_ORDER_ROW)
             try:
                 if alg is None:
-                    forced = {**_ALGS, **algorithms(transpose)}.get(config.setting("GNN_FASTPATH_SPMM_ALG") or "")
+                    forced = {**_ALGS, **algorithms(transpose, self._offers_block(b, c))}.get(
+                        config.setting("GNN_FASTPATH_SPMM_ALG") or "")
                     signature = self._signature(op, F, dtypes)
                     # the forced algorithm, else the one timed for a similar matrix (no search,
                     # no host sync), unless cuSPARSE refuses it for this call
@@ -348,6 +370,8 @@ class CsrMatrix:
                         except cs.CuSparseError as exc:
                             if not _refused(exc):
                                 raise
+                        except NoAlgorithm:  # a similar matrix took the block kernel; this one is unsuited
+                            pass
                     try:
                         alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, c_lib, transpose)
                     except NoAlgorithm:
@@ -359,6 +383,9 @@ class CsrMatrix:
                 cs.destroyDnMat(mat_b)
                 cs.destroyDnMat(mat_c)
         return c
+
+    def _offers_block(self, b: Tensor, c: Tensor) -> bool:
+        return self._block is not None and self._block.offered(b, c)
 
     def chosen_algorithms(self) -> Dict[tuple, int]:
         """(operation, width, B dtype, C dtype) -> algorithm enum value chosen so far."""

@@ -5,8 +5,9 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
 
 - the cuSPARSE CSR descriptor of the forward matrix A [n_dst, n_src] (int32 indices from
   ``graph.kernel_csr()``), its chosen algorithm per feature width (cuSPARSE's CSR
-  algorithms or the own kernel, whichever timed fastest) and its workspaces
-  (:mod:`gnn_fastpath.cuda.cusparse`);
+  algorithms, the own CSR kernel or, for 16-bit features on a locally dense matrix, the
+  block-sparse tensor-core kernel (:mod:`gnn_fastpath.cuda.block_spmm`), whichever timed
+  fastest) and its workspaces (:mod:`gnn_fastpath.cuda.cusparse`);
 - the normalised edge values, ``values_k = c_dst[row] * w[perm[k]] * c_src[col]`` in CSR
   order (``spmm_edge_values``): one fp32 [M] per norm without edge weights; with edge
   weights, per weight tensor, keyed by (tensor identity through a weak reference,
@@ -47,7 +48,7 @@ import torch
 from torch import Tensor
 
 from .. import config
-from . import launch, segment_reduce, worklist
+from . import block_spmm, launch, segment_reduce, worklist
 from .cusparse import CsrMatrix, EdgeValues, NoAlgorithm, fp32_values
 
 SOURCE = "spmm.cu"
@@ -294,12 +295,45 @@ class OwnMatrix:
         return c
 
 
+class _BlockKernel:
+    """The CsrMatrix's block-sparse candidate (:mod:`gnn_fastpath.cuda.block_spmm`): the layout
+    is built on the first timed call (two host reads, inside the timed search) and kept only
+    if the matrix is dense enough and the kernel won the timing."""
+
+    def __init__(self, csr, n_rows: int, n_cols: int):
+        self.csr, self.n_rows, self.n_cols = csr, n_rows, n_cols
+        self.layout = None
+        self.unsuited = False
+
+    def offered(self, b: Tensor, c: Tensor) -> bool:
+        return not self.unsuited and block_spmm.supported(b, c)
+
+    def __call__(self, values: Tensor, b: Tensor, c: Tensor) -> None:
+        if self.layout is None:
+            if self.unsuited:
+                raise NoAlgorithm("the block-sparse layout of this matrix is too sparse")
+            if config.setting("GNN_FASTPATH_SPMM_ALG") == "block":  # forced: whatever the sharing
+                self.layout = block_spmm.BlockLayout(self.csr.indptr, self.csr.indices, self.n_rows, self.n_cols)
+            else:
+                self.layout = block_spmm.layout_if_dense(self.csr.indptr, self.csr.indices, self.n_rows,
+                                                         self.n_cols)
+            build_counts["block_layout"] += 1
+            if self.layout is None:
+                self.unsuited = True
+                raise NoAlgorithm("the block-sparse layout of this matrix is too sparse")
+        self.layout.matmul(values, b, c)
+
+    def release(self) -> None:
+        self.layout = None
+
+
 def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
-    """The product's matrix: cuSPARSE with the own kernel as a timed candidate, or the own
-    kernel alone on a static graph."""
+    """The product's matrix: cuSPARSE with the own CSR kernel and (16-bit features) the
+    block-sparse kernel as timed candidates, or the own kernel alone on a static graph."""
     if graph_ref().static:
         return OwnMatrix(csr.indptr, csr.indices, n_rows)
-    return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, _own_kernel(graph_ref, csr, source_major))
+    return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, _own_kernel(graph_ref, csr, source_major),
+                     _BlockKernel(csr, n_rows, n_cols))
 
 
 def cache_of(graph) -> SpmmCache:
