@@ -8,15 +8,15 @@ CSR kernel), offered for float16/bfloat16 products on sm_80+ when the layout is 
 
 Layout of A [n_rows, n_cols] (CSR, int32): rows in windows of :data:`WINDOW`; the distinct
 columns of a window, sorted, packed 16 per block; per block the 16 column ids (-1: padding)
-and the 16 x 16 values, row-major, as hi + lo in B's 16-bit type (hi = the value rounded,
-lo = what that rounding lost: products as exact as the float32 values of the CSR kernels, to
-about 2^-16). The structure costs two host reads when built; the values are scattered into
-the blocks once per values tensor (kept for the last :data:`VALUE_ENTRIES` of them).
+and the 16 x 16 values, row-major, in B's 16-bit type (A rounded once, as cuSPARSE takes it;
+products and sums are float32). The structure costs two host reads when built; the values
+are scattered into the blocks once per values tensor (kept for the last
+:data:`VALUE_ENTRIES` of them).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -27,8 +27,8 @@ SOURCE = "block_spmm.cu"
 KERNELS = launch.Family(SOURCE)
 #: Rows per window (the mma tile's M) and columns per block (its K).
 WINDOW = 16
-#: Features per warp, and warps per thread block (as in the .cu).
-TILE, WARPS = 64, 4
+#: Warps per thread block (as in the .cu).
+WARPS = 4
 #: The layout is offered only when a window's rows share their columns at least this much
 #: (entries per distinct (window, column) pair; 1: no sharing): without sharing the kernel
 #: reads a B row once per entry, like the CSR kernels, while the layout costs 1 KiB per 16
@@ -80,16 +80,16 @@ class BlockLayout:
         self.position = (key_block[inverse] * WINDOW + rows % WINDOW) * 16 + key_slot[inverse]
         self.sharing = m / max(keys.numel(), 1)  # entries per distinct (window, column)
         self.fill = m / max(self.n_blocks * 256, 1)  # entries per block cell
-        self._values: "OrderedDict[tuple, Tuple[Tensor, Tensor]]" = OrderedDict()
+        self._values: "OrderedDict[tuple, Tensor]" = OrderedDict()
 
     def nbytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Bytes of the layout with one values entry of ``dtype`` (structure + hi + lo)."""
+        """Bytes of the layout with one values entry of ``dtype``."""
         return (self.cols.numel() * 4 + self.window_ptr.numel() * 4 + self.position.numel() * 8
-                + 2 * self.n_blocks * 256 * torch.empty(0, dtype=dtype).element_size())
+                + self.n_blocks * 256 * torch.empty(0, dtype=dtype).element_size())
 
-    def values(self, values: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        """(hi, lo) [n_blocks, 16, 16] of ``dtype`` for float32 CSR-order ``values`` (cached per
-        tensor and version)."""
+    def values(self, values: Tensor, dtype: torch.dtype) -> Tensor:
+        """[n_blocks, 16, 16] of ``dtype`` for float32 CSR-order ``values`` (cached per tensor
+        and version)."""
         key = (values.data_ptr(), values._version, values.numel(), dtype)
         found = self._values.get(key)
         if found is not None:
@@ -97,9 +97,7 @@ class BlockLayout:
             return found
         dense = torch.zeros(self.n_blocks * 256, dtype=torch.float32, device=values.device)
         dense.index_add_(0, self.position, values.to(torch.float32))  # duplicate entries add up
-        hi = dense.to(dtype)
-        lo = (dense - hi.to(torch.float32)).to(dtype)
-        found = self._values[key] = (hi, lo)
+        found = self._values[key] = dense.to(dtype)
         while len(self._values) > VALUE_ENTRIES:
             self._values.popitem(last=False)
         return found
@@ -107,14 +105,15 @@ class BlockLayout:
     def matmul(self, values: Tensor, b: Tensor, c: Tensor) -> Tensor:
         """c [n_rows, F] = A @ b [n_cols, F] (see :func:`supported`); every row of c written."""
         F = b.size(1)
-        hi, lo = self.values(values, b.dtype)
-        n_tiles = (F + TILE - 1) // TILE
+        a = self.values(values, b.dtype)
+        nt = 16 if F > 64 else 8  # n-tiles of 8 features per warp: A is read once per warp
+        n_tiles = (F + nt * 8 - 1) // (nt * 8)
         items = self.n_windows * n_tiles
         if items == 0:
             return c
-        KERNELS.kernel(b.device, "bs_spmm", launch.ctype(b.dtype), launch.ctype(c.dtype)).launch(
-            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=self.window_ptr, cols=self.cols, a_hi=hi, a_lo=lo,
-            b=b, n_windows=self.n_windows, n_rows=self.n_rows, F=F, n_tiles=n_tiles, c=c)
+        KERNELS.kernel(b.device, "bs_spmm", launch.ctype(b.dtype), launch.ctype(c.dtype), nt).launch(
+            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=self.window_ptr, cols=self.cols, a=a, b=b,
+            n_windows=self.n_windows, n_rows=self.n_rows, F=F, n_tiles=n_tiles, c=c)
         return c
 
 

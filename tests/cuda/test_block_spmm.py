@@ -3,11 +3,11 @@ kernel on its layout, and the spmm op forced onto it (GNN_FASTPATH_SPMM_ALG=bloc
 and every gradient, on graphs with empty rows, duplicate edges, self loops, a super node and
 bipartite shapes, for F in {8, 64, 72, 512} and results in the features' dtype or float32.
 
-Bound (as test_spmm_half.py): A's values are hi + lo in the features' type (2^-16 relative),
-products and sums float32, one rounding to the result type O:
-|out - want| <= 4 (u_O |want| + eps M), M = |A| |X|, eps = 2^-14 + k 2^-22 where k is the
-most mma steps one output accumulates (2 per block of its window): the tensor cores' float32
-accumulation is not rounded to nearest at every step."""
+Bound (as test_spmm_half.py for cuSPARSE, which also takes A in B's type T): A's values are
+rounded once to T, products and sums float32, one rounding to the result type O:
+|out - want| <= 4 (u_O |want| + (u_T + eps) M), M = |A| |X|, eps = 2^-14 + k 2^-22 where k
+is the most mma steps one output accumulates (one per block of its window): the tensor
+cores' float32 accumulation is not rounded to nearest at every step."""
 from __future__ import annotations
 
 import pytest
@@ -47,9 +47,9 @@ def _graph(name):
     return _cache[name]
 
 
-def _eps(layout):
-    steps = 2 * int((layout.window_ptr[1:] - layout.window_ptr[:-1]).max()) if layout.n_windows else 0
-    return 2.0 ** -14 + steps * 2.0 ** -22
+def _eps(layout, dtype):
+    steps = int((layout.window_ptr[1:] - layout.window_ptr[:-1]).max()) if layout.n_windows else 0
+    return U[dtype] + 2.0 ** -14 + steps * 2.0 ** -22
 
 
 def _bound(got, want, magnitude, out_dtype, eps=2.0 ** -14):
@@ -76,7 +76,7 @@ def test_kernel_matches_reference(name, dtype, F, out):
     a = torch.zeros(g.n_dst, g.n_src, dtype=torch.float64, device="cuda")
     a.index_put_((rows, kc.indices.long()), values.double(), accumulate=True)
     want = a @ x.double()
-    _bound(c, want, a.abs() @ x.double().abs(), out_dtype, _eps(layout))
+    _bound(c, want, a.abs() @ x.double().abs(), out_dtype, _eps(layout, dtype))
 
 
 @pytest.mark.parametrize("name", ["random", "bipartite", "clustered"])
@@ -107,10 +107,10 @@ def test_op_forced_onto_the_block_kernel(monkeypatch, name, dtype, norm, weighte
     assert chosen == {-3}, chosen  # cusparse.BLOCK, forward and backward
     xa = xr.detach().abs()
     wa = None if wr is None else wr.detach().abs()
-    _bound(out, want.detach(), reference.spmm(g, xa, wa, norm=norm), dtype, _eps(cache.csr._block.layout))
+    _bound(out, want.detach(), reference.spmm(g, xa, wa, norm=norm), dtype, _eps(cache.csr._block.layout, dtype))
     z = torch.zeros(g.n_src, 64, dtype=torch.float64, device="cuda", requires_grad=True)
     (reference.spmm(g, z, wa, norm=norm) * dy.double().abs()).sum().backward()  # z.grad = |A|^T |dY|
-    _bound(x.grad, xr.grad, z.grad, dtype, _eps(cache.transposed()._block.layout))
+    _bound(x.grad, xr.grad, z.grad, dtype, _eps(cache.transposed()._block.layout, dtype))
     if weighted:  # the SDDMM (not the block kernel), rounded once to the weights' dtype
         torch.testing.assert_close(w.grad.double(), wr.grad, rtol=4 * U[dtype], atol=1e-3)
 
