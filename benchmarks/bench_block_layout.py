@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -55,11 +54,7 @@ def main(argv=None) -> int:
     text = "\n".join(["### Block-sparse layout per graph", "", report.env_header(payload["environment"]), "",
                       report.markdown_table(rows, COLUMNS, HEADERS, {c: fmt for c in COLUMNS[2:] if c != "offered"}),
                       ""])
-    print(text)
-    if args.json_out:
-        report.write_json(args.json_out, payload)
-    if args.md:
-        Path(args.md).write_text(text)
+    report.publish(payload, text, args.json_out, args.md)
     return 0
 
 

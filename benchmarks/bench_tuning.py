@@ -174,11 +174,7 @@ def main(argv=None) -> int:
                "settings": {k: getattr(args, k) for k in ("graphs", "ops", "dtypes", "rounds", "warmup", "iters")},
                "rows": rows}
     text = markdown(payload)
-    print(text)
-    if args.json_out:
-        report.write_json(args.json_out, payload)
-    if args.md:
-        Path(args.md).write_text(text)
+    report.publish(payload, text, args.json_out, args.md)
     return 0
 
 

@@ -109,6 +109,16 @@ def write_json(path, payload: dict) -> Path:
     return path
 
 
+def publish(payload: dict, text: str, json_path=None, md_path=None) -> None:
+    """Print a benchmark's markdown ``text`` and write its JSON ``payload`` and the text where
+    asked (paths None or empty: not written)."""
+    print(text)
+    if json_path:
+        write_json(json_path, payload)
+    if md_path:
+        Path(md_path).write_text(text)
+
+
 def markdown_table(rows: Sequence[dict], columns: Sequence[str], headers: Optional[Sequence[str]] = None,
                    formatters: Optional[Dict[str, callable]] = None) -> str:
     """A GitHub markdown table of ``rows`` (dicts) over ``columns``."""
