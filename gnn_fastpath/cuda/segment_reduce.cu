@@ -9,12 +9,15 @@
 // Min runs as max with sign = -1: every kernel works on s_k,f = (sign * w) * x and writes
 // sign * max, which is exact (negation is exact) and keeps ties identical.
 //
-// Every message is canonicalised as fl(round_TO(fl(sw * x)) + 0.0f): one rounded product
-// (no FMA contraction, so forward and backward agree bit for bit), rounded once more to the
-// output type when that is 16-bit (what torch's w * x in that dtype computes; the max of
-// values of TO is then stored exactly, and the backward finds the same ties), with -0 turned
-// into +0 (so the float compare of the light path and the integer key of the heavy path see
-// the same ties). Without weights (sw = +-1) both roundings are exact.
+// A message is the product round_TO(fl(sw * x)): one rounded product (no FMA contraction, so
+// forward and backward agree bit for bit), rounded once more to the output type when that is
+// 16-bit (what torch's w * x in that dtype computes; the max of values of TO is then stored
+// exactly, and the backward finds the same ties). Its canonical form adds 0.0f (-0 -> +0, so
+// the float compare of the light path and the integer key of the heavy path see the same
+// ties) and, under SR_KEEP, makes every NaN the positive quiet NaN: the first/last rules and
+// the backward canonicalise every message, the counting and value-only forwards (the common
+// rules, where instructions per message bound the speed) only their extreme, once per element
+// (float compares treat -0 and +0 alike). Without weights (sw = +-1) both roundings are exact.
 //
 // Tie rules (MODE, a template parameter): SR_MODE_COUNT = count the tied edges (gradient
 // split), SR_MODE_FIRST = first tied edge in caller edge order (aux = its caller edge id),
@@ -25,9 +28,10 @@
 // extreme (the backward scatters along it like first/last, reading the source and caller id
 // from the CSR, so no per-graph source table is built); aux < 0 means "walk": n = -1 - aux edges
 // tie (n = 0: empty row), or the extreme is NaN, and the backward re-walks the row's edges.
-// One more int32 after aux, the "walk all" flag, is set when any message is -inf: torch's
-// split rule then sends a losing edge 0 * inf = NaN, which only the walk gives, so the
-// backward walks every element (inputs with infinities are rare; the flag keeps them exact).
+// After aux come the "walk all" flag, set when any message is -inf (torch's split rule then
+// sends a losing edge 0 * inf = NaN, which only the walk gives, so the backward walks every
+// element; inputs with infinities are rare, the flag keeps them exact), and one flag per row,
+// set where a row holds a walking element (the walk skips the other rows at one read).
 //
 // Forward, degree-aware (the row-chunk work list of gnn_fastpath/cuda/worklist.py: the
 // launcher cuts every destination with >= 128 in-edges into chunks, so no group walks more
