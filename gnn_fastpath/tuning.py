@@ -59,8 +59,14 @@ def enabled() -> bool:
 
 
 def cache_path() -> Path:
-    """The choices file: ``GNN_FASTPATH_TUNE_CACHE``, or ``~/.cache/gnn_fastpath/tuning.json``."""
-    text = config.setting("GNN_FASTPATH_TUNE_CACHE")
+    """The choices file: ``GNN_FASTPATH_TUNE_CACHE``, or ``~/.cache/gnn_fastpath/tuning.json``
+    (asked on every tuned call: the path is built once per setting value, the home folder
+    taken when first needed)."""
+    return _cache_path(config.setting("GNN_FASTPATH_TUNE_CACHE"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_path(text: str) -> Path:
     return Path(text).expanduser() if text else Path.home() / ".cache" / "gnn_fastpath" / "tuning.json"
 
 
@@ -214,26 +220,21 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
     return best
 
 
-def choose_variant(klass: str, device: torch.device, run: Callable[[str], object], variants, default: str) -> str:
-    """:func:`choose` for one call of a kernel family: ``klass`` the call's :func:`size_class`,
-    one candidate per name of ``variants`` (``run(name)`` does the call with that variant),
-    ``default`` the family's rule."""
-    return choose(klass, {name: (lambda name=name: run(name)) for name in variants}, default, device)
-
-
 def choose_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.device,
                     run: Callable[[str], object], variants, default: str) -> str:
-    """:func:`choose_variant`, with a measured (or remembered) choice also kept on ``graph``
-    under ``key`` (the call's decision, width and dtype), so that the next calls on the graph
-    cost one dictionary lookup: a step that is short on the GPU is bound by host time, which
-    must not grow with tuning on. ``klass()`` gives the size class (computed only when the
-    graph has no choice yet)."""
+    """:func:`choose` for one call of a kernel family on ``graph``: one candidate per name of
+    ``variants`` (``run(name)`` does the call with that variant), ``default`` the family's
+    rule, ``klass()`` the call's :func:`size_class` (computed only when the graph has no
+    choice yet). A measured (or remembered) choice is also kept on ``graph`` under ``key`` (the
+    call's decision, width and dtype), so that the next calls on the graph cost one dictionary
+    lookup: a step that is short on the GPU is bound by host time, which must not grow with
+    tuning on."""
     memo = ("tuned", key, cache_path())
     found = graph.memo_get(memo)
     if found is not None:
         return found
     name = klass()
-    chosen = choose_variant(name, device, run, variants, default)
+    chosen = choose(name, {v: (lambda v=v: run(v)) for v in variants}, default, device)
     if remembered(name, device) == chosen:  # a rule's default (nothing measured yet) is not kept
         graph.memo_set(memo, chosen)
     return chosen

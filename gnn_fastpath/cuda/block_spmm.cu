@@ -26,29 +26,21 @@
 template <typename T>
 struct bs_mma;
 
-template <>
-struct bs_mma<gf_bf16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const unsigned int (&a)[4], unsigned int b0,
-                                               unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-template <>
-struct bs_mma<gf_half> {
-    static __device__ __forceinline__ void run(float (&c)[4], const unsigned int (&a)[4], unsigned int b0,
-                                               unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+// bs_mma<T>::run(c, a, b0, b1): c += A B for one 16x16 A and 16x8 B fragment of PTX type PTX_T.
+#define BS_MMA(T, PTX_T)                                                                                  \
+    template <>                                                                                          \
+    struct bs_mma<T> {                                                                                   \
+        static __device__ __forceinline__ void run(float (&c)[4], const unsigned int (&a)[4], unsigned int b0, \
+                                                   unsigned int b1) {                                   \
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_T "." PTX_T                          \
+                         ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                   \
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                  \
+        }                                                                                                \
+    };
+BS_MMA(gf_bf16, "bf16")
+BS_MMA(gf_half, "f16")
+#undef BS_MMA
 
 // The four A registers of one 16 x 16 block (row-major 16-bit values at p).
 __device__ __forceinline__ void bs_load_a(unsigned int (&a)[4], const unsigned short* __restrict__ p, int g, int t) {

@@ -310,7 +310,7 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
     if (MODE == SR_MODE_COUNT && row_walks != nullptr && __any_sync(mask, walks) && lane == 0) row_walks[row] = 1;
 }
 
-// SR_MODE_COUNT's packed word: order key << 32 | low, low = the caller id of the one tied
+// SR_MODE_COUNT's packed word: order key << 32 | low, low = the CSR position of the one tied
 // edge (bit 31 clear), or SR_TIES | n for n != 1 tied edges. A larger key replaces, an equal
 // key adds the counts (skipped without an atomic when the stored key is already larger).
 #define SR_TIES 0x80000000u

@@ -453,7 +453,9 @@ def _segment_forward_fake(*args):
     gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
     result = x.new_empty((gt.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight))
     if need_grad and x.device.type != "cpu":
-        aux = x.new_empty((gt.n_dst * _width(x) + 1 + gt.n_dst,), dtype=torch.int32)  # cuda.segment_reduce.state_size
+        from ..cuda.segment_reduce import state_size
+
+        aux = x.new_empty((state_size(gt.n_dst, _width(x)),), dtype=torch.int32)
     else:
         aux = x.new_empty(0, dtype=torch.int32)
     return result, aux
