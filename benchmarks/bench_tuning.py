@@ -58,7 +58,7 @@ TUNED_OPS = {
                            lambda g, width, dt: _module("gat_attention").backward_class(g, width, dt)),
     # the forward's feature chunks per lane (the step's backward does not depend on them)
     "segment_reduce": Tuned("GNN_FASTPATH_SR_CHUNKS", ("1", "2", "4"),
-                            lambda g: str(_module("segment_reduce").CHUNKS),
+                            lambda g: str(_module("segment_reduce").rule_chunks(g)),
                             lambda g, width, dt: _module("segment_reduce").forward_class(g, width, dt, dt, True)),
 }
 SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE") + tuple(t.setting for t in TUNED_OPS.values())

@@ -123,7 +123,8 @@ SETTINGS = (
             _optional_choice("default", "alg1", "alg2", "alg3", "custom", "block")),
     Setting("GNN_FASTPATH_SPMM_CUSTOM", "1", "0 or 1",
             "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
-    Setting("GNN_FASTPATH_SR_CHUNKS", "", "1, 2, 4 (empty: 2, or timed with GNN_FASTPATH_TUNE=1)",
+    Setting("GNN_FASTPATH_SR_CHUNKS", "",
+            "1, 2, 4 (empty: 1, or 2 below 4 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",
             "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),
     Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
             "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "

@@ -27,7 +27,9 @@
 // re-walk): aux >= 0 is the CSR position of the one edge reaching a finite or infinite
 // extreme (the backward scatters along it like first/last, reading the source and caller id
 // from the CSR, so no per-graph source table is built); aux < 0 means "walk": n = -1 - aux edges
-// tie (n = 0: empty row), or the extreme is NaN, and the backward re-walks the row's edges.
+// tie (n = 0: empty row), or the extreme is NaN, or (zero_walks, the split rule) one edge
+// reaches exactly 0, and the backward re-walks the row's edges. So the scatter along single
+// winners never reads the output (torch's split rule halves a winner at 0: the walk does it).
 // After aux come the "walk all" flag, set when any message is -inf (torch's split rule then
 // sends a losing edge 0 * inf = NaN, which only the walk gives, so the backward walks every
 // element; inputs with infinities are rare, the flag keeps them exact), and one flag per row,
@@ -52,7 +54,8 @@
 // (sr_bwd_ties, whose groups leave at once where no element of theirs walks): it recomputes
 // each message and, where it equals the saved extreme, adds g / (n + [count_zero_as_tie &&
 // out == 0]) (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts
-// the untouched zero of the output as one more tie; a single winner gets g / 2 for it too).
+// the untouched zero of the output as one more tie; a single winner at 0, which the forward
+// made walk, gets g / 2).
 #include "common.cuh"
 
 // Tie-rule codes come from the launcher (-D defines), so Python and CUDA agree on them.
@@ -174,37 +177,39 @@ __device__ __forceinline__ void sr_load_aux(int* r, const int* p) {
 }
 
 // One message (weight sw, feature xv) into the running state; with SR_MODE_COUNT also notes
-// a -inf message (see the header: the "walk all" flag).
-template <typename TO, int MODE, int NF>
+// a -inf message (see the header: the "walk all" flag). Without weights (W false, sw = +-1)
+// the product is exact and TO is x's own type, so its rounding is skipped (for 16-bit x,
+// two conversions per message fewer).
+template <typename TO, int MODE, int NF, bool W>
 __device__ __forceinline__ void sr_take(float& m, int& a, bool& saw_neg_inf, float sw, float xv, int p) {
+    const float prod = W ? sr_product<TO>(sw, xv) : sw * xv;
     if constexpr (MODE == SR_MODE_COUNT || MODE == SR_MODE_VALUE) {
-        const float v = sr_product<TO>(sw, xv);
-        sr_update_fast<MODE, NF>(m, a, v, p);
-        if (MODE == SR_MODE_COUNT) saw_neg_inf |= v == GF_NEG_INF;
+        sr_update_fast<MODE, NF>(m, a, prod, p);
+        if (MODE == SR_MODE_COUNT) saw_neg_inf |= prod == GF_NEG_INF;
     } else {
-        sr_update<MODE, NF>(m, a, sr_message<NF, TO>(sw, xv), p);
+        sr_update<MODE, NF>(m, a, sr_canonical<NF>(prod), p);
     }
 }
 
 // Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
-// T edges at a time, one per lane, then broadcast; rows are loaded U = 4/CH edges at a time
-// so 4 loads of VEC floats per lane are in flight together.
-template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
-__device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
+// T edges at a time, one per lane, then broadcast; rows are loaded U = LOADS/CH edges at a
+// time so LOADS loads of VEC features per lane are in flight together. W: w is not null.
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS, bool W>
+__device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
-    constexpr int U = CH >= 4 ? 1 : 4 / CH;
+    constexpr int U = CH >= LOADS ? 1 : LOADS / CH;
     for (int e0 = start; e0 < end; e0 += T) {
         const int k = e0 + lane;
         int s = 0, p = 0;
         float sw = sign;
         if (k < end) {
             s = __ldg(indices + k);
-            if (MODE == SR_MODE_FIRST || MODE == SR_MODE_LAST || w != nullptr) p = __ldg(perm + k);
-            if (w != nullptr) sw = sign * __ldg(w + p);
+            if (MODE == SR_MODE_FIRST || MODE == SR_MODE_LAST || W) p = __ldg(perm + k);
+            if (W) sw = sign * __ldg(w + p);
         }
         const int nb = min(T, end - e0);
         int t = 0;
@@ -216,7 +221,7 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                 ss[u] = __shfl_sync(mask, s, t + u, T);
                 // SR_MODE_COUNT tags an edge by its CSR position (the same in every lane)
                 pp[u] = MODE == SR_MODE_VALUE ? 0 : MODE == SR_MODE_COUNT ? e0 + t + u : __shfl_sync(mask, p, t + u, T);
-                ww[u] = w != nullptr ? __shfl_sync(mask, sw, t + u, T) : sign;
+                ww[u] = W ? __shfl_sync(mask, sw, t + u, T) : sign;
             }
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -230,12 +235,12 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_take<TO, MODE, NF>(m[c][j], a[c][j], saw_neg_inf, ww[u], v[u][c][j], pp[u]);
+                            sr_take<TO, MODE, NF, W>(m[c][j], a[c][j], saw_neg_inf, ww[u], v[u][c][j], pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
             const int p0 = MODE == SR_MODE_VALUE ? 0 : MODE == SR_MODE_COUNT ? e0 + t : __shfl_sync(mask, p, t, T);
-            const float w0 = w != nullptr ? __shfl_sync(mask, sw, t, T) : sign;
+            const float w0 = W ? __shfl_sync(mask, sw, t, T) : sign;
 #pragma unroll
             for (int c = 0; c < CH; ++c) {
                 if (f0 + c * T * VEC < F) {
@@ -243,11 +248,26 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j)
-                        sr_take<TO, MODE, NF>(m[c][j], a[c][j], saw_neg_inf, w0, v0[j], p0);
+                        sr_take<TO, MODE, NF, W>(m[c][j], a[c][j], saw_neg_inf, w0, v0[j], p0);
                 }
             }
         }
     }
+}
+
+// sr_reduce_edges with the weighted or the unweighted loop (one branch per call, not per edge).
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
+__device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
+                                                const TX* __restrict__ x, const float* __restrict__ w,
+                                                int start, int end, int F, int f0, float sign,
+                                                unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
+                                                bool& saw_neg_inf) {
+    if (w != nullptr)
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true>(indices, perm, x, w, start, end, F, f0, sign, mask,
+                                                                   lane, m, a, saw_neg_inf);
+    else
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false>(indices, perm, x, w, start, end, F, f0, sign, mask,
+                                                                    lane, m, a, saw_neg_inf);
 }
 
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
@@ -255,11 +275,11 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
 // the single winner or -1 - n, see the header; -1 for empty rows), unused with MODE 3;
 // walk_all: the "walk all" flag, row_walks [n_dst]: set to 1 for a row with a walking
 // element (zero-initialised; SR_MODE_COUNT only, row_walks may be null).
-template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, TO* __restrict__ out, int* __restrict__ aux,
+                            int F, float sign, int zero_walks, TO* __restrict__ out, int* __restrict__ aux,
                             int* __restrict__ walk_all, int* __restrict__ row_walks) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -277,8 +297,8 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a,
-                                                  saw_neg_inf);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign, mask, lane,
+                                                         m, a, saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
     const bool empty = start == end;
@@ -297,7 +317,8 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
                 const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
                 if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
                 if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
-                if (MODE == SR_MODE_COUNT && !empty && (v < 0 || no_winner)) {  // a NaN extreme walks too
+                // a NaN extreme walks too, and with zero_walks an extreme of exactly 0
+                if (MODE == SR_MODE_COUNT && !empty && (v < 0 || no_winner || (zero_walks && r[j] == 0.f))) {
                     v = v < 0 ? v : -2;
                     walks = true;
                 }
@@ -336,7 +357,7 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
 // (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
 // MODE 3 merges like MODE 2. walk_all: as in sr_fwd_rows.
-template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF>
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
 __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
                               const TX* __restrict__ x, const float* __restrict__ w,
                               const int4* __restrict__ items, int n_items, int F, float sign,
@@ -357,8 +378,8 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF>(indices, perm, x, w, start, end, F, f0, sign, mask, lane, m, a,
-                                                  saw_neg_inf);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign, mask, lane,
+                                                         m, a, saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
 #pragma unroll
@@ -387,7 +408,7 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 template <typename TO>
 __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
                               const int4* __restrict__ split, int n_split, int F, float sign,
-                              int mode, int non_finite, TO* __restrict__ out,
+                              int mode, int non_finite, int zero_walks, TO* __restrict__ out,
                               int* __restrict__ aux, int* __restrict__ row_walks) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= (long long)n_split * F) return;
@@ -403,7 +424,7 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     if (aux != nullptr) {
         int v = mode == SR_MODE_FIRST ? (int)(~low) : (int)low;
         if (mode != SR_MODE_COUNT && (no_winner || v < 0 || v == GF_INT_MAX)) v = -1;
-        if (mode == SR_MODE_COUNT && ((low & SR_TIES) || no_winner)) {
+        if (mode == SR_MODE_COUNT && ((low & SR_TIES) || no_winner || (zero_walks && r == 0.f))) {
             v = -1 - (int)sr_tie_count(low);
             row_walks[row] = 1;
         }
@@ -411,30 +432,30 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     }
 }
 
-// Backward along the saved arg: total = n_dst * F elements; arg [n_dst, F] caller edge ids,
-// or with by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for
-// SR_MODE_COUNT an element sr_bwd_ties walks). src_of [M] source id per caller edge (null
-// with by_position: indices and perm of the CSR give source and caller id). dx [n_src, F] and dw [M] are zero-initialised float
-// accumulators (either may be null; for 16-bit x or weights they are float scratch buffers
-// the launcher casts once: atomics into 16-bit memory would round at every add). grad_out
-// is read as TO (the output's type), x as TX. For SR_MODE_COUNT's single winners:
-// walk_all (non-null) set means sr_bwd_ties does every element, and with count_zero_as_tie
-// a winner reaching exactly 0 gets g / 2 (torch's untouched zero is the second candidate).
+// Backward along the saved arg: n_dst * F elements; arg [n_dst, F] caller edge ids, or with
+// by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for SR_MODE_COUNT an
+// element sr_bwd_ties walks). src_of [M] source id per caller edge (null with by_position:
+// indices and perm of the CSR give source and caller id). dx [n_src, F] and dw [M] are
+// zero-initialised float accumulators (either may be null; for 16-bit x or weights they are
+// float scratch buffers the launcher casts once: atomics into 16-bit memory would round at
+// every add). grad_out is read as TO (the output's type), x as TX. walk_all (non-null, set)
+// means sr_bwd_ties does every element.
+// One thread per element, row-major: the concurrent atomics spread over whole rows (ordering
+// the threads by narrow feature slices, so that dx[:, slice] stays in L2, was measured 1.4x
+// slower on arxiv-like: its hub sources' few columns then take every concurrent atomic).
 template <typename TX, typename TO>
 __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
                            const int* __restrict__ src_of, const int* __restrict__ indices,
                            const int* __restrict__ perm, int by_position, const float* __restrict__ w,
                            const TX* __restrict__ x, long long total, int F,
-                           const int* __restrict__ walk_all, int count_zero_as_tie, const TO* __restrict__ out,
-                           float* __restrict__ dx, float* __restrict__ dw) {
+                           const int* __restrict__ walk_all, float* __restrict__ dx, float* __restrict__ dw) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
     if (walk_all != nullptr && __ldg(walk_all) != 0) return;
+    const int f = (int)(idx % F);
     const int a = __ldg(arg + idx);
     if (a < 0) return;
-    const int f = (int)(idx % F);
-    float g = gf_ldg(grad_out + idx);
-    if (count_zero_as_tie && gf_ldg(out + idx) == 0.f) g *= 0.5f;
+    const float g = gf_ldg(grad_out + idx);
     const int e = by_position ? __ldg(perm + a) : a;
     const long long xo = (long long)__ldg(by_position ? indices + a : src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
@@ -473,10 +494,11 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float mo[CH][VEC], share[CH][VEC];
-    bool walks[CH][VEC], any = false;
+    bool walks[CH][VEC], lane_walks[CH], any = false;  // lane_walks[c]: this lane loads chunk c's rows
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
+        lane_walks[c] = false;
         if (f < F) {
             const long long ro = (long long)row * F + f;
             float o[VEC], g[VEC];
@@ -487,7 +509,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 walks[c][j] = all || a[j] < 0;
-                any |= walks[c][j];
+                lane_walks[c] |= walks[c][j];
                 mo[c][j] = sign * o[j];
                 const int n = a[j] < 0 ? -1 - a[j] : 1;
                 const int total = n + ((count_zero_as_tie && o[j] == 0.f) ? 1 : 0);
@@ -500,6 +522,7 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
 #pragma unroll
             for (int j = 0; j < VEC; ++j) { walks[c][j] = false; mo[c][j] = 0.f; share[c][j] = 0.f; }
         }
+        any |= lane_walks[c];
     }
     if (!__any_sync(mask, any)) return;  // uniform over the group: every element went along its arg
 
@@ -523,11 +546,13 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                 pp[u] = __shfl_sync(mask, p, tu, T);
                 wu[u] = __shfl_sync(mask, ww, tu, T);
             }
+            // only the lanes holding a walking element load (with 16-bit features ties are
+            // common, but most lanes of a walking row still have none)
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int c = 0; c < CH; ++c)
-                    if (f0 + c * T * VEC < F) gf_load<VEC>(v[u][c], x + (long long)ss[u] * F + f0 + c * T * VEC);
+                    if (lane_walks[c]) gf_load<VEC>(v[u][c], x + (long long)ss[u] * F + f0 + c * T * VEC);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t + u >= nb) break;  // uniform across the group

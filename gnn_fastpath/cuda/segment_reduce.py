@@ -13,7 +13,7 @@ directly when those are float32, else into float32 scratch buffers cast once at 
 (adding into 16-bit memory would round at every atomic).
 
 Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
-chunks of 4 floats per lane; empty: :data:`CHUNKS`, or with ``GNN_FASTPATH_TUNE=1`` the
+chunks of 4 floats per lane; empty: :func:`rule_chunks`, or with ``GNN_FASTPATH_TUNE=1`` the
 forward's count measured fastest per size class).
 """
 from __future__ import annotations
@@ -48,9 +48,15 @@ MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": M
 SPLIT_FROM = 128
 #: Edges per chunk of a long row.
 CHUNK = 64
-#: Feature chunks of VEC features per lane when neither GNN_FASTPATH_SR_CHUNKS nor the tuner
-#: says otherwise.
-CHUNKS = 2
+#: Without GNN_FASTPATH_SR_CHUNKS or the tuner: one feature chunk of VEC features per lane
+#: where destinations have FEW_EDGES in-edges or more on average, else CHUNKS_FEW (H200, F =
+#: 512: one chunk is 4-19% faster on tolokers, arxiv-like and arxiv-skewdst, two are 19-21%
+#: faster on roads-like, whose rows have 2 edges).
+FEW_EDGES = 4
+CHUNKS_FEW = 2
+#: Row loads per lane in flight in the forward (8 was measured 10-40% slower on the H200: its
+#: registers cost occupancy).
+LOADS = 4
 
 
 def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
@@ -64,10 +70,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             need_aux: bool, out: Tensor, max_chunks: Optional[int] = None) -> Optional[Tensor]:
     """``out`` [n_dst, F] = sign * max_k round_out((sign * w_k) * x[src_k]) per row; returns aux.
 
-    ``max_chunks``: feature chunks per lane (None: ``GNN_FASTPATH_SR_CHUNKS``, else
-    :data:`CHUNKS`, or with ``GNN_FASTPATH_TUNE=1`` the count measured fastest for the size
-    class: fewer chunks issue fewer instructions per edge at once, more keep more loads in
-    flight; which wins depends on the graph).
+    ``max_chunks``: feature chunks per lane (None: :func:`forward_chunks`).
 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
     or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
@@ -87,17 +90,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_dst == 0 or F == 0:
         return state
     if max_chunks is None:
-        max_chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
-    if max_chunks is None:
-        max_chunks = CHUNKS
-        if tuning.enabled() and not graph.static:
-            def run(variant):
-                return forward(graph, x, w, sign, tie_break, non_finite, need_aux, out, int(variant))
-
-            max_chunks = int(tuning.choose_on_graph(
-                graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux),
-                lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux), device, run, ("1", "2", "4"),
-                str(max_chunks)))
+        max_chunks = forward_chunks(graph, x, w, sign, tie_break, non_finite, need_aux, out)
     kc = graph.kernel_csr()
     fcfg = launch.lane_groups(F, x, out, max_chunks=max_chunks, vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
@@ -106,27 +99,57 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     count = mode == MODE_COUNT
     flag, rows_flag = (walk_all, row_walks) if count else (None, None)
+    zero_walks = int(count and tie_break == "split")  # the backward's scatter then never reads out
     if _pieces(graph, non_finite):
-        _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, flag, rows_flag)
+        _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, flag, rows_flag)
         return state
     work = row_chunks(graph)
     rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
     if n_rows:
-        KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf).launch(
+        KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, out=out, aux=aux, walk_all=flag,
-            row_walks=rows_flag)
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, zero_walks=zero_walks, out=out,
+            aux=aux, walk_all=flag, row_walks=rows_flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf).launch(
+        KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
             perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed,
             walk_all=flag)
         KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
-            sign=sign, mode=mode, non_finite=nf, out=out, aux=aux, row_walks=rows_flag)
+            sign=sign, mode=mode, non_finite=nf, zero_walks=zero_walks, out=out, aux=aux, row_walks=rows_flag)
     return state
+
+
+def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
+                   need_aux: bool, out: Tensor) -> int:
+    """Feature chunks per lane of the forward: ``GNN_FASTPATH_SR_CHUNKS``, else with
+    ``GNN_FASTPATH_TUNE=1`` the count measured fastest for the size class (fewer chunks issue
+    fewer instructions per edge at once, more keep more loads in flight; which wins depends on
+    the graph), else :func:`rule_chunks`."""
+    chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
+    if chunks is not None:
+        return chunks
+    rule = rule_chunks(graph)
+    if not tuning.enabled() or graph.static:
+        return rule
+    F = x.size(1)
+
+    def run(variant):
+        return forward(graph, x, w, sign, tie_break, non_finite, need_aux, out, int(variant))
+
+    return int(tuning.choose_on_graph(
+        graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux),
+        lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux), x.device, run, ("1", "2", "4"), str(rule)))
+
+
+def rule_chunks(graph) -> int:
+    """Feature chunks per lane without tuning: 1 where destinations have :data:`FEW_EDGES`
+    in-edges or more on average, else :data:`CHUNKS_FEW` (two chunks keep twice the loads in
+    flight across the short rows)."""
+    return 1 if graph.num_edges >= FEW_EDGES * max(graph.n_dst, 1) else CHUNKS_FEW
 
 
 def forward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, need_aux: bool) -> str:
@@ -165,7 +188,7 @@ def _virtual(graph):
                       lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
 
 
-def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all, row_walks) -> None:
+def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, walk_all, row_walks) -> None:
     """The forward over row pieces: each piece's extreme (and tie count or winning edge) by
     the whole-row kernel, then combined per row by torch scatter reductions; the pieces' empty
     tail goes to a spare row ``n_dst``."""
@@ -178,9 +201,9 @@ def _static_forward(graph, x, w, sign, mode, nf, fcfg, out, aux, walk_all, row_w
     vec, lanes, chunks, fblocks = fcfg
     if cap:
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
-                       nf).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
+                       nf, LOADS).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
+                                  zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
@@ -244,8 +267,7 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     total = aux.numel()
     KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
         launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, indices=kc.indices, perm=kc.perm,
-        by_position=int(count), w=w, x=x, total=total, F=F, walk_all=walk_all if count else None,
-        count_zero_as_tie=count_zero_as_tie if count else 0, out=out if count else None, dx=dx, dw=dw)
+        by_position=int(count), w=w, x=x, total=total, F=F, walk_all=walk_all if count else None, dx=dx, dw=dw)
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
@@ -257,7 +279,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
-    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or CHUNKS,
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux,
+                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph),
                               vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(

@@ -329,16 +329,24 @@ def test_one_kind_of_non_finite(kind, tie_break, reduce):
     torch.testing.assert_close(grads[0][1], grads[1][1], equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("long_row", [False, True], ids=["short_row", "long_row"])
 @pytest.mark.parametrize("tie_break,share", [("split", 0.5), ("even", 1.0)])
-def test_single_winner_at_zero(tie_break, share):
+def test_single_winner_at_zero(tie_break, share, long_row):
     """torch's split rule counts the untouched zero of the output as a second candidate: a
-    single edge reaching exactly 0 gets g / 2 (scattered along its arg, no walk)."""
-    edge_index = torch.tensor([[0, 1, 2], [0, 0, 1]], device="cuda")
-    graph = Graph.from_edge_index(edge_index, (3, 2))
+    single edge reaching exactly 0 gets g / 2. The split forward saves such an element as a
+    walk (n = 1), so the scatter along single winners never reads the output; "even" keeps the
+    winner. A long row (>= SPLIT_FROM edges, merged from chunks) saves it the same way."""
+    losers = sr_kernels.SPLIT_FROM + 20 if long_row else 1
+    src = torch.tensor([0] + [1] * losers + [2])
+    dst = torch.tensor([0] * (1 + losers) + [1])
+    graph = Graph.from_edge_index(torch.stack([src, dst]).cuda(), (3, 2))
     x = torch.tensor([[0.0], [-1.0], [3.0]], device="cuda", requires_grad=True)
     out = segment_reduce(graph, x, "max", tie_break=tie_break)
     out.backward(torch.tensor([[4.0], [2.0]], device="cuda"))
     assert out.detach().flatten().tolist() == [0.0, 3.0]
     assert x.grad.flatten().tolist() == [4.0 * share, 0.0, 2.0]
     _, aux, _, row_walks = _saved(graph, x.detach(), None, tie_break)
-    assert aux.flatten().tolist() == [0, 2] and row_walks.tolist() == [0, 0]
+    if tie_break == "split":
+        assert aux.flatten().tolist() == [-2, 1 + losers] and row_walks.tolist() == [1, 0]
+    else:
+        assert aux.flatten().tolist() == [0, 1 + losers] and row_walks.tolist() == [0, 0]
