@@ -111,7 +111,8 @@ SETTINGS = (
     Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
             "the backward of dot and GAT attention (where GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and the "
-            "min/max forward's feature chunks (where GNN_FASTPATH_SR_CHUNKS is empty); 0 uses the rules", _flag),
+            "min/max forward's feature chunks (where GNN_FASTPATH_SR_CHUNKS is empty), and keeps the SpMM algorithm "
+            "search's choice in the same file; 0 uses the rules", _flag),
     Setting("GNN_FASTPATH_TUNE_CACHE", "", "a file path (empty: ~/.cache/gnn_fastpath/tuning.json)",
             "where the measured choices are kept, per GPU model and package version", _text),
     Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",

@@ -213,11 +213,17 @@ def choose(klass: str, candidates: Mapping[str, Callable[[], object]], default: 
         return default
     times = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
     best = min(times, key=lambda name: (times[name], name != default))
-    record = {"choice": best, "times_ms": times, "default": default,
+    remember(klass, device, best, times, default)
+    return best
+
+
+def remember(klass: str, device: torch.device, choice: str, times_ms: Mapping[str, float], default: str) -> None:
+    """Keep a choice measured elsewhere (the SpMM algorithm search) in the choices file, as
+    :func:`choose` keeps its own: ``times_ms`` per candidate, ``default`` the rule's pick."""
+    record = {"choice": choice, "times_ms": dict(times_ms), "default": default,
               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with _lock:
         _write(cache_path(), device_key(device), klass, record)
-    return best
 
 
 def choose_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.device,

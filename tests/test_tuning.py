@@ -176,3 +176,29 @@ def test_out_of_memory_while_timing_takes_the_rule(tune):
 
     assert tuning.choose("cls", candidates("a", "b"), "a", CPU, timer) == "a"
     assert tuning.remembered("cls", CPU) is None and not tune.exists()
+
+
+def test_remember_keeps_a_choice_measured_elsewhere(tune):
+    """What the SpMM algorithm search measured is kept like a timed choice: read back by a new
+    process, listed."""
+    tuning.remember("spmm.algorithm|plain|F 64", CPU, "alg2", {"default": 2.0, "alg2": 1.0}, "default")
+    tuning.forget()
+    assert tuning.remembered("spmm.algorithm|plain|F 64", CPU) == "alg2"
+    record = json.loads(tune.read_text())["entries"][tuning.device_key(CPU)]["spmm.algorithm|plain|F 64"]
+    assert record["times_ms"] == {"default": 2.0, "alg2": 1.0} and record["default"] == "default"
+
+
+def test_spmm_classes():
+    """SpMM calls of one signature (power-of-two buckets of nnz, rows, columns; width; dtypes)
+    share a class; the direction, width or dtypes make another; every algorithm code has its
+    name."""
+    from gnn_fastpath.cuda import cusparse
+
+    sig = (0, 64, 17, 12, 12, torch.float32, torch.float32)
+    plain = cusparse._tuning_class(sig, False)
+    assert plain.startswith("spmm.algorithm|plain|F 64") and "float32->float32" in plain
+    assert cusparse._tuning_class(sig, True) != plain
+    assert cusparse._tuning_class((0, 128) + sig[2:], False) != plain
+    assert cusparse._tuning_class(sig[:5] + (torch.bfloat16, torch.float32), False) != plain
+    assert {cusparse._name(code) for code in cusparse.algorithms(block=True).values()} == {
+        "default", "alg2", "custom", "block"}

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import config
+from .. import config, tuning
 from .launch import cupy_stream
 
 #: cusparseSpMMAlg_t values (cusparse.h, CUDA 11.2+; the same in CUDA 12 and 13). CuPy 14's
@@ -77,6 +77,20 @@ search_count = 0
 # call signature -> algorithm chosen by timing (see CsrMatrix._signature); bounded by the
 # number of distinct (operation, width, size bucket) combinations a process uses.
 _shared_choices: Dict[Tuple[int, ...], int] = {}
+
+
+def _tuning_class(signature: tuple, transpose: bool) -> str:
+    """The tuner's class of an SpMM call signature (:meth:`CsrMatrix._signature`): the
+    algorithm chosen for it is kept in the choices file (:mod:`gnn_fastpath.tuning`)."""
+    _, F, nnz_bits, rows_bits, cols_bits, b_dtype, c_dtype = signature
+    kind = "transposed" if transpose else "plain"
+    dt = "->".join(str(t).replace("torch.", "") for t in (b_dtype, c_dtype))
+    return f"spmm.algorithm|{kind}|F {F}|nnz<2^{nnz_bits}|rows<2^{rows_bits}|cols<2^{cols_bits}|{dt}"
+
+
+def _name(alg: int) -> str:
+    """The name of an algorithm code (any code :func:`algorithms` offers)."""
+    return next(name for name, code in {**_ALGS, "custom": CUSTOM, "block": BLOCK}.items() if code == alg)
 
 
 def clear_shared_choices() -> None:
@@ -259,11 +273,13 @@ class CsrMatrix:
         """
         return (op, F, self.nnz.bit_length(), self.n_rows.bit_length(), self.n_cols.bit_length()) + dtypes
 
-    def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, c_lib, transpose: bool) -> int:
-        """Time each algorithm that accepts this call; return the fastest."""
+    def _search(self, handle, op: int, desc, mat_b, mat_c, key, values, b, c, c_lib,
+                transpose: bool) -> Tuple[int, Dict[str, float]]:
+        """Time each algorithm that accepts this call; return the fastest and every time (ms
+        per :data:`TIMED_RUNS` calls, by algorithm name)."""
         global search_count
         cs = _cusparse()
-        best, best_ms, errors = None, float("inf"), []
+        best, best_ms, errors, times = None, float("inf"), [], {}
         for name, alg in algorithms(transpose, self._offers_block(b, c)).items():
             try:
                 self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)  # warm-up (and workspace)
@@ -282,6 +298,7 @@ class CsrMatrix:
             except NoAlgorithm as exc:  # the block kernel declined this matrix
                 errors.append(f"{name}: {exc}")
                 continue
+            times[name] = ms
             if ms < best_ms:
                 best, best_ms = alg, ms
         if best != BLOCK and self._block is not None:
@@ -290,7 +307,7 @@ class CsrMatrix:
             search_count += 1
         if best is None:
             raise NoAlgorithm("no SpMM algorithm accepted the call: " + "; ".join(errors))
-        return best
+        return best, times
 
     # ------------------------------------------------------------------ public
     def matmul(self, values: Union[Tensor, EdgeValues], b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
@@ -355,12 +372,21 @@ class CsrMatrix:
             mat_c = cs.createDnMat(rows_c, F, F, c_lib.data_ptr(), _cuda_type(c_type), cs.CUSPARSE_ORDER_ROW)
             try:
                 if alg is None:
-                    forced = {**_ALGS, **algorithms(transpose, self._offers_block(b, c))}.get(
-                        config.setting("GNN_FASTPATH_SPMM_ALG") or "")
+                    names = {**_ALGS, **algorithms(transpose, self._offers_block(b, c))}
+                    forced = names.get(config.setting("GNN_FASTPATH_SPMM_ALG") or "")
                     signature = self._signature(op, F, dtypes)
-                    # the forced algorithm, else the one timed for a similar matrix (no search,
-                    # no host sync), unless cuSPARSE refuses it for this call
-                    for candidate in (forced, _shared_choices.get(signature)):
+                    klass = _tuning_class(signature, transpose) if tuning.enabled() else None
+
+                    def candidates():
+                        # the forced algorithm, else the one timed for a similar matrix (no
+                        # search, no host sync): in this process, or (GNN_FASTPATH_TUNE=1) in an
+                        # earlier one, from the choices file; unless cuSPARSE refuses it here
+                        yield forced
+                        yield _shared_choices.get(signature)
+                        if klass is not None:
+                            yield names.get(tuning.remembered(klass, self.device) or "")
+
+                    for candidate in candidates():
                         if candidate is None:
                             continue
                         try:
@@ -373,11 +399,14 @@ class CsrMatrix:
                         except NoAlgorithm:  # a similar matrix took the block kernel; this one is unsuited
                             pass
                     try:
-                        alg = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, c_lib, transpose)
+                        alg, times = self._search(handle, op, desc, mat_b, mat_c, key, values, b, c, c_lib,
+                                                  transpose)
                     except NoAlgorithm:
                         self._algs[akey] = REFUSED
                         raise
                     self._algs[akey] = _shared_choices[signature] = alg
+                    if klass is not None:
+                        tuning.remember(klass, self.device, _name(alg), times, "default")
                 self._run(handle, op, alg, desc, mat_b, mat_c, key, values, b, c, c_lib)
             finally:
                 cs.destroyDnMat(mat_b)

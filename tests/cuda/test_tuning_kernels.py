@@ -1,6 +1,7 @@
-"""The tuner on the GPU: real timings of the attention backwards' variants, the choice kept
-in the file and read (not timed again) by a second process; tuned gradients equal the
-untuned ones (both variants are exact)."""
+"""The tuner on the GPU: real timings of the attention backwards' variants, the min/max
+forward's chunks and the SpMM algorithm search, the choice kept in the file and read (not
+timed again) by a second process; tuned gradients equal the untuned ones (every variant is
+exact, or for SpMM equal within float tolerance)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from gnn_fastpath import Graph, tuning
-from gnn_fastpath.ops import dot_attention, gat_attention, segment_reduce
+from gnn_fastpath.cuda import cusparse
+from gnn_fastpath.ops import dot_attention, gat_attention, segment_reduce, spmm
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
@@ -38,6 +40,9 @@ def _grads(family, graph, seed=0):
     elif family == "sr":
         ins = [leaf(graph.n_src, 256)]
         out = segment_reduce(graph, *ins, "max")
+    elif family == "spmm":
+        ins = [leaf(graph.n_src, 256)]
+        out = spmm(graph, *ins, norm="both")
     else:
         ins = [leaf(graph.n_src, H, D), leaf(graph.n_src, H), leaf(graph.n_dst, H)]
         out = gat_attention(graph, *ins)
@@ -50,9 +55,11 @@ _SECOND = """
 import sys, torch
 sys.path[:0] = [{tests!r}, {root!r}]
 from gnn_fastpath import tuning
-def no_timing(run, device):
+def no_timing(*args, **kwargs):
     raise AssertionError("timed again in a new process")
 tuning._time_ms = no_timing
+from gnn_fastpath.cuda import cusparse
+cusparse.CsrMatrix._search = no_timing
 from test_tuning_kernels import _graph, _grads
 _grads({family!r}, _graph())
 print("choices", len(tuning.listing()))
@@ -62,12 +69,16 @@ print("choices", len(tuning.listing()))
 #: family -> (decision of its class, the variants timed)
 DECISIONS = {"dot": ("dot_attention.backward", {"atomic", "transposed"}),
              "gat": ("gat_attention.backward", {"atomic", "transposed"}),
-             "sr": ("segment_reduce.forward", {"1", "2", "4"})}
+             "sr": ("segment_reduce.forward", {"1", "2", "4"}),
+             # float32: cuSPARSE's two timed algorithms and the own kernel (the block kernel
+             # takes 16-bit products only); A and its explicit transpose share one signature
+             "spmm": ("spmm.algorithm|plain", {"default", "alg2", "custom"})}
 
 
 @pytest.mark.parametrize("family", list(DECISIONS))
 def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family):
-    """dot/GAT attention's backward variants and the min/max forward's feature chunks."""
+    """dot/GAT attention's backward variants, the min/max forward's feature chunks and the
+    SpMM algorithm."""
     path = tmp_path / "tuning.json"
     graph = _graph()
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
@@ -75,7 +86,8 @@ def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family):
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
     monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(path))
     tuning.forget()
-    got = _grads(family, graph)
+    cusparse.clear_shared_choices()  # the SpMM search of an earlier matrix of this signature
+    got = _grads(family, _graph())  # a fresh graph: the first one's matrix keeps its algorithm
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     rows = tuning.listing()
