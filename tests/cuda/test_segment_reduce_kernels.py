@@ -271,12 +271,15 @@ def _winners(graph, x, w, reduce):
 def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
     """split/even save the winning edge where one edge reaches the extreme (so the
     backward scatters along it) and -1 - n where n != 1 edges do (those rows are walked),
-    on light rows and on the atomically merged chunks of long rows; no -inf, no flag."""
+    on light rows and on the atomically merged chunks of long rows; no -inf, no flag. split
+    saves a single winner at exactly 0 as a walk too (n = 1: torch's untouched zero halves
+    its gradient, which the walk gives)."""
     graph = _graph(graph_name)
     x, w, _ = _inputs(graph, 64, True, ties, seed=3)
-    _, aux, walk_all, row_walks = _saved(graph, x, w, tie_break, reduce)
+    out, aux, walk_all, row_walks = _saved(graph, x, w, tie_break, reduce)
     n, last = _winners(graph, x, w, reduce)
-    want = torch.where(n == 1, last, -1 - n).to(torch.int32)
+    single = (n == 1) & (out != 0) if tie_break == "split" else n == 1
+    want = torch.where(single, last, -1 - n).to(torch.int32)
     assert torch.equal(aux, want)
     assert walk_all.item() == 0
     # a row walks where one of its elements does (rows without edges need no walk)
