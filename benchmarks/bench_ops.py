@@ -183,7 +183,7 @@ OPS: Dict[str, OpCase] = {c.name: c for c in [
 
 #: Which ops an environment variable concerns (variant runs rerun only those).
 ENV_OPS = {"GATV2": ["gatv2_attention"], "GAT_": ["gat_attention"], "DOT": ["dot_attention"], "SPMM": ["spmm"],
-           "SEGMENT": ["segment_reduce"], "REDUCE": ["segment_reduce"]}
+           "SEGMENT": ["segment_reduce"], "REDUCE": ["segment_reduce"], "_SR_": ["segment_reduce"]}
 
 
 def ops_for_env(names: List[str]) -> Optional[List[str]]:

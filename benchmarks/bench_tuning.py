@@ -3,7 +3,8 @@ side by side in one process.
 
 For each graph, op and dtype the forward + backward step is timed with each variant forced
 (``GNN_FASTPATH_{DOT,GAT}_BWD``: the attention backwards; ``GNN_FASTPATH_SR_CHUNKS``: the
-min/max forward's feature chunks), with the rule (nothing set) and with
+min/max forward's feature chunks; ``GNN_FASTPATH_SR_BWD``: its backward's scatter), with the
+rule (nothing set; these runs have ``GNN_FASTPATH_TUNE=0``) and with
 ``GNN_FASTPATH_TUNE=1`` (a fresh choices file: the first, untimed, warm-up call of a size
 class measures). Variants alternate within each round and the rounds repeat, so clock and
 thermal drift hit all of them alike; the table shows the median over rounds of each
@@ -38,11 +39,13 @@ from .timing import DTYPES, fmt, parse_dtypes, time_calls
 @dataclass(frozen=True)
 class Tuned:
     """One tuned decision of an op: the setting that forces a variant, the variants, the
-    rule's pick on a graph, and the size class the launcher names the call by."""
+    rule's pick on a graph, the size class the launcher names the call by, and the op case
+    (bench_ops.OPS) it is timed on (default: the decision's own name)."""
     setting: str
     variants: Tuple[str, ...]
     rule: Callable
     klass: Callable
+    case: str = ""
 
 
 def _module(name):
@@ -60,6 +63,11 @@ TUNED_OPS = {
     "segment_reduce": Tuned("GNN_FASTPATH_SR_CHUNKS", ("1", "2", "4"),
                             lambda g: str(_module("segment_reduce").rule_chunks(g)),
                             lambda g, width, dt: _module("segment_reduce").forward_class(g, width, dt, dt, True)),
+    # the backward's scatter of single winners: atomics or the source-major pass
+    "segment_reduce.backward": Tuned("GNN_FASTPATH_SR_BWD", ("atomic", "transposed"),
+                                     lambda g: _module("segment_reduce").backward_mode(g, "split"),
+                                     lambda g, width, dt: _module("segment_reduce").backward_class(g, width, dt, dt),
+                                     case="segment_reduce"),
 }
 SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE") + tuple(t.setting for t in TUNED_OPS.values())
 
@@ -90,15 +98,16 @@ def run_case(graph, gname: str, op: str, dtype_name: str, args, cache: Path) -> 
 
     _environ({})
     tuned = TUNED_OPS[op]
-    case = OPS[op]
+    case = OPS[tuned.case or op]
     dtype = DTYPES[dtype_name]
     inputs, kwargs = case.inputs(graph.n_src, torch.device("cuda"), args.seed, dtype)
     fn = case.fn()
     with torch.no_grad():
         shape = fn(graph, *inputs, **kwargs).shape
     grad = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(dtype)
-    envs = {v: {tuned.setting: v} for v in tuned.variants}
-    envs["rule"] = {}
+    # forced variants and the rule with tuning off (it is on by default): nothing else is timed
+    envs = {v: {tuned.setting: v, "GNN_FASTPATH_TUNE": "0"} for v in tuned.variants}
+    envs["rule"] = {"GNN_FASTPATH_TUNE": "0"}
     envs["tuned"] = {"GNN_FASTPATH_TUNE": "1", "GNN_FASTPATH_TUNE_CACHE": str(cache)}
     times: Dict[str, List[float]] = {k: [] for k in envs}
     step, clear = _step(fn, graph, inputs, kwargs, grad), _zero(inputs)

@@ -111,7 +111,8 @@ SETTINGS = (
     Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
             "the backward of dot and GAT attention (where GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and the "
-            "min/max forward's feature chunks (where GNN_FASTPATH_SR_CHUNKS is empty), and keeps the SpMM algorithm "
+            "min/max forward's feature chunks and backward scatter (where GNN_FASTPATH_SR_CHUNKS / _SR_BWD are empty), "
+            "and keeps the SpMM algorithm "
             "search's choice in the same file; 0 uses the rules", _flag),
     Setting("GNN_FASTPATH_TUNE_CACHE", "", "a file path (empty: ~/.cache/gnn_fastpath/tuning.json)",
             "where the measured choices are kept, per GPU model and package version", _text),
@@ -124,6 +125,9 @@ SETTINGS = (
             _optional_choice("default", "alg1", "alg2", "alg3", "custom", "block")),
     Setting("GNN_FASTPATH_SPMM_CUSTOM", "1", "0 or 1",
             "0 leaves the own CSR SpMM kernel out of the timed choice (cuSPARSE only)", _flag),
+    Setting("GNN_FASTPATH_SR_BWD", "", "atomic, transposed (empty: by graph, or timed with GNN_FASTPATH_TUNE=1)",
+            "min/max backward (split/even): single winners' gradients by atomics, or a source-major pass without "
+            "atomics (on a symmetric graph over the forward CSR)", _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_SR_CHUNKS", "",
             "1, 2, 4 (empty: 1, or 2 below 4 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",
             "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),

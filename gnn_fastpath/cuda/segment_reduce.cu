@@ -50,7 +50,9 @@
 //                larger key replaces, equal key adds the counts;
 //   then sr_fwd_unpack writes out/aux of the heavy rows.
 // Backward: first/last, and count's single-winner elements, scatter along the saved arg
-// (sr_bwd_arg); count's walk elements are found by walking the CSR edges in ranges
+// (sr_bwd_arg, float atomics), or for count source-major without atomics on dx (sr_bwd_src:
+// each source sums the elements whose saved winner is one of its out-edges; on a symmetric
+// graph over the forward CSR itself); count's walk elements are found by walking the CSR edges in ranges
 // (sr_bwd_ties, whose groups leave at once where no element of theirs walks): it recomputes
 // each message and, where it equals the saved extreme, adds g / (n + [count_zero_as_tie &&
 // out == 0]) (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts
@@ -460,6 +462,116 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
     const long long xo = (long long)__ldg(by_position ? indices + a : src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
     if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
+}
+
+// The same scatter done source-major, with no atomics on dx (the "transposed" backward of
+// split/even): items [n_items] = (source row, begin, end, tag) over the out-edges of each
+// source (tag -1: the whole row in one item, else a chunk of a long row); for out-edge k,
+// dst[k] is its destination and pos[k] its position in the destination-major CSR (the
+// source-major CSR's csr_pos, or for a symmetric graph the forward CSR itself with pos = the
+// reverse edge's position, so no transpose is built). Element (dst, f) goes to the source of
+// the edge at aux[dst, f], so a source row sums g[dst, f] over its out-edges k with
+// aux[dst[k], f] == pos[k]: reading aux costs 4 bytes per edge and feature, against one
+// scattered atomic per element for sr_bwd_arg, which wins where out-degrees are small and
+// atomics contend or miss the L2. A whole row stores its sum (dx is zero-initialised and the
+// tie walk adds after), a chunk adds it. walk_all set: nothing here (the walk does all).
+// perm: caller id of a CSR position (weights and dw); x is read for dw only.
+template <typename TX, typename TO, int VEC, int T, int CH>
+__global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const int* __restrict__ dst,
+                           const int* __restrict__ pos, const int* __restrict__ perm,
+                           const float* __restrict__ w, const TX* __restrict__ x, int F,
+                           const int* __restrict__ aux, const int* __restrict__ walk_all,
+                           const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
+    constexpr int U = CH >= 4 ? 1 : 4 / CH;
+    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
+    const int lane = threadIdx.x % T;
+    if (gid >= n_items) return;
+    if (__ldg(walk_all) != 0) return;  // whole groups leave together
+    const unsigned int mask = gf_group_mask<T>();
+    const int4 it = __ldg(items + gid);
+    const int src = it.x, start = it.y, end = it.z;
+    const bool whole = it.w < 0;
+    const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
+    const bool weighted = w != nullptr, need_ids = weighted || dw != nullptr;
+
+    float acc[CH][VEC], xs[CH][VEC];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { acc[c][j] = 0.f; xs[c][j] = 0.f; }
+        if (dw != nullptr && f0 + c * T * VEC < F) gf_load<VEC>(xs[c], x + (long long)src * F + f0 + c * T * VEC);
+    }
+    for (int e0 = start; e0 < end; e0 += T) {
+        const int k = e0 + lane;
+        int d = 0, q = -1, e = 0;
+        float ww = 1.f;
+        if (k < end) {
+            d = __ldg(dst + k);
+            q = __ldg(pos + k);
+            if (need_ids) e = __ldg(perm + q);
+            if (weighted) ww = __ldg(w + e);
+        }
+        const int nb = min(T, end - e0);
+        for (int t = 0; t < nb; t += U) {
+            int dd[U], qq[U], ee[U];
+            float wu[U];
+            int a[U][CH][VEC];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int tu = min(t + u, nb - 1);  // clamp: duplicates of the last edge are skipped below
+                dd[u] = __shfl_sync(mask, d, tu, T);
+                qq[u] = t + u < nb ? __shfl_sync(mask, q, tu, T) : -1;  // -1 matches no saved winner
+                ee[u] = __shfl_sync(mask, e, tu, T);
+                wu[u] = __shfl_sync(mask, ww, tu, T);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int c = 0; c < CH; ++c)
+                    if (f0 + c * T * VEC < F) sr_load_aux<VEC>(a[u][c], aux + (long long)dd[u] * F + f0 + c * T * VEC);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float dwp = 0.f;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    if (f0 + c * T * VEC >= F) continue;
+                    bool hit = false;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) hit |= a[u][c][j] == qq[u];
+                    if (hit) {  // only then is the gradient row read
+                        float g[VEC];
+                        gf_load<VEC>(g, grad_out + (long long)dd[u] * F + f0 + c * T * VEC);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) {
+                            if (a[u][c][j] == qq[u]) {
+                                acc[c][j] += weighted ? g[j] * wu[u] : g[j];
+                                dwp += g[j] * xs[c][j];
+                            }
+                        }
+                    }
+                }
+                if (dw != nullptr && t + u < nb) {  // uniform across the group
+                    dwp = gf_group_sum<T>(dwp, mask);
+                    if (lane == 0 && dwp != 0.f) atomicAdd(dw + ee[u], dwp);
+                }
+            }
+        }
+    }
+    if (dx == nullptr) return;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const int f = f0 + c * T * VEC;
+        if (f < F) {
+            float* p = dx + (long long)src * F + f;
+            if (whole) {
+                gf_store<VEC>(p, acc[c]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    if (acc[c][j] != 0.f) atomicAdd(p + j, acc[c][j]);
+            }
+        }
+    }
 }
 
 // Backward of the counting tie rules (non-finite rule SR_KEEP) for the elements that walk

@@ -237,23 +237,80 @@ def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, wal
 
 
 def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, out: Tensor, state: Tensor,
-             grad_out: Tensor, need_dx: bool, need_dw: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+             grad_out: Tensor, need_dx: bool, need_dw: bool,
+             mode: Optional[str] = None) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """(dx [n_src, F] or None, dw [M] or None) for the tie rule the forward used, from the
     state :func:`forward` saved.
 
     ``out`` and ``grad_out`` in the output's dtype, ``x`` in its own, ``w`` float32. dx comes
-    back in x's dtype; dw float32 (the op casts it to the weight's dtype).
+    back in x's dtype; dw float32 (the op casts it to the weight's dtype). ``mode``: how the
+    single winners' gradients are scattered, ``"atomic"`` or ``"transposed"`` (None:
+    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the one measured fastest).
     """
     device = x.device
+    F = x.size(1)
     # float32 accumulators (the result itself for float32 x, else scratch cast once below)
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
-    if state.numel() == state_size(graph.n_dst, x.size(1)) and graph.n_dst * x.size(1) != 0:
-        _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, x.size(1)), grad_out, dx, dw)
+    if state.numel() == state_size(graph.n_dst, F) and graph.n_dst * F != 0:
+        if mode is None:
+            mode = backward_mode(graph, tie_break)
+            if config.setting("GNN_FASTPATH_SR_BWD") is None and MODES[tie_break] == MODE_COUNT \
+                    and not graph.static and tuning.enabled():
+                def run(variant):
+                    return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
+
+                mode = tuning.choose_on_graph(
+                    graph, ("segment_reduce.backward", F, x.dtype, out.dtype, need_dx, need_dw),
+                    lambda: backward_class(graph, F, x.dtype, out.dtype), device, run, BACKWARDS, mode)
+        _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, F), grad_out, dx, dw, mode)
     return (None if dx is None else dx.to(x.dtype)), dw
 
 
-def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_out, dx, dw) -> None:
+#: How the backward scatters the gradients of single winners (see segment_reduce.cu):
+#: atomics along the saved winners, or a source-major pass over the out-edges without atomics.
+BACKWARDS = ("atomic", "transposed")
+#: The rule (no GNN_FASTPATH_SR_BWD, no tuning): the source-major pass where sources have at
+#: most this many out-edges on average.
+TRANSPOSED_MAX_MEAN_DEGREE = 0.0
+
+
+def backward_mode(graph, tie_break: str) -> str:
+    """``"atomic"`` or ``"transposed"`` scatter of the single winners' gradients for ``graph``
+    (``GNN_FASTPATH_SR_BWD`` forces one for split/even). The source-major pass compares CSR
+    positions, which only split/even save; the compiled path's static graphs carry no
+    source-major CSR: both always scatter with atomics."""
+    if MODES[tie_break] != MODE_COUNT or graph.static:
+        return "atomic"
+    forced = config.setting("GNN_FASTPATH_SR_BWD")
+    if forced is not None:
+        return forced
+    return "transposed" if graph.num_edges <= TRANSPOSED_MAX_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype) -> str:
+    """The tuner's size class of the backward: the degree skew is the number of chunks the
+    source-major work list cuts long source rows into (hub sources make the atomics contend)."""
+    decision = f"segment_reduce.backward|out {str(out_dtype).replace('torch.', '')}"
+    return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, F, x_dtype,
+                             row_chunks(graph, source_major=True).n_split_items)
+
+
+def _source_walk(graph):
+    """(work items, destination per out-edge, CSR position per out-edge) of the source-major
+    pass: for a symmetric graph (:meth:`~gnn_fastpath.graph.Graph.reverse_edges`, detected
+    once per graph) the forward CSR itself, a source's in-edges being its out-edges, with the
+    reverse edges' positions (no transpose is built); else the source-major CSR."""
+    reverse = graph.reverse_edges()
+    kc = graph.kernel_csr()
+    if reverse is not None:
+        pos = graph.memo(("segment_reduce", "reverse_pos_int32"), lambda: reverse.to(torch.int32))
+        return row_chunks(graph), kc.indices, pos
+    scsr = graph.kernel_source_csr()
+    return row_chunks(graph, source_major=True), scsr.indices, scsr.csr_pos
+
+
+def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_out, dx, dw, mode) -> None:
     F = x.size(1)
     device = x.device
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
@@ -264,10 +321,22 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     # saved its CSR position, first/last its caller id, whose source needs a per-graph table)
     src_of = None if count else graph.memo(("segment_reduce", "caller_src_int32"),
                                            lambda: graph.caller_coo()[0].to(torch.int32))
-    total = aux.numel()
-    KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
-        launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, indices=kc.indices, perm=kc.perm,
-        by_position=int(count), w=w, x=x, total=total, F=F, walk_all=walk_all if count else None, dx=dx, dw=dw)
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux,
+                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph),
+                              vec16_bytes=VEC16_BYTES)
+    vec, lanes, chunks, fblocks = fcfg
+    if mode == "transposed":
+        swork, s_dst, s_pos = _source_walk(graph)
+        KERNELS.kernel(device, "sr_bwd_src", tx, to, *fcfg[:3]).launch(
+            launch.group_grid(swork.n_items, lanes, fblocks, THREADS), THREADS, items=swork.items,
+            n_items=swork.n_items, dst=s_dst, pos=s_pos, perm=kc.perm, w=w, x=x, F=F, aux=aux, walk_all=walk_all,
+            grad_out=grad_out, dx=dx, dw=dw)
+    else:
+        total = aux.numel()
+        KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
+            launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, indices=kc.indices,
+            perm=kc.perm, by_position=int(count), w=w, x=x, total=total, F=F,
+            walk_all=walk_all if count else None, dx=dx, dw=dw)
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
@@ -279,10 +348,6 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
-    fcfg = launch.lane_groups(F, x, out, grad_out, aux,
-                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph),
-                              vec16_bytes=VEC16_BYTES)
-    vec, lanes, chunks, fblocks = fcfg
     KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
         launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
         indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,

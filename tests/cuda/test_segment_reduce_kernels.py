@@ -200,10 +200,13 @@ NON_FINITE_RULES = [("split", "keep", False), ("even", "keep", False), ("first",
 @pytest.mark.parametrize("F", [7, 64])
 @pytest.mark.parametrize("reduce", ["max", "min"])
 @pytest.mark.parametrize("tie_break,non_finite,weighted", NON_FINITE_RULES)
-def test_non_finite_matches_reference(name, F, reduce, tie_break, non_finite, weighted):
+@pytest.mark.parametrize("bwd", ["atomic", "transposed"])
+def test_non_finite_matches_reference(monkeypatch, name, F, reduce, tie_break, non_finite, weighted, bwd):
     """NaN and +-inf in features (and weights): the kernels (light rows and the atomically
     merged chunks of long rows) follow the reference's rule bit for bit in value and gradient,
-    NaN positions included."""
+    NaN positions included; with either backward scatter (split/even: a -inf message sets
+    "walk all", which the source-major pass leaves to the walk)."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", bwd)
     graph = _graph(name)
     gen = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randint(-3, 4, (graph.n_src, F), generator=gen, device="cuda").float()
@@ -353,3 +356,46 @@ def test_single_winner_at_zero(tie_break, share, long_row):
         assert aux.flatten().tolist() == [-2, 1 + losers] and row_walks.tolist() == [1, 0]
     else:
         assert aux.flatten().tolist() == [0, 1 + losers] and row_walks.tolist() == [0, 0]
+
+
+# ------------------------------------------------- source-major ("transposed") backward
+def _symmetric(n, m, seed, hub=0):
+    """An undirected graph: random edges (self loops, duplicates) stored both ways, plus
+    node 0 joined to ``hub`` random nodes (a long row both ways: the work list's chunks)."""
+    edge_index, _ = random_edges(n, n, m, seed=seed)
+    if hub:
+        other = torch.randint(1, n, (hub,), generator=torch.Generator().manual_seed(seed))
+        edge_index = torch.cat([edge_index, torch.stack([torch.zeros_like(other), other])], 1)
+    return torch.cat([edge_index, edge_index.flip(0)], 1), (n, n)
+
+
+_SOURCE_MAJOR_GRAPHS = {
+    "random": _GRAPHS["random"],
+    "heavy_rows": _GRAPHS["heavy_rows"],
+    "bipartite": _GRAPHS["bipartite"],
+    # source 0 with 110k out-edges: a source row cut into many chunks that add their sums
+    "hub_source": lambda: (_GRAPHS["super"]()[0].flip(0), (2000, 2000)),
+    "symmetric": lambda: _symmetric(400, 3000, seed=6),
+    "symmetric_hub": lambda: _symmetric(1500, 9000, seed=7, hub=2500),
+}
+
+
+@pytest.mark.parametrize("graph_name", list(_SOURCE_MAJOR_GRAPHS))
+@pytest.mark.parametrize("F", (7, 64, 512))
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_transposed_backward_matches_reference(monkeypatch, graph_name, F, tie_break, weighted, ties):
+    """The source-major backward (GNN_FASTPATH_SR_BWD=transposed) against the float64
+    reference: single winners by the source-major pass, ties by the walk, every gradient; on
+    symmetric graphs over the forward CSR (no transpose built)."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
+    edge_index, sizes = _SOURCE_MAJOR_GRAPHS[graph_name]()
+    graph = Graph.from_edge_index(edge_index.cuda(), sizes)
+    for reduce in ("max", "min"):
+        _check(graph, F, reduce, weighted, tie_break, ties=ties, seed=2)
+    symmetric = graph_name.startswith("symmetric")
+    assert graph.is_symmetric() == symmetric
+    # a symmetric graph walks its own CSR: no source-major CSR was built for the backward
+    assert (graph.memo_get("kernel_source_csr") is None) == symmetric
+

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath import Graph
 from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -18,14 +19,19 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @pytest.mark.parametrize("tie_break,non_finite", [("split", "keep"), ("even", "keep"), ("first", "keep"),
                                                   ("last", "keep"), ("first", "drop"), ("last", "drop")])
 @pytest.mark.parametrize("chunks", ["1", "2", "4"])
-def test_segment_reduce_launches(launches, monkeypatch, graph_name, F, tie_break, non_finite, chunks):
+@pytest.mark.parametrize("bwd", ["atomic", "transposed"])
+def test_segment_reduce_launches(launches, monkeypatch, graph_name, F, tie_break, non_finite, chunks, bwd):
     monkeypatch.setenv("GNN_FASTPATH_SR_CHUNKS", chunks)
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", bwd)
     g = graph(*GRAPHS[graph_name])
     x, w = leaf(g.n_src, F), leaf(g.num_edges)
     SegmentReduceFunction.apply(x, w, g, "min", tie_break, non_finite).sum().backward()
     assert "sr_fwd_rows" in launches
     assert ("sr_fwd_chunks" in launches) == ("sr_fwd_unpack" in launches) == (graph_name != "plain")
-    assert "sr_bwd_arg" in launches  # every rule scatters along the saved winner
+    # every rule scatters along the saved winner: by atomics, or for split/even (which save CSR
+    # positions) source-major when asked
+    source_major = bwd == "transposed" and tie_break in ("split", "even")
+    assert ("sr_bwd_src" in launches) == source_major and ("sr_bwd_arg" in launches) != source_major
     assert ("sr_bwd_ties" in launches) == (tie_break in ("split", "even"))  # split/even walk their ties
     with torch.no_grad():  # value only
         SegmentReduceFunction.apply(x, None, g, "max", tie_break, non_finite)
@@ -36,11 +42,15 @@ def test_segment_reduce_launches(launches, monkeypatch, graph_name, F, tie_break
 @pytest.mark.parametrize("F", [1, 3, 4, 64, 100, 512])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("w_dtype", ["same", torch.float32, None])
-@pytest.mark.parametrize("tie_break,chunks", [("split", "1"), ("first", "2"), ("last", "4"), ("even", "4")])
-def test_segment_reduce_launches_16bit(launches, monkeypatch, graph_name, F, dtype, w_dtype, tie_break, chunks):
+@pytest.mark.parametrize("tie_break,chunks,bwd", [("split", "1", "transposed"), ("first", "2", "atomic"),
+                                                  ("last", "4", "atomic"), ("even", "4", "transposed"),
+                                                  ("split", "2", "atomic")])
+def test_segment_reduce_launches_16bit(launches, monkeypatch, graph_name, F, dtype, w_dtype, tie_break, chunks, bwd):
     """16-bit x (8-wide rows, 4-wide and scalar), the result in x's dtype (weights of x's dtype
-    or none) or float32 (float32 weights); gradients in the dtypes of x and w."""
+    or none) or float32 (float32 weights); gradients in the dtypes of x and w; either backward
+    scatter."""
     monkeypatch.setenv("GNN_FASTPATH_SR_CHUNKS", chunks)
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", bwd)
     g = graph(*GRAPHS[graph_name])
     x = torch.randn(g.n_src, F, dtype=dtype).requires_grad_()
     w = None if w_dtype is None else torch.randn(g.num_edges, dtype=dtype if w_dtype == "same" else w_dtype)
@@ -54,3 +64,30 @@ def test_segment_reduce_launches_16bit(launches, monkeypatch, graph_name, F, dty
     assert x.grad.dtype == dtype and x.grad.shape == x.shape
     if w is not None:
         assert w.grad.dtype == w.dtype and w.grad.shape == w.shape
+
+
+def test_symmetric_graph_walks_its_own_csr(launches, monkeypatch):
+    """The source-major backward of an undirected graph walks the forward CSR with the reverse
+    edges' positions: no source-major CSR is built."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
+    ei = graph(True).caller_coo()
+    g = Graph.from_edge_index(torch.cat([torch.stack(ei), torch.stack(ei).flip(0)], 1), 40)
+    assert g.is_symmetric()
+    x = leaf(g.n_src, 64)
+    SegmentReduceFunction.apply(x, None, g, "max", "split", "keep").sum().backward()
+    assert "sr_bwd_src" in launches and "sr_bwd_arg" not in launches
+    assert g.memo_get("kernel_source_csr") is None
+
+
+def test_backward_rule_and_setting(monkeypatch):
+    """The rule scatters with atomics (the source-major pass only where sources have few
+    out-edges); first/last and static graphs always do; the setting forces split/even."""
+    from gnn_fastpath.cuda import segment_reduce as kernels
+
+    g = graph(False)
+    monkeypatch.delenv("GNN_FASTPATH_SR_BWD", raising=False)
+    want = "transposed" if g.num_edges <= kernels.TRANSPOSED_MAX_MEAN_DEGREE * g.n_src else "atomic"
+    assert kernels.backward_mode(g, "split") == want
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
+    assert kernels.backward_mode(g, "split") == kernels.backward_mode(g, "even") == "transposed"
+    assert kernels.backward_mode(g, "first") == kernels.backward_mode(g, "last") == "atomic"
