@@ -301,14 +301,11 @@ def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype) 
 
 def _source_walk(graph):
     """(work items, destination per out-edge, CSR position per out-edge) of the source-major
-    pass: for a symmetric graph (:meth:`~gnn_fastpath.graph.Graph.reverse_edges`, detected
-    once per graph) the forward CSR itself, a source's in-edges being its out-edges, with the
-    reverse edges' positions (no transpose is built); else the source-major CSR."""
-    reverse = graph.reverse_edges()
-    kc = graph.kernel_csr()
-    if reverse is not None:
-        pos = graph.memo(("segment_reduce", "reverse_pos_int32"), lambda: reverse.to(torch.int32))
-        return row_chunks(graph), kc.indices, pos
+    pass. Symmetry is detected first (once per graph; this pass is taken where sources have
+    few out-edges, or where the tuner measured it, so graphs of one step rarely come here):
+    an undirected graph's source-major CSR is then its forward CSR, no transpose is built
+    (:meth:`~gnn_fastpath.graph.Graph.source_csr`)."""
+    graph.reverse_edges()
     scsr = graph.kernel_source_csr()
     return row_chunks(graph, source_major=True), scsr.indices, scsr.csr_pos
 

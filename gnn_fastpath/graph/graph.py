@@ -217,6 +217,12 @@ def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int,
     return indptr, cols[order], order
 
 
+#: Graphs with at least this many edges detect symmetry when their source-major CSR is first
+#: asked for (:meth:`Graph.source_csr`): the transpose of 4M edges holds about 100 MB.
+DETECT_SYMMETRY_FROM = 1 << 22
+_UNKNOWN = object()
+
+
 class Graph:
     """A graph as the kernels see it: destination-major CSR and cached derived data.
 
@@ -527,11 +533,28 @@ class Graph:
         return self._stats
 
     def source_csr(self) -> SourceCSR:
-        """The source-major CSR (transpose), built on first use and cached."""
+        """The source-major CSR (transpose), built on first use and cached.
+
+        An undirected graph (:meth:`reverse_edges`) is its own transpose: its rows and column
+        ids are the forward CSR's (shared, not copied), and ``csr_pos`` is the reverse edges'
+        positions, which is exactly what sorting the transpose gives (rows sorted by column,
+        duplicates in CSR order), so every source-major pass runs as before without the sort
+        or the copies. That needs symmetry known: detected already (by a caller that asked,
+        e.g. the SpMM backward of a graph that outlived a step), or detected here for graphs
+        of :data:`DETECT_SYMMETRY_FROM` edges or more, whose transpose costs far more than the
+        detection's host read; a smaller graph (a sampled batch lives one step) is never
+        checked here."""
         if self._source_csr is None:
-            with _normal_tensors():
-                indptr, dst_sorted, order = _sort_into_csr(self.indices, self.dst_index(), self.n_src, self.n_dst)
-            self._source_csr = SourceCSR(indptr, dst_sorted, order)
+            reverse = self._memo.get("reverse_edges", _UNKNOWN)
+            if reverse is _UNKNOWN:
+                reverse = self.reverse_edges() if self.num_edges >= DETECT_SYMMETRY_FROM else None
+            if reverse is not None:
+                self._source_csr = SourceCSR(self.indptr, self.indices, reverse)
+            else:
+                with _normal_tensors():
+                    indptr, dst_sorted, order = _sort_into_csr(self.indices, self.dst_index(), self.n_src,
+                                                               self.n_dst)
+                self._source_csr = SourceCSR(indptr, dst_sorted, order)
         return self._source_csr
 
     def fits_int32(self) -> bool:
@@ -566,8 +589,12 @@ class Graph:
 
         def build():
             s = self.source_csr()
-            return KernelSourceCSR(s.indptr.to(torch.int32), s.indices.to(torch.int32),
-                                   self.perm[s.csr_pos].to(torch.int32), s.csr_pos.to(torch.int32))
+            if s.indices is self.indices:  # undirected: the forward CSR's int32 copies serve both
+                kc = self.kernel_csr()
+                indptr, indices = kc.indptr, kc.indices
+            else:
+                indptr, indices = s.indptr.to(torch.int32), s.indices.to(torch.int32)
+            return KernelSourceCSR(indptr, indices, self.perm[s.csr_pos].to(torch.int32), s.csr_pos.to(torch.int32))
 
         return self.memo("kernel_source_csr", build)
 

@@ -94,3 +94,47 @@ def test_self_looped_graph(remove_existing):
     assert looped.is_symmetric()
     d, s = _pairs(looped)
     assert torch.equal(d[looped.reverse_edges()], s)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_undirected_graph_is_its_own_source_csr(seed):
+    """The source-major CSR of a symmetric graph is the forward CSR (shared arrays, no sort,
+    no copies) with the reverse edges' positions, and equals the sorted transpose exactly:
+    rows sorted by destination, duplicates in CSR order."""
+    from gnn_fastpath.graph.graph import _sort_into_csr
+
+    src, dst, n = _undirected(seed=seed)
+    g = Graph.from_coo(src, dst, n, n)
+    assert g.is_symmetric()  # known before the source-major CSR is asked for
+    s = g.source_csr()
+    assert s.indptr is g.indptr and s.indices is g.indices and s.csr_pos is g.reverse_edges()
+    indptr, dst_sorted, order = _sort_into_csr(g.indices, g.dst_index(), n, n)
+    assert torch.equal(s.indptr, indptr) and torch.equal(s.indices, dst_sorted) and torch.equal(s.csr_pos, order)
+    k, kc = g.kernel_source_csr(), g.kernel_csr()
+    assert k.indptr is kc.indptr and k.indices is kc.indices
+    assert torch.equal(k.perm.long(), g.perm[order]) and torch.equal(k.csr_pos.long(), order)
+
+
+def test_directed_graph_sorts_its_transpose():
+    """A graph that is not symmetric keeps the sorted transpose (its own arrays)."""
+    src, dst, n = _undirected(seed=3)
+    g = Graph.from_coo(src[1:], dst[1:], n, n)  # one edge without its reverse
+    assert not g.is_symmetric()
+    s = g.source_csr()
+    assert s.indices is not g.indices and s.indices.numel() == g.num_edges
+
+
+def test_small_graph_is_not_checked_for_its_source_csr(monkeypatch):
+    """Unknown symmetry: a graph below DETECT_SYMMETRY_FROM edges sorts its transpose without
+    a detection (no host read: it may live one step); a larger one detects, once."""
+    import gnn_fastpath.graph.graph as graph_module
+
+    calls = []
+    real = Graph.reverse_edges
+    monkeypatch.setattr(Graph, "reverse_edges", lambda self: calls.append(1) or real(self))
+    src, dst, n = _undirected(seed=4)
+    g = Graph.from_coo(src, dst, n, n)
+    assert g.source_csr().indices is not g.indices and calls == []
+    monkeypatch.setattr(graph_module, "DETECT_SYMMETRY_FROM", 1)
+    g = Graph.from_coo(src, dst, n, n)
+    assert g.source_csr().indices is g.indices and calls == [1]
