@@ -87,6 +87,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     aux, walk_all, row_walks = saved_state(state, n_dst, F)
     if need_aux:
         state[n_dst * F:].zero_()  # the flags (split/even only; zero for the others too), in one fill
+        _note(graph, "forward")
     if n_dst == 0 or F == 0:
         return state
     if max_chunks is None:
@@ -249,6 +250,7 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     """
     device = x.device
     F = x.size(1)
+    _note(graph, "backward")
     # float32 accumulators (the result itself for float32 x, else scratch cast once below)
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
@@ -256,7 +258,7 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
         if mode is None:
             mode = backward_mode(graph, tie_break)
             if config.setting("GNN_FASTPATH_SR_BWD") is None and MODES[tie_break] == MODE_COUNT \
-                    and not graph.static and tuning.enabled():
+                    and _outlived_a_step(graph) and tuning.enabled():
                 def run(variant):
                     return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
 
@@ -281,13 +283,37 @@ def backward_mode(graph, tie_break: str) -> str:
     """``"atomic"`` or ``"transposed"`` scatter of the single winners' gradients for ``graph``
     (``GNN_FASTPATH_SR_BWD`` forces one for split/even). The source-major pass compares CSR
     positions, which only split/even save; the compiled path's static graphs carry no
-    source-major CSR: both always scatter with atomics."""
+    source-major CSR: both always scatter with atomics. Unforced, the source-major pass is for
+    graphs that outlived a training step (:func:`_outlived_a_step`): it needs the graph's
+    transpose (or its symmetry detected), a one-time cost that a sampled batch, whose graph
+    lives one step (and whose many leaf nodes make the mean out-degree small), would pay on
+    every step."""
     if MODES[tie_break] != MODE_COUNT or graph.static:
         return "atomic"
     forced = config.setting("GNN_FASTPATH_SR_BWD")
     if forced is not None:
         return forced
+    if not _outlived_a_step(graph):
+        return "atomic"
     return "transposed" if graph.num_edges <= TRANSPOSED_MAX_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+_STEP = ("segment_reduce", "step")
+
+
+def _note(graph, event: str) -> None:
+    """Note a forward that saves state or a backward on ``graph``: a forward after a backward
+    is the next training step (layers of one step run every forward, then every backward)."""
+    state = graph.memo_get(_STEP)
+    if event == "backward" and state is None:
+        graph.memo_set(_STEP, "backward")
+    elif event == "forward" and state == "backward":
+        graph.memo_set(_STEP, "outlived")
+
+
+def _outlived_a_step(graph) -> bool:
+    """Whether ``graph`` was used in a forward after a backward (:func:`_note`)."""
+    return graph.memo_get(_STEP) == "outlived"
 
 
 def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype) -> str:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from zoo import random_edges
 from gnn_fastpath import Graph
 from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
 
@@ -79,15 +80,26 @@ def test_symmetric_graph_walks_its_own_csr(launches, monkeypatch):
     assert g.kernel_source_csr().indices is g.kernel_csr().indices
 
 
-def test_backward_rule_and_setting(monkeypatch):
-    """The rule scatters with atomics (the source-major pass only where sources have few
-    out-edges); first/last and static graphs always do; the setting forces split/even."""
+@pytest.mark.parametrize("mean_degree", [2, 8])
+def test_backward_rule_and_setting(launches, monkeypatch, mean_degree):
+    """The rule scatters with atomics, and takes the source-major pass where sources have few
+    out-edges on a graph that outlived a training step (a forward after a backward: a sampled
+    batch's graph, used by every layer of one step, never does); first/last and static graphs
+    always scatter with atomics; the setting forces split/even."""
     from gnn_fastpath.cuda import segment_reduce as kernels
 
-    g = graph(False)
     monkeypatch.delenv("GNN_FASTPATH_SR_BWD", raising=False)
-    want = "transposed" if g.num_edges <= kernels.TRANSPOSED_MAX_MEAN_DEGREE * g.n_src else "atomic"
-    assert kernels.backward_mode(g, "split") == want
+    ei, nn = random_edges(100, 100, 100 * mean_degree, seed=5)
+    g = Graph.from_edge_index(ei, nn)
+    x = leaf(g.n_src, 8)
+    for layer in range(2):  # one step of two layers: forward, forward, backward, backward
+        assert kernels.backward_mode(g, "split") == "atomic"
+        h = SegmentReduceFunction.apply(x if layer == 0 else h, None, g, "max", "split", "keep")
+    h.sum().backward()
+    assert kernels.backward_mode(g, "split") == "atomic" and "sr_bwd_src" not in launches
+    SegmentReduceFunction.apply(x, None, g, "max", "split", "keep").sum().backward()  # the next step
+    want = "transposed" if mean_degree <= kernels.TRANSPOSED_MAX_MEAN_DEGREE else "atomic"
+    assert kernels.backward_mode(g, "split") == want and ("sr_bwd_src" in launches) == (want == "transposed")
     monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
     assert kernels.backward_mode(g, "split") == kernels.backward_mode(g, "even") == "transposed"
     assert kernels.backward_mode(g, "first") == kernels.backward_mode(g, "last") == "atomic"
