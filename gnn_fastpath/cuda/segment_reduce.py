@@ -303,17 +303,19 @@ _STEP = ("segment_reduce", "step")
 
 def _note(graph, event: str) -> None:
     """Note a forward that saves state or a backward on ``graph``: a forward after a backward
-    is the next training step (layers of one step run every forward, then every backward)."""
-    state = graph.memo_get(_STEP)
+    is the next training step (layers of one step run every forward, then every backward).
+    The state lives in one dict kept with the graph (made once, then updated in place)."""
+    step = graph.memo(_STEP, dict)
+    state = step.get("state")
     if event == "backward" and state is None:
-        graph.memo_set(_STEP, "backward")
+        step["state"] = "backward"
     elif event == "forward" and state == "backward":
-        graph.memo_set(_STEP, "outlived")
+        step["state"] = "outlived"
 
 
 def _outlived_a_step(graph) -> bool:
     """Whether ``graph`` was used in a forward after a backward (:func:`_note`)."""
-    return graph.memo_get(_STEP) == "outlived"
+    return graph.memo_get(_STEP, {}).get("state") == "outlived"
 
 
 def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype) -> str:
