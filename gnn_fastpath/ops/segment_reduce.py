@@ -9,10 +9,14 @@ What the forward saves: one int32 per output element, the winning edge (its call
 ``"first"``/``"last"``, its CSR position for ``"split"``/``"even"``), which the backward
 scatters the gradient along. ``"first"``/``"last"`` always have one; for
 ``"split"``/``"even"`` an element reached by several tied edges (or whose extreme is NaN)
-saves ``-1 - n`` instead, and only the rows holding such an element (one flag per row) are
+saves ``-1 - n`` instead (``"split"`` also for a single winner at exactly 0, which torch's
+rule halves), and only the rows holding such an element (one flag per row) are
 re-walked in the backward to find the tied edges; one more flag, set when a message is
 ``-inf``, re-walks every row (torch's split rule sends a losing edge ``0 * inf = NaN``).
-Nothing is saved when no input needs a gradient.
+Nothing is saved when no input needs a gradient. For ``"split"``/``"even"`` the single
+winners' gradients are scattered by atomics, or source-major without atomics (each source sums
+the elements its out-edges won; ``GNN_FASTPATH_SR_BWD``, the tuner, or the rule on graphs
+that outlived a training step and whose sources average at most 3 out-edges).
 
 Dtypes (the reduced-precision contract): ``x`` float32, float16 or bfloat16 is read as it is;
 the result has ``promote_types(x.dtype, edge_weight.dtype)`` (x's dtype without weights),
