@@ -476,6 +476,8 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
 // atomics contend or miss the L2. A whole row stores its sum (dx is zero-initialised and the
 // tie walk adds after), a chunk adds it. walk_all set: nothing here (the walk does all).
 // perm: caller id of a CSR position (weights and dw); x is read for dw only.
+#define SR_NO_POSITION ((int)0x80000000)
+
 template <typename TX, typename TO, int VEC, int T, int CH>
 __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const int* __restrict__ dst,
                            const int* __restrict__ pos, const int* __restrict__ perm,
@@ -520,7 +522,8 @@ __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const in
             for (int u = 0; u < U; ++u) {
                 const int tu = min(t + u, nb - 1);  // clamp: duplicates of the last edge are skipped below
                 dd[u] = __shfl_sync(mask, d, tu, T);
-                qq[u] = t + u < nb ? __shfl_sync(mask, q, tu, T) : -1;  // -1 matches no saved winner
+                // a padding slot gets a position no saved state holds (aux is >= -1 - degree)
+                qq[u] = t + u < nb ? __shfl_sync(mask, q, tu, T) : SR_NO_POSITION;
                 ee[u] = __shfl_sync(mask, e, tu, T);
                 wu[u] = __shfl_sync(mask, ww, tu, T);
             }

@@ -141,9 +141,11 @@ def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break
     def run(variant):
         return forward(graph, x, w, sign, tie_break, non_finite, need_aux, out, int(variant))
 
+    weighted = w is not None
     return int(tuning.choose_on_graph(
-        graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux),
-        lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux), x.device, run, ("1", "2", "4"), str(rule)))
+        graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux, weighted),
+        lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux, weighted), x.device, run, ("1", "2", "4"),
+        str(rule)))
 
 
 def rule_chunks(graph) -> int:
@@ -153,11 +155,15 @@ def rule_chunks(graph) -> int:
     return 1 if graph.num_edges >= FEW_EDGES * max(graph.n_dst, 1) else CHUNKS_FEW
 
 
-def forward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, need_aux: bool) -> str:
+def forward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, need_aux: bool,
+                  weighted: bool = False) -> str:
     """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of the forward: the
-    degree skew is the number of chunks the work list cut long rows into; the output dtype
-    and whether the winner is saved change the instructions per edge."""
+    degree skew is the number of chunks the work list cut long rows into; the output dtype,
+    whether the winner is saved and whether edges are weighted change the instructions per
+    edge."""
     decision = f"segment_reduce.forward|out {str(out_dtype).replace('torch.', '')}|{'grad' if need_aux else 'value'}"
+    if weighted:
+        decision += "|weighted"
     return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, F, x_dtype,
                              row_chunks(graph).n_split_items)
 
@@ -263,8 +269,9 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
                     return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
 
                 mode = tuning.choose_on_graph(
-                    graph, ("segment_reduce.backward", F, x.dtype, out.dtype, need_dx, need_dw),
-                    lambda: backward_class(graph, F, x.dtype, out.dtype), device, run, BACKWARDS, mode)
+                    graph, ("segment_reduce.backward", F, x.dtype, out.dtype, need_dx, need_dw, w is not None),
+                    lambda: backward_class(graph, F, x.dtype, out.dtype, w is not None, need_dw), device, run,
+                    BACKWARDS, mode)
         _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, F), grad_out, dx, dw, mode)
     return (None if dx is None else dx.to(x.dtype)), dw
 
@@ -318,11 +325,14 @@ def _outlived_a_step(graph) -> bool:
     return graph.memo_get(_STEP, {}).get("state") == "outlived"
 
 
-def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype) -> str:
+def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, weighted: bool = False,
+                   need_dw: bool = False) -> str:
     """The tuner's size class of the backward: the degree skew is the forward's (the chunks of
     long destination rows, known from the forward; the source-major list would cost a
-    transpose on graphs that never take that pass)."""
+    transpose on graphs that never take that pass); weights and a weight gradient add work
+    per element to both scatters."""
     decision = f"segment_reduce.backward|out {str(out_dtype).replace('torch.', '')}"
+    decision += ("|weighted" if weighted else "") + ("|dw" if need_dw else "")
     return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, F, x_dtype,
                              row_chunks(graph).n_split_items)
 
@@ -355,10 +365,11 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     vec, lanes, chunks, fblocks = fcfg
     if mode == "transposed":
         swork, s_dst, s_pos = _source_walk(graph)
-        KERNELS.kernel(device, "sr_bwd_src", tx, to, *fcfg[:3]).launch(
-            launch.group_grid(swork.n_items, lanes, fblocks, THREADS), THREADS, items=swork.items,
-            n_items=swork.n_items, dst=s_dst, pos=s_pos, perm=kc.perm, w=w, x=x, F=F, aux=aux, walk_all=walk_all,
-            grad_out=grad_out, dx=dx, dw=dw)
+        if swork.n_items:  # without sources there is nothing to scatter (dx stays 0)
+            KERNELS.kernel(device, "sr_bwd_src", tx, to, *fcfg[:3]).launch(
+                launch.group_grid(swork.n_items, lanes, fblocks, THREADS), THREADS, items=swork.items,
+                n_items=swork.n_items, dst=s_dst, pos=s_pos, perm=kc.perm, w=w, x=x, F=F, aux=aux,
+                walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)
     else:
         total = aux.numel()
         KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(

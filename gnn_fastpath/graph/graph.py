@@ -537,9 +537,11 @@ class Graph:
 
         An undirected graph (:meth:`reverse_edges`) is its own transpose: its rows and column
         ids are the forward CSR's (shared, not copied), and ``csr_pos`` is the reverse edges'
-        positions, which is exactly what sorting the transpose gives (rows sorted by column,
-        duplicates in CSR order), so every source-major pass runs as before without the sort
-        or the copies. That needs symmetry known: detected already (by a caller that asked,
+        positions: the rows and entries that sorting the transpose gives, in the forward CSR's
+        order within a row (sorted by column, duplicates in CSR order, unless the graph was
+        built from edges already grouped by destination, whose rows keep the caller's order;
+        the kernels only sum over a row, so at most the order of float sums differs), and
+        every source-major pass runs without the sort or the copies. That needs symmetry known: detected already (by a caller that asked,
         e.g. the SpMM backward of a graph that outlived a step), or detected here for graphs
         of :data:`DETECT_SYMMETRY_FROM` edges or more, whose transpose costs far more than the
         detection's host read; a smaller graph (a sampled batch lives one step) is never

@@ -103,3 +103,14 @@ def test_backward_rule_and_setting(launches, monkeypatch, mean_degree):
     monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
     assert kernels.backward_mode(g, "split") == kernels.backward_mode(g, "even") == "transposed"
     assert kernels.backward_mode(g, "first") == kernels.backward_mode(g, "last") == "atomic"
+
+
+def test_no_sources_scatter_nothing(launches, monkeypatch):
+    """Destinations but no source nodes (an edgeless bipartite batch): the source-major pass
+    has no work item and is not launched (an empty grid would be a launch error)."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "transposed")
+    g = Graph.from_edge_index(torch.empty(2, 0, dtype=torch.int64), (0, 5))
+    x = leaf(0, 8)
+    out = SegmentReduceFunction.apply(x, None, g, "max", "split", "keep")
+    out.sum().backward()
+    assert out.shape == (5, 8) and x.grad.shape == (0, 8) and "sr_bwd_src" not in launches
