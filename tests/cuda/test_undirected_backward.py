@@ -1,7 +1,7 @@
 """Source-major backward passes on an undirected graph: walking the forward CSR as its own
 transpose (symmetry known) gives exactly what the sorted transpose gives (symmetry unknown),
-for every op with a source-major pass (equal up to the order of float atomics, which some
-parameter gradients still use)."""
+for every op with a source-major pass (equal up to the order of float atomics: GATv2's
+attention-vector gradient sums every edge's share with them)."""
 from __future__ import annotations
 
 import pytest
@@ -65,4 +65,4 @@ def test_forward_csr_walk_equals_the_transpose(monkeypatch, op):
         # min/max detects symmetry itself; the attention passes use it where it is known
         assert shared == (known or op == "segment_reduce")
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
