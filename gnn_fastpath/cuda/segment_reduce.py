@@ -263,8 +263,8 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     if state.numel() == state_size(graph.n_dst, F) and graph.n_dst * F != 0:
         if mode is None:
             mode = backward_mode(graph, tie_break)
-            if config.setting("GNN_FASTPATH_SR_BWD") is None and MODES[tie_break] == MODE_COUNT \
-                    and _outlived_a_step(graph) and tuning.enabled():
+            if config.setting("GNN_FASTPATH_SR_BWD") is None and _may_go_source_major(graph, tie_break) \
+                    and tuning.enabled():
                 def run(variant):
                     return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
 
@@ -300,9 +300,15 @@ def backward_mode(graph, tie_break: str) -> str:
     forced = config.setting("GNN_FASTPATH_SR_BWD")
     if forced is not None:
         return forced
-    if not _outlived_a_step(graph):
+    if not _may_go_source_major(graph, tie_break):
         return "atomic"
     return "transposed" if graph.num_edges <= TRANSPOSED_MAX_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+def _may_go_source_major(graph, tie_break: str) -> bool:
+    """Whether the rule or the tuner may pick the source-major pass (see :func:`backward_mode`):
+    split/even, on an eager graph that outlived a training step. The one test both use."""
+    return MODES[tie_break] == MODE_COUNT and not graph.static and _outlived_a_step(graph)
 
 
 _STEP = ("segment_reduce", "step")
