@@ -101,16 +101,22 @@ SETTINGS = (
     Setting("GNN_FASTPATH_GATV2_BWD", "atomic", "atomic, transposed",
             "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass",
             _choice("atomic", "transposed")),
-    Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed (empty: by graph)",
-            "dot attention backward: dk/dv by atomics or a source-major pass; empty picks by mean out-degree",
-            _optional_choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed, block (empty: by graph, or timed)",
+            "dot attention backward: dk/dv by atomics or a source-major pass, or (16-bit, no edge term or dropout) "
+            "both passes on tensor cores over the block-sparse layout; empty picks by graph",
+            _optional_choice("atomic", "transposed", "block")),
+    Setting("GNN_FASTPATH_DOT_FWD", "", "csr, block (empty: by graph, or timed)",
+            "dot attention forward: the CSR kernels, or (16-bit, no edge term or dropout) tensor cores over the "
+            "block-sparse layout; empty picks by graph",
+            _optional_choice("csr", "block")),
     Setting("GNN_FASTPATH_GAT_BWD", "", "atomic, transposed (empty: by graph)",
             "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
             "out-degree",
             _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
-            "the backward of dot and GAT attention (where GNN_FASTPATH_DOT_BWD / _GAT_BWD are empty) and the "
+            "the forward and backward of dot attention and the backward of GAT attention (where GNN_FASTPATH_DOT_FWD / "
+            "_DOT_BWD / _GAT_BWD are empty) and the "
             "min/max forward's feature chunks and backward scatter (where GNN_FASTPATH_SR_CHUNKS / _SR_BWD are empty), "
             "and keeps the SpMM algorithm "
             "search's choice in the same file; 0 uses the rules", _flag),

@@ -1,6 +1,6 @@
 // Block-sparse SpMM on tensor cores, 16-bit features:  C [n_rows, F] = A [n_rows, n_cols] B.
 //
-// Layout (gnn_fastpath/cuda/block_spmm.py builds it on the GPU, once per matrix): rows are cut
+// Layout (gnn_fastpath/cuda/block_layout.py builds it on the GPU, once per matrix): rows are cut
 // into windows of 16; the distinct columns of a window's entries, sorted, are packed 16 at a
 // time into blocks. Block b of window w holds cols[b][16] (column ids, -1 = padding) and
 // A's 16 x 16 values on those columns, row-major, in B's 16-bit type (as cuSPARSE takes A in
@@ -14,33 +14,11 @@
 // rows of a window use is read once per window instead of once per entry: the win over the
 // CSR kernels on graphs whose neighbourhoods are locally dense.
 //
-// Fragments (PTX ISA, mma.m16n8k16 with .f16/.bf16; g = lane / 4, t = lane % 4):
-//   A (row): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
-//   B (col): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
-//   C:       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
-// (two 16-bit elements per 32-bit register, the lower index in the lower half).
+// Fragment layouts and the mma: mma.cuh.
 #include "common.cuh"
+#include "mma.cuh"
 
 #define BS_WARPS 4
-
-template <typename T>
-struct bs_mma;
-
-// bs_mma<T>::run(c, a, b0, b1): c += A B for one 16x16 A and 16x8 B fragment of PTX type PTX_T.
-#define BS_MMA(T, PTX_T)                                                                                  \
-    template <>                                                                                          \
-    struct bs_mma<T> {                                                                                   \
-        static __device__ __forceinline__ void run(float (&c)[4], const unsigned int (&a)[4], unsigned int b0, \
-                                                   unsigned int b1) {                                   \
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_T "." PTX_T                          \
-                         ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                   \
-                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                  \
-        }                                                                                                \
-    };
-BS_MMA(gf_bf16, "bf16")
-BS_MMA(gf_half, "f16")
-#undef BS_MMA
 
 // The four A registers of one 16 x 16 block (row-major 16-bit values at p).
 __device__ __forceinline__ void bs_load_a(unsigned int (&a)[4], const unsigned short* __restrict__ p, int g, int t) {
@@ -116,12 +94,9 @@ __global__ void bs_spmm(const int* __restrict__ window_ptr, const int* __restric
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const int n = j * 8 + g;
-            const unsigned int b0 = (unsigned int)xs[(2 * t) * STRIDE + n] |
-                                    ((unsigned int)xs[(2 * t + 1) * STRIDE + n] << 16);
-            const unsigned int b1 = (unsigned int)xs[(2 * t + 8) * STRIDE + n] |
-                                    ((unsigned int)xs[(2 * t + 9) * STRIDE + n] << 16);
-            bs_mma<T>::run(acc[j], frag, b0, b1);
+            unsigned int b0, b1;
+            gf_mma_b_k_rows(b0, b1, xs, STRIDE, j * 8, g, t);
+            gf_mma<T>::run(acc[j], frag, b0, b1);
         }
         __syncwarp();  // the next block overwrites the stage
     }

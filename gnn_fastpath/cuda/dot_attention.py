@@ -10,8 +10,16 @@ bfloat16); out and the attention weights (and so grad_out, grad_alpha) have dtyp
 float32. The kernels are instantiated for the pair (:func:`launch.ctype` names); statistics
 (lse, delta), partial states and atomic accumulators are float32 whatever TI is.
 
-Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_DOT_BWD`` (``atomic``
-or ``transposed`` dk/dv; unset: by the graph's mean out-degree).
+Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_DOT_BWD`` (``atomic``
+or ``transposed`` dk/dv, or ``block``; unset: by the graph, or timed) and
+``GNN_FASTPATH_DOT_FWD`` (``csr`` or ``block``; unset: by the graph, or timed).
+
+Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for 16-bit q, k,
+v without edge term, dropout or returned attention, on an eager graph without parallel edges
+that outlived a training step (its layout is a one-time cost a sampled batch's graph would pay
+every step), both passes can run on tensor cores over the graph's block-sparse layout instead.
+The rule takes it where a window's rows share their sources (:data:`block_attention.MIN_SHARING`);
+the tuner times it against the CSR kernels per size class and sharing.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from . import launch, row_attention, worklist
+from . import block_attention, launch, row_attention, worklist
 
 SOURCE = "dot_attention.cu"
 THREADS = 256
@@ -104,18 +112,63 @@ def unsupported(H: int, D: int) -> Optional[str]:
     return None
 
 
-#: The backward variants (GNN_FASTPATH_DOT_BWD).
-BACKWARDS = ("atomic", "transposed")
+#: The backward variants (GNN_FASTPATH_DOT_BWD): dk/dv by atomics in the destination pass, by a
+#: source-major pass, or both passes on tensor cores (where :func:`block_offered`).
+BACKWARDS = ("atomic", "transposed", "block")
+#: The forward variants (GNN_FASTPATH_DOT_FWD): the CSR kernels, or tensor cores (where offered).
+FORWARDS = ("csr", "block")
 
 
-def backward_mode(graph) -> str:
-    """``"atomic"`` or ``"transposed"`` dk/dv for ``graph`` (``GNN_FASTPATH_DOT_BWD`` forces one)."""
+def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
+                  out_dtype: Optional[torch.dtype], forced: bool = False) -> bool:
+    """Whether the block-sparse tensor-core kernels may run this call: inputs they take
+    (:func:`block_attention.unsupported`; ``attention``: alpha is returned), an eager graph
+    without parallel edges that outlived a training step (``forced``: whether or not)."""
+    if graph.static or block_attention.unsupported(q, k, v, edge_term, p, attention, out_dtype) is not None:
+        return False
+    if not (forced or graph.outlived_a_step()):
+        return False
+    return block_attention.usable(graph)
+
+
+def _block_rule(graph) -> bool:
+    return block_attention.layout(graph).sharing >= block_attention.MIN_SHARING
+
+
+def backward_mode(graph, block: bool = False) -> str:
+    """``"atomic"``, ``"transposed"`` or ``"block"`` for ``graph`` (``GNN_FASTPATH_DOT_BWD``
+    forces one; ``"block"`` only where ``block``, :func:`block_offered`)."""
     forced = config.setting("GNN_FASTPATH_DOT_BWD")
-    if forced is not None:
+    if forced is not None and (forced != "block" or block):
         return forced
     if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
+    if block and _block_rule(graph):
+        return "block"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+
+
+def forward_algorithm(graph, block: bool) -> str:
+    """``"csr"`` or ``"block"`` for ``graph`` (``GNN_FASTPATH_DOT_FWD`` forces one; ``"block"``
+    only where ``block``, :func:`block_offered`)."""
+    if not block:
+        return "csr"
+    forced = config.setting("GNN_FASTPATH_DOT_FWD")
+    if forced is not None:
+        return forced
+    return "block" if _block_rule(graph) else "csr"
+
+
+def _block_class(klass: str, graph) -> str:
+    """A size class of a choice the block kernels take part in: their sharing (entries per
+    distinct (window, column), to the nearest half) decides as much as the sizes do."""
+    return f"{klass}|window sharing {round(block_attention.layout(graph).sharing * 2) / 2}"
+
+
+def forward_class(graph, width: int, dtype: torch.dtype) -> str:
+    """The tuner's size class of the forward (as :func:`backward_class`)."""
+    return tuning.size_class("dot_attention.forward", graph.n_src, graph.n_dst, graph.num_edges, width, dtype,
+                             _work(graph).n_split_items)
 
 
 def backward_class(graph, width: int, dtype: torch.dtype) -> str:
@@ -157,12 +210,33 @@ def _config(graph, *tensors: Optional[Tensor]) -> Config:
 
 def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], scale: float, p: float,
             seed: Union[int, Tensor], offset: Optional[int], return_attention,
-            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+            out_dtype: Optional[torch.dtype] = None,
+            algorithm: Optional[str] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Fused forward. Returns ``(out [N_dst, H, D], lse [N_dst, H] float32, alpha)``; out and
     ``alpha`` in ``out_dtype`` (default q's dtype); ``alpha`` [M, H] in caller order (softmax
     weights, or after dropout for ``"dropped"``) only when ``return_attention``, else None.
     The dropout stream: ints ``seed, offset``, or an int64 tensor [2] on q's GPU as ``seed``
-    with ``offset`` None (read by the kernels: CUDA-graph safe; :func:`row_attention.philox_stream`)."""
+    with ``offset`` None (read by the kernels: CUDA-graph safe; :func:`row_attention.philox_stream`).
+    ``algorithm``: ``"csr"`` or ``"block"`` (None: :func:`forward_algorithm`, or with
+    ``GNN_FASTPATH_TUNE=1`` the variant measured fastest)."""
+    graph.note_pass("forward")
+    if algorithm is None:
+        forced = config.setting("GNN_FASTPATH_DOT_FWD")
+        block = block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype, forced == "block")
+        algorithm = forward_algorithm(graph, block)
+        if block and forced is None and tuning.enabled():
+            def run(variant):
+                return forward(graph, q, k, v, edge_term, scale, p, seed, offset, return_attention, out_dtype,
+                               variant)
+
+            H, D = q.shape[1:]
+            algorithm = tuning.choose_on_graph(
+                graph, ("dot_attention.forward", H * D, q.dtype),
+                lambda: _block_class(forward_class(graph, H * D, q.dtype), graph), q.device, run, FORWARDS,
+                algorithm)
+    if algorithm == "block":
+        out, lse = block_attention.forward(graph, q, k, v, scale)
+        return out, lse, None
     device = q.device
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape
@@ -212,8 +286,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
              scale: float, p: float, seed: Union[int, Tensor], offset: Optional[int], need_d_edge_term: bool,
              mode: Optional[str] = None):
     """Gradients ``(dq, dk, dv, d_edge_term)`` in q's dtype (d_edge_term None unless
-    ``need_d_edge_term``). ``mode``: ``"atomic"`` or ``"transposed"`` (None: :func:`backward_mode`,
-    or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this size class).
+    ``need_d_edge_term``). ``mode``: ``"atomic"``, ``"transposed"`` or ``"block"`` (None:
+    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this
+    size class).
 
     ``grad_out`` [N_dst, H, D] (and ``grad_alpha``, the gradient of the returned attention
     ``alpha``, None when there is none) have out's dtype. dk, dv come from atomics in the
@@ -221,8 +296,27 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     into float32 (for 16-bit q: zeroed float32 buffers cast once at the end). The dropout
     stream as the forward's.
     """
+    graph.note_pass("backward")
     device = q.device
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
+    if mode is None:
+        forced = config.setting("GNN_FASTPATH_DOT_BWD")
+        block = block_offered(graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype,
+                              forced == "block")
+        mode = backward_mode(graph, block)
+        if forced is None and not graph.static and tuning.enabled():
+            def run(variant):
+                return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
+                                scale, p, *given_stream, need_d_edge_term, variant)
+
+            H, D = q.shape[1:]
+            klass = (lambda: _block_class(backward_class(graph, H * D, q.dtype), graph)) if block else \
+                (lambda: backward_class(graph, H * D, q.dtype))
+            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H * D, q.dtype, block), klass, device,
+                                          run, BACKWARDS if block else BACKWARDS[:2], mode)
+    if mode == "block":
+        dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale)
+        return dq, dk, dv, None
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape
     ti, to = q.dtype, out.dtype
@@ -230,16 +324,6 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     kc = graph.kernel_csr()
     work = _work(graph)
     cfg = _config(graph, q, k, v, edge_term, out, grad_out)
-    if mode is None:
-        mode = backward_mode(graph)
-        if config.setting("GNN_FASTPATH_DOT_BWD") is None and not graph.static and tuning.enabled():
-            def run(variant):
-                return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
-                                scale, p, *given_stream, need_d_edge_term, variant)
-
-            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H * D, ti),
-                                          lambda: backward_class(graph, H * D, ti), device, run, BACKWARDS,
-                                          mode)
     transposed = mode == "transposed"
     dq = torch.empty_like(q)
     if transposed:

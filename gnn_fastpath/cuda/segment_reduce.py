@@ -87,7 +87,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     aux, walk_all, row_walks = saved_state(state, n_dst, F)
     if need_aux:
         state[n_dst * F:].zero_()  # the flags (split/even only; zero for the others too), in one fill
-        _note(graph, "forward")
+        graph.note_pass("forward")
     if n_dst == 0 or F == 0:
         return state
     if max_chunks is None:
@@ -256,7 +256,7 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     """
     device = x.device
     F = x.size(1)
-    _note(graph, "backward")
+    graph.note_pass("backward")
     # float32 accumulators (the result itself for float32 x, else scratch cast once below)
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
@@ -291,7 +291,7 @@ def backward_mode(graph, tie_break: str) -> str:
     (``GNN_FASTPATH_SR_BWD`` forces one for split/even). The source-major pass compares CSR
     positions, which only split/even save; the compiled path's static graphs carry no
     source-major CSR: both always scatter with atomics. Unforced, the source-major pass is for
-    graphs that outlived a training step (:func:`_outlived_a_step`): it needs the graph's
+    graphs that outlived a training step (:meth:`Graph.outlived_a_step`): it needs the graph's
     transpose (or its symmetry detected), a one-time cost that a sampled batch, whose graph
     lives one step (and whose many leaf nodes make the mean out-degree small), would pay on
     every step."""
@@ -308,27 +308,7 @@ def backward_mode(graph, tie_break: str) -> str:
 def _may_go_source_major(graph, tie_break: str) -> bool:
     """Whether the rule or the tuner may pick the source-major pass (see :func:`backward_mode`):
     split/even, on an eager graph that outlived a training step. The one test both use."""
-    return MODES[tie_break] == MODE_COUNT and not graph.static and _outlived_a_step(graph)
-
-
-_STEP = ("segment_reduce", "step")
-
-
-def _note(graph, event: str) -> None:
-    """Note a forward that saves state or a backward on ``graph``: a forward after a backward
-    is the next training step (layers of one step run every forward, then every backward).
-    The state lives in one dict kept with the graph (made once, then updated in place)."""
-    step = graph.memo(_STEP, dict)
-    state = step.get("state")
-    if event == "backward" and state is None:
-        step["state"] = "backward"
-    elif event == "forward" and state == "backward":
-        step["state"] = "outlived"
-
-
-def _outlived_a_step(graph) -> bool:
-    """Whether ``graph`` was used in a forward after a backward (:func:`_note`)."""
-    return graph.memo_get(_STEP, {}).get("state") == "outlived"
+    return MODES[tie_break] == MODE_COUNT and not graph.static and graph.outlived_a_step()
 
 
 def backward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, weighted: bool = False,

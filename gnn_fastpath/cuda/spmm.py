@@ -321,7 +321,7 @@ class _BlockKernel:
             if self.layout is None:
                 self.unsuited = True
                 raise NoAlgorithm("the block-sparse layout of this matrix is too sparse")
-        self.layout.matmul(values, b, c)
+        block_spmm.matmul(self.layout, values, b, c)
 
     def release(self) -> None:
         self.layout = None

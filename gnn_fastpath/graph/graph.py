@@ -221,6 +221,8 @@ def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int,
 #: asked for (:meth:`Graph.source_csr`): the transpose of 4M edges holds about 100 MB.
 DETECT_SYMMETRY_FROM = 1 << 22
 _UNKNOWN = object()
+#: The memo key of :meth:`Graph.note_pass`'s state.
+_STEP = ("graph", "step")
 
 
 class Graph:
@@ -518,6 +520,23 @@ class Graph:
     def memo_set(self, key, value) -> None:
         """Keep ``value`` under ``key`` (a value decided elsewhere, e.g. a tuned choice)."""
         self._memo[key] = value
+
+    def note_pass(self, event: str) -> None:
+        """Note a ``"forward"`` or ``"backward"`` kernel pass on this graph: a forward after a
+        backward is the next training step (layers of one step run every forward, then every
+        backward), so the graph outlived a step (:meth:`outlived_a_step`). Kernel variants
+        whose one-time set-up (a transpose, a block layout, symmetry detection) only pays on
+        a graph used again ask this; a sampled batch's graph lives one step."""
+        step = self.memo(_STEP, dict)  # one dict per graph, updated in place
+        state = step.get("state")
+        if event == "backward" and state is None:
+            step["state"] = "backward"
+        elif event == "forward" and state == "backward":
+            step["state"] = "outlived"
+
+    def outlived_a_step(self) -> bool:
+        """Whether this graph was used in a forward after a backward (:meth:`note_pass`)."""
+        return self._memo.get(_STEP, {}).get("state") == "outlived"
 
     # ------------------------------------------------------------------ derived data
     def degree_stats(self) -> DegreeStats:

@@ -71,7 +71,7 @@ def test_kernel_matches_reference(name, dtype, F, out):
     x = torch.randn(g.n_src, F, device="cuda").to(dtype)
     out_dtype = dtype if out == "same" else out
     c = torch.full((g.n_dst, F), float("nan"), device="cuda", dtype=out_dtype)  # every row must be written
-    layout.matmul(values, x, c)
+    block_spmm.matmul(layout, values, x, c)
     rows = torch.repeat_interleave(torch.arange(g.n_dst, device="cuda"), (kc.indptr[1:] - kc.indptr[:-1]).long())
     a = torch.zeros(g.n_dst, g.n_src, dtype=torch.float64, device="cuda")
     a.index_put_((rows, kc.indices.long()), values.double(), accumulate=True)

@@ -1,20 +1,23 @@
-"""The block-sparse SpMM layout (gnn_fastpath.cuda.block_spmm), built on the CPU: blocks
-rebuild the matrix (every entry once, duplicates added, each value rounded once to the
-features' type), and the launcher reaches its kernel with matching arguments for every
-instantiation, which NVRTC compiles for sm_90 (dry launches, see dry_launch.py)."""
+"""The block-sparse layout (gnn_fastpath.cuda.block_layout), built on the CPU: blocks rebuild
+the matrix (every entry once, duplicates added, each value rounded once to the features'
+type), the row masks rebuild its pattern (attention) and parallel edges are found; the SpMM
+launcher reaches its kernel with matching arguments for every instantiation, which NVRTC
+compiles for sm_90 (dry launches, see dry_launch.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from dry_launch import GRAPHS, graph
+from gnn_fastpath import Graph
 from gnn_fastpath.cuda import block_spmm
+from gnn_fastpath.cuda.block_layout import BlockLayout
 from zoo import random_edges
 
 
 def _layout(g):
     kc = g.kernel_csr()
-    return kc, block_spmm.BlockLayout(kc.indptr, kc.indices, g.n_dst, g.n_src)
+    return kc, BlockLayout(kc.indptr, kc.indices, g.n_dst, g.n_src)
 
 
 def _dense_from_blocks(layout, blocks):
@@ -54,6 +57,29 @@ def test_blocks_rebuild_the_matrix(graph_name, dtype):
     assert layout.values(values, dtype) is blocks  # cached per values tensor
 
 
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_masks_rebuild_the_pattern(graph_name):
+    g = graph(*GRAPHS[graph_name])
+    src, dst = g.caller_coo()
+    g = Graph.from_edge_index(torch.unique(torch.stack([src, dst]), dim=1), (g.n_src, g.n_dst))
+    kc, layout = _layout(g)
+    assert not layout.has_duplicates()
+    masks = layout.masks().view(layout.n_blocks, 16).long()
+    bits = (masks[:, :, None] >> torch.arange(16)) & 1  # [block, row, slot]
+    pattern = _dense_from_blocks(layout, bits.to(torch.float64).flatten())
+    rows = torch.repeat_interleave(torch.arange(g.n_dst), (kc.indptr[1:] - kc.indptr[:-1]).long())
+    want = torch.zeros(g.n_dst, g.n_src, dtype=torch.float64)
+    want[rows, kc.indices.long()] = 1
+    assert torch.equal(pattern, want)
+
+
+def test_parallel_edges_are_duplicates():
+    kc, layout = _layout(graph(*GRAPHS["plain"]))  # random_edges draws some edges twice
+    assert layout.has_duplicates()
+    with pytest.raises(ValueError, match="parallel edges"):
+        layout.masks()
+
+
 def test_fill_and_the_density_gate():
     """Rows of one window sharing their sources fill blocks (the layout is offered); scattered
     sources share nothing (it is not)."""
@@ -77,7 +103,7 @@ def _csr(src, dst, n_src):
 
 
 def _layout_of(src, dst, n_src):
-    return block_spmm.BlockLayout(*_csr(src, dst, n_src))
+    return BlockLayout(*_csr(src, dst, n_src))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -91,7 +117,7 @@ def test_dry_launch(launches, dtype, out, F):
     _, layout = _layout(g)
     b = torch.randn(g.n_src, F).to(dtype)
     c = torch.empty(g.n_dst, F, dtype=dtype if out == "same" else out)
-    layout.matmul(torch.rand(g.num_edges), b, c)
+    block_spmm.matmul(layout, torch.rand(g.num_edges), b, c)
     assert launches == ["bs_spmm"]
 
 

@@ -1,0 +1,462 @@
+// Dot-product (Graph Transformer) attention on tensor cores over the block-sparse layout of
+// the graph (16-bit q, k, v; no edge term, no dropout: those take the CSR kernels of
+// dot_attention.cu). The math and the saved statistics are dot_attention.cu's:
+//
+//   e_ij = s <q_i, k_j>,  alpha_ij = exp(e_ij - lse_i),  o_i = sum_j alpha_ij v_j,
+//   delta_i = <o_i, do_i>,  de_ij = alpha_ij (<do_i, v_j> - delta_i),
+//   dq_i = s sum_j de_ij k_j,  dk_j = s sum_i de_ij q_i,  dv_j = sum_i alpha_ij do_i,
+//
+// per head, lse and delta float32 [rows, H]; any pass may follow any forward of either family.
+//
+// Layout (gnn_fastpath/cuda/block_layout.py): the rows of a CSR in windows of 16, each
+// window's distinct columns packed 16 per block (cols, -1 = padding) with one 16-bit mask per
+// (block, row) saying which of the block's columns the row has an edge to. The forward and the
+// dq pass walk the destination-major layout (rows: destinations, columns: sources); the dk/dv
+// pass walks the source-major one (the transpose's layout; an undirected graph's is the
+// forward one).
+//
+// One warp per (window, head), FlashAttention-style on 16 x 16 tiles: per block the 16 column
+// rows of the head are staged in shared memory by cp.async, double-buffered (the next block's
+// copies fly while this block's mmas run); the window's 16 rows stay in registers as mma A
+// fragments (forward: q; dq pass: q and do) or in shared memory (dk/dv pass: k and v, read per
+// k-step, to leave registers to the two accumulators). Logits come from m16n8k16 mmas with
+// float32 accumulators; the masks and an online softmax in float32 (base 2) turn them into
+// weights, rounded once to 16 bits to be the A operand of the value product (the running sum l
+// adds the weights as rounded, so the output is an exact convex combination of the products).
+// The gradient passes round de (and alpha) to 16 bits the same way for their products. A column
+// row several window rows use is read once per window instead of once per edge: the win over
+// the CSR kernels where neighbourhoods are locally dense.
+//
+// Shapes: q [n_dst, H, D], k, v [n_src, H, D], out, do [n_dst, H, D] (T), D in 16..128 a multiple
+// of 16, rows 16-byte aligned (the launcher checks).
+#include "common.cuh"
+#include "attention_common.cuh"
+#include "mma.cuh"
+
+#define BA_LOG2E 1.4426950408889634f
+#define BA_LN2 0.6931471805599453f
+
+// Warps per thread block: the forward and dq pass keep 2 x 2 staged tiles per warp, the dk/dv
+// pass 2 x 2 plus the window's k and v (static shared memory stays under 48 KiB at D = 128).
+#ifndef BA_WARPS
+#define BA_WARPS 2
+#endif
+#ifndef BA_SRC_WARPS
+#define BA_SRC_WARPS 1
+#endif
+
+template <int D>
+struct ba_shape {
+    static constexpr int ST = D + 8;              // shared row stride in halves (conflict-free fragment reads)
+    static constexpr int TILE = 16 * ST;          // halves per staged 16-row tile
+    static constexpr int KS = D / 16;             // k-steps over a head
+    static constexpr int NT = D / 8;              // n-tiles of 8 over a head
+    static constexpr int PARTS = D / 8;           // 16-byte pieces of a head row
+    static constexpr int CHUNKS = 16 * PARTS / 32;  // pieces per lane of a 16-row tile
+};
+
+// Start copying head h of the 16 rows ids[0..15] of x [*, H, D] into a tile (a row id < 0:
+// zeros).
+template <int D>
+__device__ __forceinline__ void ba_stage_rows(unsigned short* tile, const int* __restrict__ ids,
+                                              const unsigned short* __restrict__ x, int H, int h, int lane) {
+    using S = ba_shape<D>;
+#pragma unroll
+    for (int i = 0; i < S::CHUNKS; ++i) {
+        const int chunk = lane + 32 * i, r = chunk / S::PARTS, part = chunk % S::PARTS;
+        const int id = __ldg(ids + r);
+        const unsigned short* src = x + ((long long)(id < 0 ? 0 : id) * H + h) * D + part * 8;
+        gf_cp_async16(tile + r * S::ST + part * 8, src, id >= 0);
+    }
+}
+
+// The same for 16 consecutive rows row0.. (rows past n_rows: zeros).
+template <int D>
+__device__ __forceinline__ void ba_stage_window(unsigned short* tile, long long row0, int n_rows,
+                                                const unsigned short* __restrict__ x, int H, int h, int lane) {
+    using S = ba_shape<D>;
+#pragma unroll
+    for (int i = 0; i < S::CHUNKS; ++i) {
+        const int chunk = lane + 32 * i, r = chunk / S::PARTS, part = chunk % S::PARTS;
+        const bool ok = row0 + r < n_rows;
+        const unsigned short* src = x + ((ok ? row0 + r : 0) * H + h) * D + part * 8;
+        gf_cp_async16(tile + r * S::ST + part * 8, src, ok);
+    }
+}
+
+// A fragments of the 16 rows row0.. of head h of x [*, H, D] for every k-step, from global
+// memory (rows past n_rows: zeros).
+template <int D>
+__device__ __forceinline__ void ba_window_fragments(unsigned int (&a)[D / 16][4], const unsigned short* __restrict__ x,
+                                                    long long row0, int n_rows, int H, int h, int g, int t) {
+    const bool ok0 = row0 + g < n_rows, ok1 = row0 + g + 8 < n_rows;
+    const unsigned int* p0 = reinterpret_cast<const unsigned int*>(x + ((row0 + g) * H + h) * D + 2 * t);
+    const unsigned int* p1 = reinterpret_cast<const unsigned int*>(x + ((row0 + g + 8) * H + h) * D + 2 * t);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        a[kk][0] = ok0 ? __ldg(p0 + kk * 8) : 0u;
+        a[kk][1] = ok1 ? __ldg(p1 + kk * 8) : 0u;
+        a[kk][2] = ok0 ? __ldg(p0 + kk * 8 + 4) : 0u;
+        a[kk][3] = ok1 ? __ldg(p1 + kk * 8 + 4) : 0u;
+    }
+}
+
+// C [16 x 16] (two n-tiles) += A [16 x D] Y^T for A in registers (fragments per k-step) and a
+// tile of Y's 16 rows.
+template <typename T, int D>
+__device__ __forceinline__ void ba_logits(float (&c)[2][4], const unsigned int (&a)[D / 16][4],
+                                          const unsigned short* tile, int g, int t) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            unsigned int b0, b1;
+            gf_mma_b_n_rows(b0, b1, tile, ba_shape<D>::ST, j * 8, kk * 16, g, t);
+            gf_mma<T>::run(c[j], a[kk], b0, b1);
+        }
+}
+
+// The same with A's 16 rows in a shared tile.
+template <typename T, int D>
+__device__ __forceinline__ void ba_logits_shared(float (&c)[2][4], const unsigned short* a_tile,
+                                                 const unsigned short* tile, int g, int t) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned int a[4];
+        gf_mma_a_rows(a, a_tile, ba_shape<D>::ST, kk * 16, g, t);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            unsigned int b0, b1;
+            gf_mma_b_n_rows(b0, b1, tile, ba_shape<D>::ST, j * 8, kk * 16, g, t);
+            gf_mma<T>::run(c[j], a, b0, b1);
+        }
+    }
+}
+
+// acc [16 x D] += A [16 x 16] Y for a tile of Y's 16 rows.
+template <typename T, int D>
+__device__ __forceinline__ void ba_accumulate(float (&acc)[D / 8][4], const unsigned int (&a)[4],
+                                              const unsigned short* tile, int g, int t) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        unsigned int b0, b1;
+        gf_mma_b_k_rows(b0, b1, tile, ba_shape<D>::ST, n * 8, g, t);
+        gf_mma<T>::run(acc[n], a, b0, b1);
+    }
+}
+
+// Whether the lane's cell (row g + 8 r, column j * 8 + 2 t + e) of a block has an edge.
+__device__ __forceinline__ bool ba_edge(const unsigned int (&mask)[2], int j, int r, int e, int t) {
+    return (mask[r] >> (j * 8 + 2 * t + e)) & 1u;
+}
+
+// Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as T rows
+// of head h of y [n_rows, H, D]; rows past n_rows are not written.
+template <typename T, int D>
+__device__ __forceinline__ void ba_store_rows(T* __restrict__ y, const float (&acc)[D / 8][4], const float (&factor)[2],
+                                              long long row0, int n_rows, int H, int h, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const long long row = row0 + g + 8 * r;
+        if (row >= n_rows) continue;
+        unsigned int* p = reinterpret_cast<unsigned int*>(y + (row * H + h) * D + 2 * t);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const float two[2] = {acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]};
+            p[n * 4] = gf_pack2<T>(two);
+        }
+    }
+}
+
+// Sum over the 4 lanes of a row (t = 0..3).
+__device__ __forceinline__ float ba_row_sum(float v) {
+    v += __shfl_xor_sync(GF_FULL_MASK, v, 1);
+    return v + __shfl_xor_sync(GF_FULL_MASK, v, 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward: out, lse. Every row of out and lse is written (a row without in-edges: 0, -inf).
+template <typename T, int D>
+__global__ void __launch_bounds__(BA_WARPS * 32)
+    ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
+           const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int n_windows, int n_rows,
+           int H, float scale, T* __restrict__ out, float* __restrict__ lse) {
+    using S = ba_shape<D>;
+    __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long item = (long long)blockIdx.x * BA_WARPS + warp;
+    if (item >= (long long)n_windows * H) return;  // whole warps leave together
+    const int w = (int)(item / H), h = (int)(item % H);
+    const long long row0 = (long long)w * 16;
+    const unsigned short* ks = reinterpret_cast<const unsigned short*>(k);
+    const unsigned short* vs = reinterpret_cast<const unsigned short*>(v);
+
+    unsigned int qa[S::KS][4];
+    ba_window_fragments<D>(qa, reinterpret_cast<const unsigned short*>(q), row0, n_rows, H, h, g, t);
+    float acc[S::NT][4];
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float m[2] = {GF_NEG_INF, GF_NEG_INF}, l[2] = {0.f, 0.f};  // per row g + 8 r; l: this lane's part
+    const float c = scale * BA_LOG2E;  // logits in base 2
+
+    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    if (first < last) {
+        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
+        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
+        gf_cp_async_commit();
+    }
+    for (int blk = first; blk < last; ++blk) {
+        const int buf = (blk - first) & 1;
+        if (blk + 1 < last) {
+            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, ks, H, h, lane);
+            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, vs, H, h, lane);
+            gf_cp_async_commit();
+            gf_cp_async_wait<1>();
+        } else {
+            gf_cp_async_wait<0>();
+        }
+        __syncwarp();
+        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
+                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
+        float bm[2] = {GF_NEG_INF, GF_NEG_INF};
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][2 * r + e];
+                    x = ba_edge(mask, j, r, e, t) ? x * c : GF_NEG_INF;
+                    bm[r] = gf_nan_max(bm[r], x);
+                }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            bm[r] = gf_nan_max(bm[r], __shfl_xor_sync(GF_FULL_MASK, bm[r], 1));
+            bm[r] = gf_nan_max(bm[r], __shfl_xor_sync(GF_FULL_MASK, bm[r], 2));
+            const float m_new = gf_nan_max(m[r], bm[r]);
+            corr[r] = m_new == GF_NEG_INF ? 1.f : exp2f(m[r] - m_new);  // exp2(-inf) = 0 at first
+            m[r] = m_new;
+            l[r] *= corr[r];
+        }
+        // weights: 0 off the edges and for -inf logits (then m may still be -inf)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[j][2 * r + e];
+                    x = x == GF_NEG_INF ? 0.f : exp2f(x - m[r]);
+                }
+        unsigned int pa[4];
+        float rounded[2][4];
+        gf_mma_a_from_c<T>(pa, s, rounded);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] += rounded[0][2 * r] + rounded[0][2 * r + 1] + rounded[1][2 * r] + rounded[1][2 * r + 1];
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n) {
+            acc[n][0] *= corr[0];
+            acc[n][1] *= corr[0];
+            acc[n][2] *= corr[1];
+            acc[n][3] *= corr[1];
+        }
+        ba_accumulate<T, D>(acc, pa, stage[warp][buf][1], g, t);
+        __syncwarp();  // the next block's copies overwrite this buffer
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = ba_row_sum(l[r]);
+        inv[r] = l[r] != 0.f ? 1.f / l[r] : 0.f;
+        const long long row = row0 + g + 8 * r;
+        if (t == 0 && row < n_rows) lse[row * H + h] = l[r] != 0.f ? (m[r] + __log2f(l[r])) * BA_LN2 : GF_NEG_INF;
+    }
+    ba_store_rows<T, D>(out, acc, inv, row0, n_rows, H, h, g, t);
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, destination pass: dq, and delta [n_rows, H] for the source pass. Every row written.
+template <typename T, int D>
+__global__ void __launch_bounds__(BA_WARPS * 32)
+    ba_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
+               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
+               const T* __restrict__ grad_out, const float* __restrict__ lse, int n_windows, int n_rows, int H,
+               float scale, T* __restrict__ dq, float* __restrict__ delta) {
+    using S = ba_shape<D>;
+    __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long item = (long long)blockIdx.x * BA_WARPS + warp;
+    if (item >= (long long)n_windows * H) return;
+    const int w = (int)(item / H), h = (int)(item % H);
+    const long long row0 = (long long)w * 16;
+    const unsigned short* ks = reinterpret_cast<const unsigned short*>(k);
+    const unsigned short* vs = reinterpret_cast<const unsigned short*>(v);
+
+    unsigned int qa[S::KS][4], da[S::KS][4];
+    ba_window_fragments<D>(qa, reinterpret_cast<const unsigned short*>(q), row0, n_rows, H, h, g, t);
+    ba_window_fragments<D>(da, reinterpret_cast<const unsigned short*>(grad_out), row0, n_rows, H, h, g, t);
+    // delta = <out, do> per row, from the lane's elements of the do fragments and out's same
+    float dl[2] = {0.f, 0.f}, lse2[2];
+    {
+        unsigned int oa[S::KS][4];
+        ba_window_fragments<D>(oa, reinterpret_cast<const unsigned short*>(out), row0, n_rows, H, h, g, t);
+#pragma unroll
+        for (int kk = 0; kk < S::KS; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float o[2], d[2];
+                gf_unpack2<T>(o, oa[kk][i]);
+                gf_unpack2<T>(d, da[kk][i]);
+                dl[i & 1] = fmaf(o[0], d[0], fmaf(o[1], d[1], dl[i & 1]));
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        dl[r] = ba_row_sum(dl[r]);
+        const long long row = row0 + g + 8 * r;
+        lse2[r] = row < n_rows ? lse[row * H + h] * BA_LOG2E : 0.f;
+        if (t == 0 && row < n_rows) delta[row * H + h] = dl[r];
+    }
+    float acc[S::NT][4];
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    const float c = scale * BA_LOG2E;
+
+    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    if (first < last) {
+        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
+        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
+        gf_cp_async_commit();
+    }
+    for (int blk = first; blk < last; ++blk) {
+        const int buf = (blk - first) & 1;
+        if (blk + 1 < last) {
+            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, ks, H, h, lane);
+            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, vs, H, h, lane);
+            gf_cp_async_commit();
+            gf_cp_async_wait<1>();
+        } else {
+            gf_cp_async_wait<0>();
+        }
+        __syncwarp();
+        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
+                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
+        ba_logits<T, D>(dp, da, stage[warp][buf][1], g, t);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = s[j][2 * r + e] * c;
+                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF ? exp2f(x - lse2[r]) : 0.f;
+                    s[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[r]);  // de
+                }
+        unsigned int dea[4];
+        float rounded[2][4];
+        gf_mma_a_from_c<T>(dea, s, rounded);
+        ba_accumulate<T, D>(acc, dea, stage[warp][buf][0], g, t);
+        __syncwarp();
+    }
+    const float factor[2] = {scale, scale};
+    ba_store_rows<T, D>(dq, acc, factor, row0, n_rows, H, h, g, t);
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, source pass over the source-major layout (rows: sources, columns: destinations):
+// dk, dv without atomics. Needs delta from ba_bwd_dst (or the CSR destination pass). Every
+// row written.
+template <typename T, int D>
+__global__ void __launch_bounds__(BA_SRC_WARPS * 32)
+    ba_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
+               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               const T* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+               int n_windows, int n_src, int H, float scale, T* __restrict__ dk, T* __restrict__ dv) {
+    using S = ba_shape<D>;
+    __shared__ __align__(16) unsigned short window[BA_SRC_WARPS][2][S::TILE];   // [warp][k, v] of the sources
+    __shared__ __align__(16) unsigned short stage[BA_SRC_WARPS][2][2][S::TILE];  // [warp][buffer][q, do]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long item = (long long)blockIdx.x * BA_SRC_WARPS + warp;
+    if (item >= (long long)n_windows * H) return;
+    const int w = (int)(item / H), h = (int)(item % H);
+    const long long row0 = (long long)w * 16;
+    const unsigned short* qs = reinterpret_cast<const unsigned short*>(q);
+    const unsigned short* dos = reinterpret_cast<const unsigned short*>(grad_out);
+
+    ba_stage_window<D>(window[warp][0], row0, n_src, reinterpret_cast<const unsigned short*>(k), H, h, lane);
+    ba_stage_window<D>(window[warp][1], row0, n_src, reinterpret_cast<const unsigned short*>(v), H, h, lane);
+    gf_cp_async_commit();
+    float ak[S::NT][4], av[S::NT][4];  // dk / s, dv
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n) {
+        ak[n][0] = ak[n][1] = ak[n][2] = ak[n][3] = 0.f;
+        av[n][0] = av[n][1] = av[n][2] = av[n][3] = 0.f;
+    }
+    const float c = scale * BA_LOG2E;
+
+    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    if (first < last) {
+        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, qs, H, h, lane);
+        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, dos, H, h, lane);
+        gf_cp_async_commit();
+    }
+    for (int blk = first; blk < last; ++blk) {
+        const int buf = (blk - first) & 1;
+        if (blk + 1 < last) {
+            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, qs, H, h, lane);
+            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, dos, H, h, lane);
+            gf_cp_async_commit();
+            gf_cp_async_wait<1>();
+        } else {
+            gf_cp_async_wait<0>();
+        }
+        __syncwarp();
+        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
+                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        // the statistics of the lane's destination columns j * 8 + 2 t + e
+        float lse2[2][2], dl[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int dst = __ldg(cols + (long long)blk * 16 + j * 8 + 2 * t + e);
+                lse2[j][e] = dst >= 0 ? lse[(long long)dst * H + h] * BA_LOG2E : 0.f;
+                dl[j][e] = dst >= 0 ? delta[(long long)dst * H + h] : 0.f;
+            }
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};   // logits, transposed: [source][destination]
+        float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // <v_j, do_i>
+        ba_logits_shared<T, D>(s, window[warp][0], stage[warp][buf][0], g, t);
+        ba_logits_shared<T, D>(dp, window[warp][1], stage[warp][buf][1], g, t);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = s[j][2 * r + e] * c;
+                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF ? exp2f(x - lse2[j][e]) : 0.f;
+                    s[j][2 * r + e] = p;
+                    dp[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[j][e]);  // de
+                }
+        unsigned int pa[4], dea[4];
+        float rounded[2][4];
+        gf_mma_a_from_c<T>(pa, s, rounded);
+        gf_mma_a_from_c<T>(dea, dp, rounded);
+        ba_accumulate<T, D>(av, pa, stage[warp][buf][1], g, t);
+        ba_accumulate<T, D>(ak, dea, stage[warp][buf][0], g, t);
+        __syncwarp();
+    }
+    if (first >= last) {  // no block: the window's copies are still to be waited for
+        gf_cp_async_wait<0>();
+    }
+    const float factor_k[2] = {scale, scale}, one[2] = {1.f, 1.f};
+    ba_store_rows<T, D>(dk, ak, factor_k, row0, n_src, H, h, g, t);
+    ba_store_rows<T, D>(dv, av, one, row0, n_src, H, h, g, t);
+}

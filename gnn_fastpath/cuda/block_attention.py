@@ -1,0 +1,126 @@
+"""Launcher of dot-product attention on tensor cores (``block_attention.cu``) over the
+block-sparse layout of the graph (:class:`gnn_fastpath.cuda.block_layout.BlockLayout`), for
+16-bit q, k, v.
+
+It is a variant of the dot-attention op's forward and of its backward, next to the CSR
+kernels of :mod:`gnn_fastpath.cuda.dot_attention`, which picks it (forced, by its rule or
+timed by the tuner) only where :func:`unsupported` says nothing against it. It computes and
+saves what the CSR kernels do (out, the float32 ``lse``; in the backward ``delta``), so either
+backward follows either forward. The layouts (destination-major for the forward and dq, source-
+major for dk/dv; one for both on an undirected graph) are built on the GPU once per graph and
+kept with it.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import launch
+from .block_layout import BlockLayout
+
+SOURCE = "block_attention.cu"
+#: Warps per thread block: forward and dq pass, dk/dv pass (static shared memory per warp:
+#: 4 staged 16-row tiles, 6 in the dk/dv pass).
+WARPS, SRC_WARPS = 2, 1
+KERNELS = launch.Family(SOURCE, {"BA_WARPS": WARPS, "BA_SRC_WARPS": SRC_WARPS})
+DTYPES = (torch.float16, torch.bfloat16)
+#: Head widths the kernels take: multiples of the mma's k = 16, up to 128 (registers: the
+#: window's q fragments and a 16 x D float32 accumulator per warp).
+MAX_HEAD_DIM = 128
+#: The rule (tuning off): the block path where a window's rows share their source columns at
+#: least this much (entries per distinct (window, column) pair; 1: no sharing).
+MIN_SHARING = 1.5
+
+
+def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
+                out_dtype: Optional[torch.dtype]) -> Optional[str]:
+    """Why the block kernels cannot take this call, or None when they can: 16-bit q, k, v of
+    one dtype on a GPU with bf16 mma (sm_80+), results in that dtype, head width a multiple of
+    16 up to :data:`MAX_HEAD_DIM`, 16-byte aligned, no edge term, no dropout, no returned
+    attention (``attention``: the call returns or takes a gradient of it)."""
+    if q.dtype not in DTYPES or not q.is_cuda:
+        return "the block kernels take float16/bfloat16 on CUDA"
+    if (out_dtype or q.dtype) != q.dtype:
+        return "the block kernels write results in the inputs' dtype"
+    if edge_term is not None or p > 0 or attention:
+        return "edge terms, attention dropout and returned attention take the CSR kernels"
+    D = q.size(2)
+    if D % 16 or D > MAX_HEAD_DIM:
+        return f"head width D={D} (the block kernels take multiples of 16 up to {MAX_HEAD_DIM})"
+    if not launch.aligned16(q, k, v):
+        return "rows not 16-byte aligned"
+    if torch.cuda.get_device_capability(q.device)[0] < 8:
+        return "no bf16 tensor-core mma before sm_80"
+    return None
+
+
+def layout(graph) -> BlockLayout:
+    """The destination-major layout (rows: destinations, columns: sources), built once per graph."""
+    def build():
+        kc = graph.kernel_csr()
+        return BlockLayout(kc.indptr, kc.indices, graph.n_dst, graph.n_src)
+
+    return graph.memo(("block_attention", "layout"), build)
+
+
+def source_layout(graph) -> BlockLayout:
+    """The source-major layout (rows: sources, columns: destinations): the destination-major one
+    on an undirected graph whose source CSR is its forward CSR, else the transpose's."""
+    def build():
+        kc, sc = graph.kernel_csr(), graph.kernel_source_csr()
+        if sc.indices is kc.indices:
+            return layout(graph)
+        return BlockLayout(sc.indptr, sc.indices, graph.n_src, graph.n_dst)
+
+    return graph.memo(("block_attention", "source_layout"), build)
+
+
+def usable(graph) -> bool:
+    """Whether the layout can hold the graph: no parallel edges (a mask bit cannot count them)."""
+    return not layout(graph).has_duplicates()
+
+
+def _name(kernel: str, dtype: torch.dtype, D: int, device: torch.device) -> launch.Kernel:
+    return KERNELS.kernel(device, kernel, launch.ctype(dtype), D)
+
+
+def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
+    """``(out [N_dst, H, D], lse [N_dst, H] float32)`` (see :func:`unsupported` for the inputs;
+    q, k, v contiguous). Every row written: a destination without in-edges gets 0 and -inf."""
+    n_dst, H, D = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
+    lay = layout(graph)
+    items = lay.n_windows * H
+    if items:
+        _name("ba_fwd", q.dtype, D, q.device).launch(
+            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols, masks=lay.masks(), q=q,
+            k=k, v=v, n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, out=out, lse=lse)
+    return out, lse
+
+
+def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+             scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` in q's dtype from the forward's ``out`` and ``lse`` (either family's)
+    and ``grad_out`` (contiguous, out's dtype): a destination pass (dq and delta = <out, dO>)
+    over the destination-major layout, then a source pass (dk, dv, no atomics) over the
+    source-major one. Every row written."""
+    n_dst, H, D = q.shape
+    n_src = k.size(0)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
+    lay = layout(graph)
+    if lay.n_windows * H:
+        _name("ba_bwd_dst", q.dtype, D, q.device).launch(
+            launch.cdiv(lay.n_windows * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
+            masks=lay.masks(), q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, n_windows=lay.n_windows,
+            n_rows=n_dst, H=H, scale=scale, dq=dq, delta=delta)
+    src = source_layout(graph)
+    if src.n_windows * H:
+        _name("ba_bwd_src", q.dtype, D, q.device).launch(
+            launch.cdiv(src.n_windows * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr, cols=src.cols,
+            masks=src.masks(), q=q, k=k, v=v, grad_out=grad_out, lse=lse, delta=delta, n_windows=src.n_windows,
+            n_src=n_src, H=H, scale=scale, dk=dk, dv=dv)
+    return dq, dk, dv

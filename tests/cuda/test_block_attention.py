@@ -1,0 +1,184 @@
+"""Dot-product attention on tensor cores (gnn_fastpath.cuda.block_attention) against the float64
+reference, forward and every gradient, float16 and bfloat16, through the public op forced
+onto it (GNN_FASTPATH_DOT_FWD=block, GNN_FASTPATH_DOT_BWD=block), on graphs with empty rows,
+self loops, a super node, a hub source, bipartite shapes, locally dense windows, and an
+undirected graph (whose dk/dv pass walks the forward layout).
+
+Bound: test_dot_attention_half's (same inputs on both sides, errors relative to each row's
+largest magnitude plus a tensor-scale term), with one more rounding to T inside each product:
+the weights alpha (forward, dv) and de = alpha (dalpha - delta) (dq, dk) are the 16-bit
+operand of a tensor-core product, so u = 2 u_T for every result.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnn_fastpath import Graph, reference
+from gnn_fastpath.cuda import block_attention
+from gnn_fastpath.cuda import dot_attention as dot_kernels
+from test_dot_attention_half import EPS32_ACC, UNIT_ROUNDOFF, assert_half_close, inputs, run
+from test_dot_attention_half import fused
+from zoo import random_edges
+
+pytestmark = pytest.mark.cuda
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _simple(ei, sizes) -> Graph:
+    """The graph of ``ei`` without parallel edges, on the GPU."""
+    return Graph.from_edge_index(torch.unique(ei, dim=1).cuda(), num_nodes=sizes)
+
+
+def _clustered(n=3000, m=60000, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dst = torch.randint(0, n, (m,), generator=gen)
+    src = torch.clamp((dst // 64) * 64 + torch.randint(0, 64, (m,), generator=gen), max=n - 1)
+    return torch.stack([src, dst]), (n, n)
+
+
+def _hub(ei, sizes, hub=1, degree=700):
+    gen = torch.Generator().manual_seed(1)
+    dst = torch.randint(0, sizes[1], (degree,), generator=gen)
+    return torch.cat([ei, torch.stack([torch.full_like(dst, hub), dst])], 1), sizes
+
+
+def _undirected(n=800, m=6000, seed=4):
+    ei, _ = random_edges(n, n, m, seed=seed, empty_rows=10)
+    return torch.cat([ei, ei.flip(0)], 1), (n, n)
+
+
+GRAPHS = {
+    "small": lambda: _hub(*random_edges(150, 120, 2500, seed=3, empty_rows=7, super_node_degree=900)),
+    "super": lambda: _hub(*random_edges(3000, 2500, 40000, seed=11, empty_rows=40, super_node_degree=20000),
+                          hub=2, degree=5000),
+    "homo": lambda: random_edges(200, 200, 3000, seed=5, empty_rows=3),
+    "clustered": _clustered,
+    "undirected": _undirected,
+}
+_cache = {}
+
+
+def _graph(name) -> Graph:
+    if name not in _cache:
+        _cache[name] = _simple(*GRAPHS[name]())
+    return _cache[name]
+
+
+def _compare(g, H, D, dtype, seed=0, scale=None):
+    xs = inputs(g, H, D, dtype, edge_term=False, seed=seed)
+    out, _, grads = run(fused, g, xs, scale, False, dtype)
+    want_out, _, want_grads = run(reference.dot_attention, g, xs, scale, False, dtype, upcast=True)
+    u = UNIT_ROUNDOFF[dtype]
+    tag = f"{dtype} H={H} D={D}"
+    assert out.dtype == dtype
+    assert_half_close(f"out ({tag})", out, want_out, 2 * u)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert got.dtype == dtype
+        assert_half_close(f"{name} ({tag})", got, want, 2 * u, u_saved=u + EPS32_ACC)
+    return out, grads
+
+
+@pytest.fixture
+def block(monkeypatch):
+    """Both passes forced onto the block kernels; asserts they ran."""
+    monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
+    monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
+    ran = []
+    for name in ("forward", "backward"):
+        original = getattr(block_attention, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            ran.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(block_attention, name, spy)
+    yield ran
+    assert ran[:2] == ["forward", "backward"], f"the block kernels ran {ran}"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("H,D", [(3, 16), (2, 32), (1, 48), (2, 64), (4, 128)])
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_matches_reference(block, name, H, D, dtype):
+    _compare(_graph(name), H, D, dtype, seed=D + H)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_rows_without_edges(block, dtype):
+    """A destination without in-edges gets 0 (and lse -inf); a source without out-edges gets
+    dk = dv = 0; every row is written (a NaN-filled allocator would show any row left)."""
+    ei, (n_src, n_dst) = GRAPHS["small"]()
+    g = _simple(ei, (n_src + 5, n_dst))  # 5 sources without out-edges
+    out, (dq, dk, dv) = _compare(g, 2, 64, dtype)
+    empty_dst = g.in_degree() == 0
+    empty_src = g.out_degree() == 0
+    assert empty_dst.any() and empty_src.any()
+    assert (out[empty_dst] == 0).all() and (dq[empty_dst] == 0).all()
+    assert (dk[empty_src] == 0).all() and (dv[empty_src] == 0).all()
+    _, lse = block_attention.forward(g, *inputs(g, 2, 64, dtype, edge_term=False)[:3], 0.125)
+    assert torch.isneginf(lse[empty_dst]).all() and torch.isfinite(lse[~empty_dst]).all()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_either_backward_follows_either_forward(monkeypatch, dtype):
+    """lse means the same in both families: a CSR forward with the block backward, and the
+    block forward with the CSR backward, give what one family gives alone (to rounding)."""
+    g = _graph("clustered")
+    xs = inputs(g, 2, 64, dtype, edge_term=False, seed=5)
+    results = {}
+    for fwd, bwd in (("csr", "transposed"), ("csr", "block"), ("block", "atomic"), ("block", "block")):
+        monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", fwd)
+        monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", bwd)
+        results[fwd, bwd] = run(fused, g, xs, None, False, dtype)
+    want_out, _, want_grads = run(reference.dot_attention, g, xs, None, False, dtype, upcast=True)
+    u = UNIT_ROUNDOFF[dtype]
+    for (fwd, bwd), (out, _, grads) in results.items():
+        assert_half_close(f"out {fwd}/{bwd}", out, want_out, 2 * u)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+            assert_half_close(f"{name} {fwd}/{bwd}", got, want, 2 * u, u_saved=u + EPS32_ACC)
+
+
+def test_calls_it_cannot_take_run_the_csr_kernels(monkeypatch):
+    """Forced, the block kernels still leave edge terms, dropout, returned attention, float32,
+    other head widths and parallel edges to the CSR kernels (a forced setting is a preference)."""
+    monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
+    monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
+    monkeypatch.setattr(block_attention, "forward", lambda *a, **k: pytest.fail("block forward ran"))
+    monkeypatch.setattr(block_attention, "backward", lambda *a, **k: pytest.fail("block backward ran"))
+    g = _graph("homo")
+    q, k, v, t = [x.requires_grad_() for x in inputs(g, 2, 64, torch.bfloat16, edge_term=True)]
+    src, dst = g.caller_coo()
+    multi = Graph.from_edge_index(torch.stack([src, dst]).repeat(1, 2), num_nodes=(g.n_src, g.n_dst))
+    for call in (lambda: fused(g, q, k, v, edge_term=t), lambda: fused(g, q, k, v, dropout=0.1),
+                 lambda: fused(g, q, k, v, return_attention=True)[0], lambda: fused(g, q.float(), k.float(), v.float()),
+                 lambda: fused(g, q[..., :40], k[..., :40], v[..., :40]),
+                 lambda: fused(g, q, k, v, out_dtype=torch.float32), lambda: fused(multi, q, k, v)):
+        call().float().sum().backward()
+
+
+def test_offered_only_on_graphs_that_outlived_a_step(monkeypatch):
+    """Unforced, a graph's first step runs the CSR kernels (a sampled batch never builds a
+    layout); once the graph outlived a step, the rule takes the block kernels on a clustered
+    graph (window sharing >= MIN_SHARING) and not on a scattered one."""
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
+    ran = []
+    for name in ("forward", "backward"):
+        original = getattr(block_attention, name)
+        monkeypatch.setattr(block_attention, name,
+                            lambda *a, _o=original, _n=name, **k: (ran.append(_n), _o(*a, **k))[1])
+    clustered = _simple(*_clustered(seed=9))
+    assert block_attention.layout(clustered).sharing >= block_attention.MIN_SHARING
+    xs = [x.detach().requires_grad_() for x in inputs(clustered, 2, 64, torch.bfloat16, edge_term=False)[:3]]
+    for step in range(2):
+        fused(clustered, *xs).float().sum().backward()
+        assert ran == ([] if step == 0 else ["forward", "backward"]), f"step {step}: {ran}"
+    scattered = _graph("super")
+    assert block_attention.layout(scattered).sharing < block_attention.MIN_SHARING
+    ran.clear()
+    xs = [x.detach().requires_grad_() for x in inputs(scattered, 2, 64, torch.bfloat16, edge_term=False)[:3]]
+    for _ in range(2):
+        fused(scattered, *xs).float().sum().backward()
+    assert ran == []
+    assert dot_kernels.forward_algorithm(scattered, True) == "csr"

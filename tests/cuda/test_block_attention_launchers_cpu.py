@@ -1,0 +1,58 @@
+"""Dry launches of the block-sparse attention launcher on the CPU (see dry_launch.py): the
+forward and both backward passes reach their kernels with matching arguments, and every
+instantiation (float16/bfloat16, each head width the kernels take) compiles for sm_90; an
+undirected graph's source pass walks the forward layout. Which calls may take the kernels at
+all (block_attention.unsupported) is asked here too."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dry_launch import GRAPHS, graph
+from gnn_fastpath import Graph
+from gnn_fastpath.cuda import block_attention
+
+
+def _simple(g):
+    """``g`` without its parallel edges (a block mask holds one edge per cell)."""
+    src, dst = g.caller_coo()
+    return Graph.from_edge_index(torch.unique(torch.stack([src, dst]), dim=1), (g.n_src, g.n_dst))
+
+
+def _qkv(g, H, D, dtype):
+    return [torch.randn(n, H, D).to(dtype) for n in (g.n_dst, g.n_src, g.n_src)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [16, 32, 48, 64, 128])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_block_attention_launches(launches, graph_name, D, dtype):
+    g = _simple(graph(*GRAPHS[graph_name]))
+    q, k, v = _qkv(g, 3, D, dtype)
+    out, lse = block_attention.forward(g, q, k, v, 0.25)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
+    dq, dk, dv = block_attention.backward(g, q, k, v, out, lse, torch.randn_like(out), 0.25)
+    assert launches == ["ba_fwd", "ba_bwd_dst", "ba_bwd_src"]
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dk.dtype == dtype
+
+
+def test_undirected_graph_shares_one_layout():
+    ei = torch.randint(0, 60, (2, 400), generator=torch.Generator().manual_seed(1))
+    ei = torch.unique(torch.cat([ei, ei.flip(0)], 1), dim=1)
+    g = Graph.from_edge_index(ei, 60)
+    assert g.is_symmetric()
+    assert block_attention.source_layout(g) is block_attention.layout(g)
+    directed = Graph.from_edge_index(ei[:, ei[0] < ei[1]], 60)
+    assert block_attention.source_layout(directed) is not block_attention.layout(directed)
+
+
+def test_parallel_edges_are_not_usable():
+    ei = torch.tensor([[0, 1, 1, 2], [1, 2, 2, 0]])
+    assert not block_attention.usable(Graph.from_edge_index(ei, 3))
+    assert block_attention.usable(Graph.from_edge_index(ei[:, [0, 1, 3]], 3))
+
+
+def test_unsupported_names_the_reason():
+    q = torch.randn(4, 2, 32).to(torch.bfloat16)
+    assert "CUDA" in block_attention.unsupported(q, q, q, None, 0.0, False, None)  # a CPU tensor
+    assert "float16/bfloat16" in block_attention.unsupported(q.float(), q.float(), q.float(), None, 0.0, False, None)
