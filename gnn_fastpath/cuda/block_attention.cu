@@ -10,7 +10,8 @@
 //
 // Layout (gnn_fastpath/cuda/block_layout.py): the rows of a CSR in windows of 16, each
 // window's distinct columns packed 16 per block (cols, -1 = padding) with one 16-bit mask per
-// (block, row) saying which of the block's columns the row has an edge to. The forward and the
+// (block, row) saying which of the block's columns the row has an edge to; on a multigraph, a
+// uint8 count per cell multiplies each weight (a softmax over edges counts parallel ones). The forward and the
 // dq pass walk the destination-major layout (rows: destinations, columns: sources); the dk/dv
 // pass walks the source-major one (the transpose's layout; an undirected graph's is the
 // forward one).
@@ -150,6 +151,13 @@ __device__ __forceinline__ bool ba_edge(const unsigned int (&mask)[2], int j, in
     return (mask[r] >> (j * 8 + 2 * t + e)) & 1u;
 }
 
+// A cell's weight times its number of parallel edges (counts: uint8 per cell of the layout,
+// null when every cell holds at most one edge, as in a simple graph).
+__device__ __forceinline__ float ba_times_count(float p, const unsigned char* __restrict__ counts, int blk, int row,
+                                                int col) {
+    return counts == nullptr ? p : p * (float)__ldg(counts + ((long long)blk * 16 + row) * 16 + col);
+}
+
 // Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as T rows
 // of head h of y [n_rows, H, D]; rows past n_rows are not written.
 template <typename T, int D>
@@ -179,7 +187,7 @@ __device__ __forceinline__ float ba_row_sum(float v) {
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-           const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int n_windows, int n_rows,
+           const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int n_windows, int n_rows,
            int H, float scale, T* __restrict__ out, float* __restrict__ lse) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
@@ -249,7 +257,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[j][2 * r + e];
-                    x = x == GF_NEG_INF ? 0.f : exp2f(x - m[r]);
+                    x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, g + 8 * r, j * 8 + 2 * t + e);
                 }
         unsigned int pa[4];
         float rounded[2][4];
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
+               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
                const T* __restrict__ grad_out, const float* __restrict__ lse, int n_windows, int n_rows, int H,
                float scale, T* __restrict__ dq, float* __restrict__ delta) {
     using S = ba_shape<D>;
@@ -356,7 +364,9 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[j][2 * r + e] * c;
-                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF ? exp2f(x - lse2[r]) : 0.f;
+                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
+                                        ? ba_times_count(exp2f(x - lse2[r]), counts, blk, g + 8 * r, j * 8 + 2 * t + e)
+                                        : 0.f;
                     s[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[r]);  // de
                 }
         unsigned int dea[4];
@@ -376,7 +386,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
     ba_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-               const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                const T* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
                int n_windows, int n_src, int H, float scale, T* __restrict__ dk, T* __restrict__ dv) {
     using S = ba_shape<D>;
@@ -441,7 +451,9 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[j][2 * r + e] * c;
-                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF ? exp2f(x - lse2[j][e]) : 0.f;
+                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
+                                        ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, g + 8 * r, j * 8 + 2 * t + e)
+                                        : 0.f;
                     s[j][2 * r + e] = p;
                     dp[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[j][e]);  // de
                 }

@@ -1,6 +1,6 @@
 """Launcher of dot-product attention on tensor cores (``block_attention.cu``) over the
-block-sparse layout of the graph (:class:`gnn_fastpath.cuda.block_layout.BlockLayout`), for
-16-bit q, k, v.
+block-sparse layout of the graph (:class:`gnn_fastpath.cuda.block_layout.BlockLayout`: masks,
+and on a multigraph the parallel edges' counts), for 16-bit q, k, v.
 
 It is a variant of the dot-attention op's forward and of its backward, next to the CSR
 kernels of :mod:`gnn_fastpath.cuda.dot_attention`, which picks it (forced, by its rule or
@@ -78,8 +78,14 @@ def source_layout(graph) -> BlockLayout:
 
 
 def usable(graph) -> bool:
-    """Whether the layout can hold the graph: no parallel edges (a mask bit cannot count them)."""
-    return not layout(graph).has_duplicates()
+    """Whether the layout can hold the graph: at most 255 parallel edges between two nodes
+    (a cell's uint8 count)."""
+    try:
+        layout(graph).counts()
+        source_layout(graph).counts()
+    except ValueError:
+        return False
+    return True
 
 
 def _name(kernel: str, dtype: torch.dtype, D: int, device: torch.device) -> launch.Kernel:
@@ -96,8 +102,9 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tenso
     items = lay.n_windows * H
     if items:
         _name("ba_fwd", q.dtype, D, q.device).launch(
-            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols, masks=lay.masks(), q=q,
-            k=k, v=v, n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, out=out, lse=lse)
+            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols, masks=lay.masks(),
+            counts=lay.counts(), q=q, k=k, v=v, n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, out=out,
+            lse=lse)
     return out, lse
 
 
@@ -115,12 +122,12 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     if lay.n_windows * H:
         _name("ba_bwd_dst", q.dtype, D, q.device).launch(
             launch.cdiv(lay.n_windows * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
-            masks=lay.masks(), q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, n_windows=lay.n_windows,
-            n_rows=n_dst, H=H, scale=scale, dq=dq, delta=delta)
+            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse,
+            n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, dq=dq, delta=delta)
     src = source_layout(graph)
     if src.n_windows * H:
         _name("ba_bwd_src", q.dtype, D, q.device).launch(
             launch.cdiv(src.n_windows * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr, cols=src.cols,
-            masks=src.masks(), q=q, k=k, v=v, grad_out=grad_out, lse=lse, delta=delta, n_windows=src.n_windows,
-            n_src=n_src, H=H, scale=scale, dk=dk, dv=dv)
+            masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out=grad_out, lse=lse, delta=delta,
+            n_windows=src.n_windows, n_src=n_src, H=H, scale=scale, dk=dk, dv=dv)
     return dq, dk, dv

@@ -5,7 +5,8 @@ Rows are cut into windows of :data:`WINDOW`; the distinct columns of a window's 
 sorted, are packed 16 per block. Per block: the 16 column ids (``cols``, -1: padding), and,
 built on first use, either the 16 x 16 values in a 16-bit type (SpMM: A rounded once, as
 cuSPARSE takes it; duplicate entries added) or 16 row masks (attention: bit c of row r's mask
-says whether the window's row r has an entry in column slot c). ``window_ptr`` [n_windows + 1]
+says whether the window's row r has an entry in column slot c), with, on a multigraph, the
+number of parallel entries of each cell. ``window_ptr`` [n_windows + 1]
 gives each window's blocks. All arrays int32.
 
 A B row that several rows of a window use is read once per window instead of once per entry:
@@ -60,6 +61,7 @@ class BlockLayout:
         self._values: "OrderedDict[tuple, Tensor]" = OrderedDict()
         self._masks: Optional[Tensor] = None
         self._duplicates: Optional[bool] = None
+        self._counts: Optional[Tensor] = None
 
     def nbytes(self, dtype: Optional[torch.dtype] = torch.bfloat16) -> int:
         """Bytes of the structure plus one values entry of ``dtype`` (None: the row masks
@@ -84,8 +86,8 @@ class BlockLayout:
         return found
 
     def has_duplicates(self) -> bool:
-        """Whether two entries share a (row, column) cell (a multigraph's parallel edges), which
-        a mask cannot count (one host read, once)."""
+        """Whether two entries share a (row, column) cell (a multigraph's parallel edges; one
+        host read, once)."""
         if self._duplicates is None:
             cells = torch.sort(self.position).values
             self._duplicates = bool((cells[1:] == cells[:-1]).any()) if cells.numel() > 1 else False
@@ -93,13 +95,23 @@ class BlockLayout:
 
     def masks(self) -> Tensor:
         """int32 [n_blocks * 16]: the mask of row r of block b at b * 16 + r, bit c set where
-        that row has an entry in column slot c (built once; needs :meth:`has_duplicates`
-        False: the bits are summed, which is their OR only for distinct cells)."""
+        that row has an entry in column slot c (built once)."""
         if self._masks is None:
-            if self.has_duplicates():
-                raise ValueError("a block mask cannot hold parallel edges (duplicate cells)")
-            bits = torch.bitwise_left_shift(torch.ones_like(self.position), self.position % 16)
-            masks = torch.zeros(self.n_blocks * 16, dtype=torch.int64, device=self.position.device)
-            masks.index_add_(0, self.position // 16, bits)
+            cells = torch.unique(self.position) if self.has_duplicates() else self.position
+            bits = torch.bitwise_left_shift(torch.ones_like(cells), cells % 16)
+            masks = torch.zeros(self.n_blocks * 16, dtype=torch.int64, device=cells.device)
+            masks.index_add_(0, cells // 16, bits)  # distinct cells: the sum is the OR
             self._masks = masks.to(torch.int32)
         return self._masks
+
+    def counts(self) -> Optional[Tensor]:
+        """uint8 [n_blocks * 256]: the number of entries of each cell (position (b * 16 + r) *
+        16 + c), where some cell has more than one (:meth:`has_duplicates`); None where every
+        cell holds at most one (the masks say all). Built once; ValueError past 255 parallel
+        entries in one cell."""
+        if self._counts is None and self.has_duplicates():
+            counts = torch.bincount(self.position, minlength=self.n_blocks * 256)
+            if int(counts.max()) > 255:  # host read, once
+                raise ValueError("a block cell holds more than 255 parallel edges")
+            self._counts = counts.to(torch.uint8)
+        return self._counts

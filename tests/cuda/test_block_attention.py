@@ -1,8 +1,8 @@
 """Dot-product attention on tensor cores (gnn_fastpath.cuda.block_attention) against the float64
 reference, forward and every gradient, float16 and bfloat16, through the public op forced
 onto it (GNN_FASTPATH_DOT_FWD=block, GNN_FASTPATH_DOT_BWD=block), on graphs with empty rows,
-self loops, a super node, a hub source, bipartite shapes, locally dense windows, and an
-undirected graph (whose dk/dv pass walks the forward layout).
+self loops, a super node, a hub source, bipartite shapes, locally dense windows, parallel
+edges (counted per cell), and an undirected graph (whose dk/dv pass walks the forward layout).
 
 Bound: test_dot_attention_half's (same inputs on both sides, errors relative to each row's
 largest magnitude plus a tensor-scale term), with one more rounding to T inside each product:
@@ -56,13 +56,17 @@ GRAPHS = {
     "homo": lambda: random_edges(200, 200, 3000, seed=5, empty_rows=3),
     "clustered": _clustered,
     "undirected": _undirected,
+    "parallel": lambda: random_edges(300, 250, 6000, seed=6, empty_rows=5, super_node_degree=600),
 }
+#: Graphs kept with their parallel edges (counted per cell of the layout); the others are simple.
+MULTIGRAPHS = ("parallel",)
 _cache = {}
 
 
 def _graph(name) -> Graph:
     if name not in _cache:
-        _cache[name] = _simple(*GRAPHS[name]())
+        ei, sizes = GRAPHS[name]()
+        _cache[name] = Graph.from_edge_index(ei.cuda(), num_nodes=sizes) if name in MULTIGRAPHS else _simple(ei, sizes)
     return _cache[name]
 
 
@@ -111,7 +115,7 @@ def test_rows_without_edges(block, dtype):
     dk = dv = 0; every row is written (a NaN-filled allocator would show any row left)."""
     ei, (n_src, n_dst) = GRAPHS["small"]()
     g = _simple(ei, (n_src + 5, n_dst))  # 5 sources without out-edges
-    out, (dq, dk, dv) = _compare(g, 2, 64, dtype)
+    out, (dq, dk, dv, _) = _compare(g, 2, 64, dtype)
     empty_dst = g.in_degree() == 0
     empty_src = g.out_degree() == 0
     assert empty_dst.any() and empty_src.any()
@@ -140,21 +144,25 @@ def test_either_backward_follows_either_forward(monkeypatch, dtype):
             assert_half_close(f"{name} {fwd}/{bwd}", got, want, 2 * u, u_saved=u + EPS32_ACC)
 
 
+def test_multigraph_counts_parallel_edges():
+    g = _graph("parallel")
+    assert block_attention.layout(g).counts() is not None  # the graph has parallel edges
+    assert int(block_attention.layout(g).counts().max()) >= 2
+
+
 def test_calls_it_cannot_take_run_the_csr_kernels(monkeypatch):
     """Forced, the block kernels still leave edge terms, dropout, returned attention, float32,
-    other head widths and parallel edges to the CSR kernels (a forced setting is a preference)."""
+    other head widths and float32 results to the CSR kernels (a forced setting is a preference)."""
     monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
     monkeypatch.setattr(block_attention, "forward", lambda *a, **k: pytest.fail("block forward ran"))
     monkeypatch.setattr(block_attention, "backward", lambda *a, **k: pytest.fail("block backward ran"))
     g = _graph("homo")
     q, k, v, t = [x.requires_grad_() for x in inputs(g, 2, 64, torch.bfloat16, edge_term=True)]
-    src, dst = g.caller_coo()
-    multi = Graph.from_edge_index(torch.stack([src, dst]).repeat(1, 2), num_nodes=(g.n_src, g.n_dst))
     for call in (lambda: fused(g, q, k, v, edge_term=t), lambda: fused(g, q, k, v, dropout=0.1),
                  lambda: fused(g, q, k, v, return_attention=True)[0], lambda: fused(g, q.float(), k.float(), v.float()),
                  lambda: fused(g, q[..., :40], k[..., :40], v[..., :40]),
-                 lambda: fused(g, q, k, v, out_dtype=torch.float32), lambda: fused(multi, q, k, v)):
+                 lambda: fused(g, q, k, v, out_dtype=torch.float32)):
         call().float().sum().backward()
 
 

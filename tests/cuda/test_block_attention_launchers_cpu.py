@@ -1,6 +1,7 @@
 """Dry launches of the block-sparse attention launcher on the CPU (see dry_launch.py): the
 forward and both backward passes reach their kernels with matching arguments, and every
-instantiation (float16/bfloat16, each head width the kernels take) compiles for sm_90; an
+instantiation (float16/bfloat16, each head width the kernels take; simple graphs and
+multigraphs, whose cells carry counts) compiles for sm_90; an
 undirected graph's source pass walks the forward layout. Which calls may take the kernels at
 all (block_attention.unsupported) is asked here too."""
 from __future__ import annotations
@@ -25,9 +26,12 @@ def _qkv(g, H, D, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [16, 32, 48, 64, 128])
+@pytest.mark.parametrize("simple", [True, False], ids=["simple", "multigraph"])
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
-def test_block_attention_launches(launches, graph_name, D, dtype):
-    g = _simple(graph(*GRAPHS[graph_name]))
+def test_block_attention_launches(launches, graph_name, simple, D, dtype):
+    g = graph(*GRAPHS[graph_name])
+    g = _simple(g) if simple else g
+    assert (block_attention.layout(g).counts() is None) == simple
     q, k, v = _qkv(g, 3, D, dtype)
     out, lse = block_attention.forward(g, q, k, v, 0.25)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
@@ -46,10 +50,11 @@ def test_undirected_graph_shares_one_layout():
     assert block_attention.source_layout(directed) is not block_attention.layout(directed)
 
 
-def test_parallel_edges_are_not_usable():
+def test_parallel_edges_up_to_255():
     ei = torch.tensor([[0, 1, 1, 2], [1, 2, 2, 0]])
-    assert not block_attention.usable(Graph.from_edge_index(ei, 3))
-    assert block_attention.usable(Graph.from_edge_index(ei[:, [0, 1, 3]], 3))
+    assert block_attention.usable(Graph.from_edge_index(ei, 3))
+    many = torch.cat([ei, torch.tensor([[1], [2]]).repeat(1, 254)], 1)  # 256 edges 1 -> 2
+    assert not block_attention.usable(Graph.from_edge_index(many, 3))
 
 
 def test_unsupported_names_the_reason():

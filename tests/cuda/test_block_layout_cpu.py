@@ -63,7 +63,7 @@ def test_masks_rebuild_the_pattern(graph_name):
     src, dst = g.caller_coo()
     g = Graph.from_edge_index(torch.unique(torch.stack([src, dst]), dim=1), (g.n_src, g.n_dst))
     kc, layout = _layout(g)
-    assert not layout.has_duplicates()
+    assert not layout.has_duplicates() and layout.counts() is None
     masks = layout.masks().view(layout.n_blocks, 16).long()
     bits = (masks[:, :, None] >> torch.arange(16)) & 1  # [block, row, slot]
     pattern = _dense_from_blocks(layout, bits.to(torch.float64).flatten())
@@ -73,11 +73,19 @@ def test_masks_rebuild_the_pattern(graph_name):
     assert torch.equal(pattern, want)
 
 
-def test_parallel_edges_are_duplicates():
-    kc, layout = _layout(graph(*GRAPHS["plain"]))  # random_edges draws some edges twice
+def test_parallel_edges_are_counted():
+    g = graph(*GRAPHS["plain"])  # random_edges draws some edges twice
+    kc, layout = _layout(g)
     assert layout.has_duplicates()
-    with pytest.raises(ValueError, match="parallel edges"):
-        layout.masks()
+    counts = layout.counts()
+    assert counts.dtype == torch.uint8 and int(counts.max()) >= 2
+    rows = torch.repeat_interleave(torch.arange(g.n_dst), (kc.indptr[1:] - kc.indptr[:-1]).long())
+    want = torch.zeros(g.n_dst, g.n_src, dtype=torch.float64)
+    want.index_put_((rows, kc.indices.long()), torch.ones(g.num_edges, dtype=torch.float64), accumulate=True)
+    assert torch.equal(_dense_from_blocks(layout, counts.double()), want)
+    masks = layout.masks().view(layout.n_blocks, 16).long()
+    bits = ((masks[:, :, None] >> torch.arange(16)) & 1).flatten()
+    assert torch.equal(bits.bool(), counts > 0)
 
 
 def test_fill_and_the_density_gate():
