@@ -16,7 +16,9 @@
 // pass walks the source-major one (the transpose's layout; an undirected graph's is the
 // forward one).
 //
-// One warp per (window, head), FlashAttention-style on 16 x 16 tiles: per block the 16 column
+// One warp per (work item, head), FlashAttention-style on 16 x 16 tiles (an item: a window, or
+// a chunk of a window with many blocks, whose partial rows a merge combines: dot_attention.cu's
+// dot_fwd_merge and dot_sum_partials, which the CSR kernels' split rows use too): per block the 16 column
 // rows of the head are staged in shared memory by cp.async, double-buffered (the next block's
 // copies fly while this block's mmas run); the window's 16 rows stay in registers as mma A
 // fragments (forward: q; dq pass: q and do) or in shared memory (dk/dv pass: k and v, read per
@@ -182,20 +184,68 @@ __device__ __forceinline__ float ba_row_sum(float v) {
     return v + __shfl_xor_sync(GF_FULL_MASK, v, 2);
 }
 
+// A work item (gnn_fastpath.cuda.worklist's row chunks over the layout's windows, a window's
+// blocks counting as its edges): window w's blocks [first, last). A window with more than
+// `chunk_blocks` blocks is cut into chunks, one warp each, whose rows keep partial states in
+// float32 workspace rows part_row(r), contiguous per row (base: 16 x the window's first chunk
+// slot); `base` < 0: a whole window, whose rows are written final.
+struct BaItem {
+    int w, first, last, base, chunks, chunk;
+    __device__ __forceinline__ long long part_row(int r) const { return (long long)base + r * chunks + chunk; }
+};
+
+__device__ __forceinline__ BaItem ba_item(const int4* __restrict__ items, long long it,
+                                          const int* __restrict__ window_ptr, int chunk_blocks) {
+    const int4 x = items[it];
+    BaItem b;
+    b.w = x.x;
+    b.first = x.y;
+    b.last = x.z;
+    b.base = -1;
+    b.chunks = 1;
+    b.chunk = 0;
+    if (x.w >= 0) {  // the chunk's slot
+        const int w0 = __ldg(window_ptr + b.w), blocks = __ldg(window_ptr + b.w + 1) - w0;
+        b.chunks = (blocks + chunk_blocks - 1) / chunk_blocks;
+        b.chunk = (b.first - w0) / chunk_blocks;
+        b.base = (x.w - b.chunk) * 16;
+    }
+    return b;
+}
+
+// Store the lane's part of a 16 x D float tile (times factor[r]) as float32 partial rows of a
+// chunk item (rows past n_rows are not written).
+template <int D>
+__device__ __forceinline__ void ba_store_partial(float* __restrict__ part, const float (&acc)[D / 8][4],
+                                                 const float (&factor)[2], const BaItem& b, long long row0, int n_rows,
+                                                 int H, int h, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row0 + g + 8 * r >= n_rows) continue;
+        float2* p = reinterpret_cast<float2*>(part + (b.part_row(g + 8 * r) * H + h) * D + 2 * t);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+            p[n * 4] = make_float2(acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward: out, lse. Every row of out and lse is written (a row without in-edges: 0, -inf).
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-           const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int n_windows, int n_rows,
-           int H, float scale, T* __restrict__ out, float* __restrict__ lse) {
+           const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
+           const T* __restrict__ v, const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_rows,
+           int H, float scale, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
+           float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
-    if (item >= (long long)n_windows * H) return;  // whole warps leave together
-    const int w = (int)(item / H), h = (int)(item % H);
-    const long long row0 = (long long)w * 16;
+    if (item >= n_items * H) return;  // whole warps leave together
+    const int h = (int)(item % H);
+    const BaItem b = ba_item(items, item / H, window_ptr, chunk_blocks);
+    const long long row0 = (long long)b.w * 16;
     const unsigned short* ks = reinterpret_cast<const unsigned short*>(k);
     const unsigned short* vs = reinterpret_cast<const unsigned short*>(v);
 
@@ -207,7 +257,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     float m[2] = {GF_NEG_INF, GF_NEG_INF}, l[2] = {0.f, 0.f};  // per row g + 8 r; l: this lane's part
     const float c = scale * BA_LOG2E;  // logits in base 2
 
-    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    const int first = b.first, last = b.last;
     if (first < last) {
         ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
         ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
@@ -257,13 +307,15 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[j][2 * r + e];
-                    x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, g + 8 * r, j * 8 + 2 * t + e);
+                    const int row = g + 8 * r, col = j * 8 + 2 * t + e;
+                    x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, row, col);
                 }
         unsigned int pa[4];
         float rounded[2][4];
         gf_mma_a_from_c<T>(pa, s, rounded);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] += rounded[0][2 * r] + rounded[0][2 * r + 1] + rounded[1][2 * r] + rounded[1][2 * r + 1];
+        for (int r = 0; r < 2; ++r)
+            l[r] += rounded[0][2 * r] + rounded[0][2 * r + 1] + rounded[1][2 * r] + rounded[1][2 * r + 1];
 #pragma unroll
         for (int n = 0; n < S::NT; ++n) {
             acc[n][0] *= corr[0];
@@ -281,9 +333,21 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         l[r] = ba_row_sum(l[r]);
         inv[r] = l[r] != 0.f ? 1.f / l[r] : 0.f;
         const long long row = row0 + g + 8 * r;
-        if (t == 0 && row < n_rows) lse[row * H + h] = l[r] != 0.f ? (m[r] + __log2f(l[r])) * BA_LN2 : GF_NEG_INF;
+        if (t != 0 || row >= n_rows) continue;
+        if (b.base < 0) {
+            lse[row * H + h] = l[r] != 0.f ? (m[r] + __log2f(l[r])) * BA_LN2 : GF_NEG_INF;
+        } else {  // a chunk's (m, l) in dot_fwd_merge's form: natural-log max, the sum
+            float* ml = part_ml + (b.part_row(g + 8 * r) * H + h) * 2;
+            ml[0] = m[r] * BA_LN2;
+            ml[1] = l[r];
+        }
     }
-    ba_store_rows<T, D>(out, acc, inv, row0, n_rows, H, h, g, t);
+    if (b.base < 0) {
+        ba_store_rows<T, D>(out, acc, inv, row0, n_rows, H, h, g, t);
+    } else {
+        const float one[2] = {1.f, 1.f};
+        ba_store_partial<D>(part_acc, acc, one, b, row0, n_rows, H, h, g, t);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -291,16 +355,19 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
-               const T* __restrict__ grad_out, const float* __restrict__ lse, int n_windows, int n_rows, int H,
-               float scale, T* __restrict__ dq, float* __restrict__ delta) {
+               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
+               const T* __restrict__ v, const T* __restrict__ out,
+               const T* __restrict__ grad_out, const float* __restrict__ lse, const int4* __restrict__ items,
+               long long n_items, int chunk_blocks, int n_rows, int H, float scale, T* __restrict__ dq,
+               float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
-    if (item >= (long long)n_windows * H) return;
-    const int w = (int)(item / H), h = (int)(item % H);
-    const long long row0 = (long long)w * 16;
+    if (item >= n_items * H) return;  // whole warps leave together
+    const int h = (int)(item % H);
+    const BaItem b = ba_item(items, item / H, window_ptr, chunk_blocks);
+    const long long row0 = (long long)b.w * 16;
     const unsigned short* ks = reinterpret_cast<const unsigned short*>(k);
     const unsigned short* vs = reinterpret_cast<const unsigned short*>(v);
 
@@ -327,14 +394,14 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         dl[r] = ba_row_sum(dl[r]);
         const long long row = row0 + g + 8 * r;
         lse2[r] = row < n_rows ? lse[row * H + h] * BA_LOG2E : 0.f;
-        if (t == 0 && row < n_rows) delta[row * H + h] = dl[r];
+        if (t == 0 && row < n_rows && b.chunk == 0) delta[row * H + h] = dl[r];
     }
     float acc[S::NT][4];
 #pragma unroll
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     const float c = scale * BA_LOG2E;
 
-    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    const int first = b.first, last = b.last;
     if (first < last) {
         ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
         ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
@@ -376,7 +443,11 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         __syncwarp();
     }
     const float factor[2] = {scale, scale};
-    ba_store_rows<T, D>(dq, acc, factor, row0, n_rows, H, h, g, t);
+    if (b.base < 0) {
+        ba_store_rows<T, D>(dq, acc, factor, row0, n_rows, H, h, g, t);
+    } else {
+        ba_store_partial<D>(part_dq, acc, factor, b, row0, n_rows, H, h, g, t);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -386,17 +457,20 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 template <typename T, int D>
 __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
     ba_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
-               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
+               const T* __restrict__ v,
                const T* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-               int n_windows, int n_src, int H, float scale, T* __restrict__ dk, T* __restrict__ dv) {
+               const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_src, int H, float scale,
+               T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ part_dk, float* __restrict__ part_dv) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short window[BA_SRC_WARPS][2][S::TILE];   // [warp][k, v] of the sources
     __shared__ __align__(16) unsigned short stage[BA_SRC_WARPS][2][2][S::TILE];  // [warp][buffer][q, do]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_SRC_WARPS + warp;
-    if (item >= (long long)n_windows * H) return;
-    const int w = (int)(item / H), h = (int)(item % H);
-    const long long row0 = (long long)w * 16;
+    if (item >= n_items * H) return;  // whole warps leave together
+    const int h = (int)(item % H);
+    const BaItem b = ba_item(items, item / H, window_ptr, chunk_blocks);
+    const long long row0 = (long long)b.w * 16;
     const unsigned short* qs = reinterpret_cast<const unsigned short*>(q);
     const unsigned short* dos = reinterpret_cast<const unsigned short*>(grad_out);
 
@@ -411,7 +485,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
     }
     const float c = scale * BA_LOG2E;
 
-    const int first = __ldg(window_ptr + w), last = __ldg(window_ptr + w + 1);
+    const int first = b.first, last = b.last;
     if (first < last) {
         ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, qs, H, h, lane);
         ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, dos, H, h, lane);
@@ -452,7 +526,8 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[j][2 * r + e] * c;
                     const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
-                                        ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, g + 8 * r, j * 8 + 2 * t + e)
+                                        ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, g + 8 * r,
+                                                         j * 8 + 2 * t + e)
                                         : 0.f;
                     s[j][2 * r + e] = p;
                     dp[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[j][e]);  // de
@@ -469,6 +544,11 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
         gf_cp_async_wait<0>();
     }
     const float factor_k[2] = {scale, scale}, one[2] = {1.f, 1.f};
-    ba_store_rows<T, D>(dk, ak, factor_k, row0, n_src, H, h, g, t);
-    ba_store_rows<T, D>(dv, av, one, row0, n_src, H, h, g, t);
+    if (b.base < 0) {
+        ba_store_rows<T, D>(dk, ak, factor_k, row0, n_src, H, h, g, t);
+        ba_store_rows<T, D>(dv, av, one, row0, n_src, H, h, g, t);
+    } else {
+        ba_store_partial<D>(part_dk, ak, factor_k, b, row0, n_src, H, h, g, t);
+        ba_store_partial<D>(part_dv, av, one, b, row0, n_src, H, h, g, t);
+    }
 }

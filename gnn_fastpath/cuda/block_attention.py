@@ -12,13 +12,14 @@ kept with it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import launch
-from .block_layout import BlockLayout
+from . import launch, worklist
+from .block_layout import WINDOW, BlockLayout
 
 SOURCE = "block_attention.cu"
 #: Warps per thread block: forward and dq pass, dk/dv pass (static shared memory per warp:
@@ -32,6 +33,10 @@ MAX_HEAD_DIM = 128
 #: The rule (tuning off): the block path where a window's rows share their source columns at
 #: least this much (entries per distinct (window, column) pair; 1: no sharing).
 MIN_SHARING = 1.5
+#: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
+#: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp
+#: busy while the rest of the GPU idles).
+CHUNK_BLOCKS = 32
 
 
 def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
@@ -77,6 +82,36 @@ def source_layout(graph) -> BlockLayout:
     return graph.memo(("block_attention", "source_layout"), build)
 
 
+@dataclass(frozen=True)
+class Work:
+    """The work list of one layout: ``chunks`` (:func:`gnn_fastpath.cuda.worklist.build` over
+    the windows, a window's blocks counting as its edges, longest first) and ``split`` (int32
+    [n_split, 4]: (row, first workspace row, rows, 0) per row of a split window, the form the
+    dot family's merge kernels take; 0 rows past the last row)."""
+
+    chunks: worklist.RowChunks
+    split: Tensor
+    n_split: int
+    n_part_rows: int
+
+
+def work(graph, lay: BlockLayout) -> Work:
+    """:class:`Work` of ``lay`` (one of ``graph``'s layouts), built once per graph and
+    :data:`CHUNK_BLOCKS` (one host read)."""
+    def build():
+        chunks = worklist.build(lay.window_ptr, CHUNK_BLOCKS, CHUNK_BLOCKS + 1, order="degree")
+        sp = chunks.split.long()
+        r = torch.arange(WINDOW, device=sp.device)
+        rows = sp[:, :1] * WINDOW + r
+        first = sp[:, 1:2] * WINDOW + r * sp[:, 2:3]
+        n = torch.where(rows < lay.n_rows, sp[:, 2:3], 0)
+        split = torch.stack([rows, first, n, torch.zeros_like(n)], -1).view(-1, 4).to(torch.int32).contiguous()
+        return Work(chunks, split, split.shape[0], chunks.n_slots * WINDOW)
+
+    side = "destination" if lay is layout(graph) else "source"
+    return graph.memo(("block_attention", "work", side, CHUNK_BLOCKS), build)
+
+
 def usable(graph) -> bool:
     """Whether the layout can hold the graph: at most 255 parallel edges between two nodes
     (a cell's uint8 count)."""
@@ -86,6 +121,14 @@ def usable(graph) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _dot():
+    """The dot family's launcher, whose merge kernels the split windows share (imported here,
+    not at module level: it imports this module)."""
+    from . import dot_attention
+
+    return dot_attention
 
 
 def _name(kernel: str, dtype: torch.dtype, D: int, device: torch.device) -> launch.Kernel:
@@ -99,12 +142,17 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tenso
     out = torch.empty_like(q)
     lse = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
     lay = layout(graph)
-    items = lay.n_windows * H
-    if items:
+    wk = work(graph, lay)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    part_acc = torch.empty((wk.n_part_rows, H, D), **f32) if wk.n_part_rows else None
+    part_ml = torch.empty((wk.n_part_rows, H, 2), **f32) if wk.n_part_rows else None
+    if wk.chunks.n_items * H:
         _name("ba_fwd", q.dtype, D, q.device).launch(
-            launch.cdiv(items, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols, masks=lay.masks(),
-            counts=lay.counts(), q=q, k=k, v=v, n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, out=out,
-            lse=lse)
+            launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
+            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, items=wk.chunks.items,
+            n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale, out=out, lse=lse,
+            part_acc=part_acc, part_ml=part_ml)
+        _dot().merge_split_rows(wk.split, wk.n_split, part_acc, part_ml, out, lse)
     return out, lse
 
 
@@ -118,16 +166,27 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     n_src = k.size(0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
+    f32 = dict(dtype=torch.float32, device=q.device)
     lay = layout(graph)
-    if lay.n_windows * H:
+    wk = work(graph, lay)
+    if wk.chunks.n_items * H:
+        part_dq = torch.empty((wk.n_part_rows, H, D), **f32) if wk.n_part_rows else None
         _name("ba_bwd_dst", q.dtype, D, q.device).launch(
-            launch.cdiv(lay.n_windows * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
+            launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse,
-            n_windows=lay.n_windows, n_rows=n_dst, H=H, scale=scale, dq=dq, delta=delta)
+            items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
+            scale=scale, dq=dq, delta=delta, part_dq=part_dq)
+        _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
     src = source_layout(graph)
-    if src.n_windows * H:
+    swk = work(graph, src)
+    if swk.chunks.n_items * H:
+        part_dk = torch.empty((swk.n_part_rows, H, D), **f32) if swk.n_part_rows else None
+        part_dv = torch.empty((swk.n_part_rows, H, D), **f32) if swk.n_part_rows else None
         _name("ba_bwd_src", q.dtype, D, q.device).launch(
-            launch.cdiv(src.n_windows * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr, cols=src.cols,
-            masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out=grad_out, lse=lse, delta=delta,
-            n_windows=src.n_windows, n_src=n_src, H=H, scale=scale, dk=dk, dv=dv)
+            launch.cdiv(swk.chunks.n_items * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr,
+            cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out=grad_out, lse=lse,
+            delta=delta, items=swk.chunks.items, n_items=swk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_src=n_src,
+            H=H, scale=scale, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
+        _dot().sum_split_rows(swk.split, swk.n_split, part_dk, dk)
+        _dot().sum_split_rows(swk.split, swk.n_split, part_dv, dv)
     return dq, dk, dv

@@ -260,10 +260,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
         _blocks(n_work * 32), THREADS, indices=kc.indices, perm=kc.perm, items=work.items, n_work=n_work,
         head_blocks=head_blocks, q=q, k=k, v=v, edge_term=edge_term, out=out, lse=lse, part_acc=part_acc,
         part_ml=part_ml, logits=logits, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset, rng=rng)
-    if work.n_split:
-        _kernel(cfg, "dot_fwd_merge", device, to).launch(
-            _blocks(work.n_split * H * D), THREADS, split=work.split, n_split=work.n_split, part_acc=part_acc,
-            part_ml=part_ml, out=out, lse=lse, H=H, D=D)
+    merge_split_rows(work.split, work.n_split, part_acc, part_ml, out, lse)
     if return_attention and alpha.numel():
         _kernel(cfg, "dot_alpha_from_logits", device, to, rng=rng).launch(
             _blocks(work.n_items * 32), THREADS, perm=kc.perm, items=work.items, n_items=work.n_items, lse=lse,
@@ -272,13 +269,25 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     return out, lse, alpha
 
 
-def _sum_partials(cfg: Config, work: worklist.RowChunks, part: Tensor, dst: Tensor) -> None:
-    """Split rows of ``dst`` (any storage dtype) = sums of their float32 partial rows."""
+def merge_split_rows(split: Tensor, n_split: int, part_acc: Optional[Tensor], part_ml: Optional[Tensor],
+                     out: Tensor, lse: Tensor) -> None:
+    """Forward of split rows: out [N, H, D] (any storage dtype) and lse [N, H] of each entry
+    (row, first slot, slots, _) of ``split`` from the (m, l) [slots, H, 2] and unnormalised
+    accumulator [slots, H, D] float32 partial states of its slots (an entry of 0 slots: none)."""
+    H, D = out.shape[1:]
+    if n_split and H * D:
+        KERNELS.kernel(out.device, "dot_fwd_merge", launch.ctype(out.dtype)).launch(
+            _blocks(n_split * H * D), THREADS, split=split, n_split=n_split, part_acc=part_acc, part_ml=part_ml,
+            out=out, lse=lse, H=H, D=D)
+
+
+def sum_split_rows(split: Tensor, n_split: int, part: Optional[Tensor], dst: Tensor) -> None:
+    """Rows of ``dst`` (any storage dtype) named by ``split`` (as :func:`merge_split_rows`) =
+    sums of their float32 partial rows, rounded once."""
     row_len = dst[0].numel() if dst.numel() else 0
-    if work.n_split and row_len:
-        _kernel(cfg, "dot_sum_partials", dst.device, dst.dtype).launch(
-            _blocks(work.n_split * row_len), THREADS, split=work.split, n_split=work.n_split, part=part, dst=dst,
-            row_len=row_len)
+    if n_split and row_len:
+        KERNELS.kernel(dst.device, "dot_sum_partials", launch.ctype(dst.dtype)).launch(
+            _blocks(n_split * row_len), THREADS, split=split, n_split=n_split, part=part, dst=dst, row_len=row_len)
 
 
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,
@@ -351,7 +360,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
             d_edge_term=d_edge_term, delta_out=delta, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset,
             rng=rng)
         if part_dq is not None:
-            _sum_partials(cfg, work, part_dq, dq)
+            sum_split_rows(work.split, work.n_split, part_dq, dq)
     if transposed and k.shape[0]:
         scsr = graph.kernel_source_csr()
         swork = _work(graph, source_major=True)
@@ -366,8 +375,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
             part_dk=part_dk, part_dv=part_dv, H=H, D_rt=D, scale=scale, p=p, seed=seed, offset=offset,
             rng=rng)
         if part_dk is not None:
-            _sum_partials(cfg, swork, part_dk, dk)
-            _sum_partials(cfg, swork, part_dv, dv)
+            sum_split_rows(swork.split, swork.n_split, part_dk, dk)
+            sum_split_rows(swork.split, swork.n_split, part_dv, dv)
     if not transposed and ti != torch.float32:
         dk, dv = dk.to(ti), dv.to(ti)  # the one rounding of the float32 sums
     return dq, dk, dv, d_edge_term

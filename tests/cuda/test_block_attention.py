@@ -102,10 +102,13 @@ def block(monkeypatch):
     assert ran[:2] == ["forward", "backward"], f"the block kernels ran {ran}"
 
 
+@pytest.mark.parametrize("chunk", [32, 2], ids=["chunks32", "chunks2"])
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("H,D", [(3, 16), (2, 32), (1, 48), (2, 64), (4, 128)])
 @pytest.mark.parametrize("name", list(GRAPHS))
-def test_matches_reference(block, name, H, D, dtype):
+def test_matches_reference(block, monkeypatch, name, H, D, dtype, chunk):
+    """``chunk``: blocks per work item (2: most windows are split into chunks, merged after)."""
+    monkeypatch.setattr(block_attention, "CHUNK_BLOCKS", chunk)
     _compare(_graph(name), H, D, dtype, seed=D + H)
 
 
@@ -114,7 +117,7 @@ def test_rows_without_edges(block, dtype):
     """A destination without in-edges gets 0 (and lse -inf); a source without out-edges gets
     dk = dv = 0; every row is written (a NaN-filled allocator would show any row left)."""
     ei, (n_src, n_dst) = GRAPHS["small"]()
-    g = _simple(ei, (n_src + 5, n_dst))  # 5 sources without out-edges
+    g = _simple(ei, (n_src + 5, n_dst + 5))  # 5 sources without out-edges, 5 destinations without in-edges
     out, (dq, dk, dv, _) = _compare(g, 2, 64, dtype)
     empty_dst = g.in_degree() == 0
     empty_src = g.out_degree() == 0

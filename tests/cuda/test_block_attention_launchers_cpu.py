@@ -28,7 +28,11 @@ def _qkv(g, H, D, dtype):
 @pytest.mark.parametrize("D", [16, 32, 48, 64, 128])
 @pytest.mark.parametrize("simple", [True, False], ids=["simple", "multigraph"])
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
-def test_block_attention_launches(launches, graph_name, simple, D, dtype):
+@pytest.mark.parametrize("chunk", [32, 1], ids=["whole", "split"])
+def test_block_attention_launches(launches, monkeypatch, chunk, graph_name, simple, D, dtype):
+    """``chunk``: blocks per work item (1: every window of two blocks or more is split, and
+    the merge kernels run)."""
+    monkeypatch.setattr(block_attention, "CHUNK_BLOCKS", chunk)
     g = graph(*GRAPHS[graph_name])
     g = _simple(g) if simple else g
     assert (block_attention.layout(g).counts() is None) == simple
@@ -36,7 +40,11 @@ def test_block_attention_launches(launches, graph_name, simple, D, dtype):
     out, lse = block_attention.forward(g, q, k, v, 0.25)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
     dq, dk, dv = block_attention.backward(g, q, k, v, out, lse, torch.randn_like(out), 0.25)
-    assert launches == ["ba_fwd", "ba_bwd_dst", "ba_bwd_src"]
+    if chunk == 1:
+        assert launches == ["ba_fwd", "dot_fwd_merge", "ba_bwd_dst", "dot_sum_partials", "ba_bwd_src",
+                            "dot_sum_partials", "dot_sum_partials"]
+    else:
+        assert launches == ["ba_fwd", "ba_bwd_dst", "ba_bwd_src"]
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dk.dtype == dtype
 
 
@@ -48,6 +56,28 @@ def test_undirected_graph_shares_one_layout():
     assert block_attention.source_layout(g) is block_attention.layout(g)
     directed = Graph.from_edge_index(ei[:, ei[0] < ei[1]], 60)
     assert block_attention.source_layout(directed) is not block_attention.layout(directed)
+
+
+def test_split_windows_work_list(monkeypatch):
+    """Chunks of CHUNK_BLOCKS blocks; each split window's rows own contiguous workspace rows, one
+    per chunk; rows past the last row (the last window's padding) are merged from 0 rows."""
+    monkeypatch.setattr(block_attention, "CHUNK_BLOCKS", 4)
+    ei = torch.randint(0, 300, (2, 6000), generator=torch.Generator().manual_seed(2))
+    g = Graph.from_edge_index(torch.unique(ei, dim=1), 300)
+    lay = block_attention.layout(g)
+    wk = block_attention.work(g, lay)
+    blocks = (lay.window_ptr[1:] - lay.window_ptr[:-1]).long()
+    chunks = (blocks + block_attention.CHUNK_BLOCKS - 1) // block_attention.CHUNK_BLOCKS
+    items = wk.chunks.items.long()
+    assert int((items[:, 2] - items[:, 1]).max()) <= block_attention.CHUNK_BLOCKS
+    assert torch.equal(torch.bincount(items[:, 0], minlength=lay.n_windows), chunks.clamp(min=1))
+    split = wk.split.long()
+    assert (chunks > 1).any() and wk.n_part_rows == 16 * int(chunks[chunks > 1].sum())
+    rows = split[:, 0]
+    assert torch.equal(split[rows < 300, 2], chunks[rows[rows < 300] // 16])
+    assert (split[rows >= 300, 2] == 0).all()
+    used = torch.cat([torch.arange(int(f), int(f + n)) for _, f, n, _ in split.tolist()])
+    assert torch.equal(torch.sort(used).values, torch.arange(used.numel()))  # each workspace row once
 
 
 def test_parallel_edges_up_to_255():
