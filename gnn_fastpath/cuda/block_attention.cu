@@ -30,8 +30,9 @@
 // row several window rows use is read once per window instead of once per edge: the win over
 // the CSR kernels where neighbourhoods are locally dense.
 //
-// Shapes: q [n_dst, H, D], k, v [n_src, H, D], out, do [n_dst, H, D] (T), D in 16..128 a multiple
-// of 16, rows 16-byte aligned (the launcher checks).
+// Shapes: q [n_dst, H, D], k, v [n_src, H, D] (T), out, do [n_dst, H, D] (TO: T or float32; a
+// float32 do is also passed rounded to T for the products, do16), D in 16..128 a multiple of 16,
+// rows 16-byte aligned (the launcher checks).
 #include "common.cuh"
 #include "attention_common.cuh"
 #include "mma.cuh"
@@ -160,20 +161,59 @@ __device__ __forceinline__ float ba_times_count(float p, const unsigned char* __
     return counts == nullptr ? p : p * (float)__ldg(counts + ((long long)blk * 16 + row) * 16 + col);
 }
 
-// Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as T rows
-// of head h of y [n_rows, H, D]; rows past n_rows are not written.
-template <typename T, int D>
-__device__ __forceinline__ void ba_store_rows(T* __restrict__ y, const float (&acc)[D / 8][4], const float (&factor)[2],
+// Two neighbouring elements of a row as float, and stored from float (T: float or 16-bit).
+template <typename T>
+__device__ __forceinline__ void ba_ld2(float (&v)[2], const T* __restrict__ p) {
+    if constexpr (sizeof(T) == 4) {
+        const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+        v[0] = x.x;
+        v[1] = x.y;
+    } else {
+        gf_unpack2<T>(v, __ldg(reinterpret_cast<const unsigned int*>(p)));
+    }
+}
+template <typename T>
+__device__ __forceinline__ void ba_st2(T* __restrict__ p, float a, float b) {
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    } else {
+        const float two[2] = {a, b};
+        *reinterpret_cast<unsigned int*>(p) = gf_pack2<T>(two);
+    }
+}
+
+// Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as rows of
+// head h of y [n_rows, H, D] (TY: float or 16-bit); rows past n_rows are not written.
+template <typename TY, int D>
+__device__ __forceinline__ void ba_store_rows(TY* __restrict__ y, const float (&acc)[D / 8][4], const float (&factor)[2],
                                               long long row0, int n_rows, int H, int h, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const long long row = row0 + g + 8 * r;
         if (row >= n_rows) continue;
-        unsigned int* p = reinterpret_cast<unsigned int*>(y + (row * H + h) * D + 2 * t);
+        TY* p = y + (row * H + h) * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) ba_st2(p + n * 8, acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]);
+    }
+}
+
+// This lane's part of <x_i, y_i> for the window's rows g and g + 8 (the elements of its A
+// fragments: columns 2t, 2t + 1 of every 8), in float32 (TO: float or 16-bit).
+template <typename TO, int D>
+__device__ __forceinline__ void ba_row_dots(float (&dot)[2], const TO* __restrict__ x, const TO* __restrict__ y,
+                                            long long row0, int n_rows, int H, int h, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        dot[r] = 0.f;
+        const long long row = row0 + g + 8 * r;
+        if (row >= n_rows) continue;
+        const long long at = (row * H + h) * D + 2 * t;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            const float two[2] = {acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]};
-            p[n * 4] = gf_pack2<T>(two);
+            float a[2], b[2];
+            ba_ld2(a, x + at + n * 8);
+            ba_ld2(b, y + at + n * 8);
+            dot[r] = fmaf(a[0], b[0], fmaf(a[1], b[1], dot[r]));
         }
     }
 }
@@ -231,12 +271,12 @@ __device__ __forceinline__ void ba_store_partial(float* __restrict__ part, const
 
 // ---------------------------------------------------------------------------------------
 // Forward: out, lse. Every row of out and lse is written (a row without in-edges: 0, -inf).
-template <typename T, int D>
+template <typename T, typename TO, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
            const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_rows,
-           int H, float scale, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
+           int H, float scale, TO* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
            float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
@@ -343,7 +383,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         }
     }
     if (b.base < 0) {
-        ba_store_rows<T, D>(out, acc, inv, row0, n_rows, H, h, g, t);
+        ba_store_rows<TO, D>(out, acc, inv, row0, n_rows, H, h, g, t);
     } else {
         const float one[2] = {1.f, 1.f};
         ba_store_partial<D>(part_acc, acc, one, b, row0, n_rows, H, h, g, t);
@@ -352,12 +392,12 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 
 // ---------------------------------------------------------------------------------------
 // Backward, destination pass: dq, and delta [n_rows, H] for the source pass. Every row written.
-template <typename T, int D>
+template <typename T, typename TO, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
                const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
-               const T* __restrict__ v, const T* __restrict__ out,
-               const T* __restrict__ grad_out, const float* __restrict__ lse, const int4* __restrict__ items,
+               const T* __restrict__ v, const TO* __restrict__ out, const TO* __restrict__ grad_out,
+               const T* __restrict__ grad_out16, const float* __restrict__ lse, const int4* __restrict__ items,
                long long n_items, int chunk_blocks, int n_rows, int H, float scale, T* __restrict__ dq,
                float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
@@ -373,22 +413,10 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 
     unsigned int qa[S::KS][4], da[S::KS][4];
     ba_window_fragments<D>(qa, reinterpret_cast<const unsigned short*>(q), row0, n_rows, H, h, g, t);
-    ba_window_fragments<D>(da, reinterpret_cast<const unsigned short*>(grad_out), row0, n_rows, H, h, g, t);
-    // delta = <out, do> per row, from the lane's elements of the do fragments and out's same
-    float dl[2] = {0.f, 0.f}, lse2[2];
-    {
-        unsigned int oa[S::KS][4];
-        ba_window_fragments<D>(oa, reinterpret_cast<const unsigned short*>(out), row0, n_rows, H, h, g, t);
-#pragma unroll
-        for (int kk = 0; kk < S::KS; ++kk)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float o[2], d[2];
-                gf_unpack2<T>(o, oa[kk][i]);
-                gf_unpack2<T>(d, da[kk][i]);
-                dl[i & 1] = fmaf(o[0], d[0], fmaf(o[1], d[1], dl[i & 1]));
-            }
-    }
+    ba_window_fragments<D>(da, reinterpret_cast<const unsigned short*>(grad_out16), row0, n_rows, H, h, g, t);
+    // delta = <out, do> per row, float32 from out and do as stored
+    float dl[2], lse2[2];
+    ba_row_dots<TO, D>(dl, out, grad_out, row0, n_rows, H, h, g, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         dl[r] = ba_row_sum(dl[r]);
@@ -458,8 +486,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
     ba_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
                const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
-               const T* __restrict__ v,
-               const T* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+               const T* __restrict__ v, const T* __restrict__ grad_out16, const float* __restrict__ lse,
+               const float* __restrict__ delta,
                const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_src, int H, float scale,
                T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ part_dk, float* __restrict__ part_dv) {
     using S = ba_shape<D>;
@@ -472,7 +500,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
     const BaItem b = ba_item(items, item / H, window_ptr, chunk_blocks);
     const long long row0 = (long long)b.w * 16;
     const unsigned short* qs = reinterpret_cast<const unsigned short*>(q);
-    const unsigned short* dos = reinterpret_cast<const unsigned short*>(grad_out);
+    const unsigned short* dos = reinterpret_cast<const unsigned short*>(grad_out16);
 
     ba_stage_window<D>(window[warp][0], row0, n_src, reinterpret_cast<const unsigned short*>(k), H, h, lane);
     ba_stage_window<D>(window[warp][1], row0, n_src, reinterpret_cast<const unsigned short*>(v), H, h, lane);

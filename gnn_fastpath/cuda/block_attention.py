@@ -30,25 +30,28 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: Head widths the kernels take: multiples of the mma's k = 16, up to 128 (registers: the
 #: window's q fragments and a 16 x D float32 accumulator per warp).
 MAX_HEAD_DIM = 128
-#: The rule (tuning off): the block path where a window's rows share their source columns at
-#: least this much (entries per distinct (window, column) pair; 1: no sharing).
-MIN_SHARING = 1.5
+#: Why the rule (tuning off) takes these kernels wherever they are offered: on the H200,
+#: bfloat16, H = 4, D = 128, kernel time per call (ms, block / CSR), forward: tolokers 0.43 /
+#: 0.50, arxiv-like 0.79 / 0.80, arxiv-skewdst 0.85 / 1.21, roads-like 0.24 / 0.36, clustered
+#: block model 0.74 / 0.92; backward 1.25 / 1.42, 2.71 / 2.67, 2.64 / 2.61, 0.86 / 0.98,
+#: 2.34 / 2.54 (benchmarks/results/2026-11-26-h200-issue14-c).
+RULE = "block wherever offered"
 #: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
 #: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp
 #: busy while the rest of the GPU idles).
-CHUNK_BLOCKS = 32
+CHUNK_BLOCKS = 64
 
 
 def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
                 out_dtype: Optional[torch.dtype]) -> Optional[str]:
     """Why the block kernels cannot take this call, or None when they can: 16-bit q, k, v of
-    one dtype on a GPU with bf16 mma (sm_80+), results in that dtype, head width a multiple of
-    16 up to :data:`MAX_HEAD_DIM`, 16-byte aligned, no edge term, no dropout, no returned
-    attention (``attention``: the call returns or takes a gradient of it)."""
+    one dtype on a GPU with bf16 mma (sm_80+), results in that dtype or float32 (autocast),
+    head width a multiple of 16 up to :data:`MAX_HEAD_DIM`, 16-byte aligned, no edge term, no
+    dropout, no returned attention (``attention``: the call returns or takes a gradient of it)."""
     if q.dtype not in DTYPES or not q.is_cuda:
         return "the block kernels take float16/bfloat16 on CUDA"
-    if (out_dtype or q.dtype) != q.dtype:
-        return "the block kernels write results in the inputs' dtype"
+    if (out_dtype or q.dtype) not in (q.dtype, torch.float32):
+        return "the block kernels write results in the inputs' dtype or float32"
     if edge_term is not None or p > 0 or attention:
         return "edge terms, attention dropout and returned attention take the CSR kernels"
     D = q.size(2)
@@ -131,15 +134,17 @@ def _dot():
     return dot_attention
 
 
-def _name(kernel: str, dtype: torch.dtype, D: int, device: torch.device) -> launch.Kernel:
-    return KERNELS.kernel(device, kernel, launch.ctype(dtype), D)
+def _name(kernel: str, D: int, device: torch.device, *dtypes: torch.dtype) -> launch.Kernel:
+    return KERNELS.kernel(device, kernel, *(launch.ctype(d) for d in dtypes), D)
 
 
-def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
-    """``(out [N_dst, H, D], lse [N_dst, H] float32)`` (see :func:`unsupported` for the inputs;
-    q, k, v contiguous). Every row written: a destination without in-edges gets 0 and -inf."""
+def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float,
+            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """``(out [N_dst, H, D] in out_dtype (default q's), lse [N_dst, H] float32)`` (see
+    :func:`unsupported` for the inputs; q, k, v contiguous). Every row written: a destination
+    without in-edges gets 0 and -inf."""
     n_dst, H, D = q.shape
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
     lay = layout(graph)
     wk = work(graph, lay)
@@ -147,7 +152,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tenso
     part_acc = torch.empty((wk.n_part_rows, H, D), **f32) if wk.n_part_rows else None
     part_ml = torch.empty((wk.n_part_rows, H, 2), **f32) if wk.n_part_rows else None
     if wk.chunks.n_items * H:
-        _name("ba_fwd", q.dtype, D, q.device).launch(
+        _name("ba_fwd", D, q.device, q.dtype, out.dtype).launch(
             launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, items=wk.chunks.items,
             n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale, out=out, lse=lse,
@@ -161,19 +166,22 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     """``(dq, dk, dv)`` in q's dtype from the forward's ``out`` and ``lse`` (either family's)
     and ``grad_out`` (contiguous, out's dtype): a destination pass (dq and delta = <out, dO>)
     over the destination-major layout, then a source pass (dk, dv, no atomics) over the
-    source-major one. Every row written."""
+    source-major one. Every row written. A float32 ``grad_out`` enters the tensor-core
+    products rounded to q's dtype (delta takes it as it is)."""
     n_dst, H, D = q.shape
     n_src = k.size(0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grad_out16 = grad_out if grad_out.dtype == q.dtype else grad_out.to(q.dtype)
     delta = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
     f32 = dict(dtype=torch.float32, device=q.device)
     lay = layout(graph)
     wk = work(graph, lay)
     if wk.chunks.n_items * H:
         part_dq = torch.empty((wk.n_part_rows, H, D), **f32) if wk.n_part_rows else None
-        _name("ba_bwd_dst", q.dtype, D, q.device).launch(
+        _name("ba_bwd_dst", D, q.device, q.dtype, out.dtype).launch(
             launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
-            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse,
+            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out=grad_out,
+            grad_out16=grad_out16, lse=lse,
             items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
             scale=scale, dq=dq, delta=delta, part_dq=part_dq)
         _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
@@ -182,9 +190,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     if swk.chunks.n_items * H:
         part_dk = torch.empty((swk.n_part_rows, H, D), **f32) if swk.n_part_rows else None
         part_dv = torch.empty((swk.n_part_rows, H, D), **f32) if swk.n_part_rows else None
-        _name("ba_bwd_src", q.dtype, D, q.device).launch(
+        _name("ba_bwd_src", D, q.device, q.dtype).launch(
             launch.cdiv(swk.chunks.n_items * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr,
-            cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out=grad_out, lse=lse,
+            cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out16=grad_out16, lse=lse,
             delta=delta, items=swk.chunks.items, n_items=swk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_src=n_src,
             H=H, scale=scale, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
         _dot().sum_split_rows(swk.split, swk.n_split, part_dk, dk)

@@ -18,8 +18,8 @@ Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for
 v without edge term, dropout or returned attention, on an eager graph without parallel edges
 that outlived a training step (its layout is a one-time cost a sampled batch's graph would pay
 every step), both passes can run on tensor cores over the graph's block-sparse layout instead.
-The rule takes it where a window's rows share their sources (:data:`block_attention.MIN_SHARING`);
-the tuner times it against the CSR kernels per size class and sharing.
+The rule takes it wherever it is offered (:data:`block_attention.RULE`); the tuner times it
+against the CSR kernels per size class and window sharing.
 """
 from __future__ import annotations
 
@@ -131,10 +131,6 @@ def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
     return block_attention.usable(graph)
 
 
-def _block_rule(graph) -> bool:
-    return block_attention.layout(graph).sharing >= block_attention.MIN_SHARING
-
-
 def backward_mode(graph, block: bool = False) -> str:
     """``"atomic"``, ``"transposed"`` or ``"block"`` for ``graph`` (``GNN_FASTPATH_DOT_BWD``
     forces one; ``"block"`` only where ``block``, :func:`block_offered`)."""
@@ -143,7 +139,7 @@ def backward_mode(graph, block: bool = False) -> str:
         return forced
     if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
-    if block and _block_rule(graph):
+    if block:  # measured faster or level on every benchmark graph (block_attention.RULE)
         return "block"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
@@ -154,9 +150,7 @@ def forward_algorithm(graph, block: bool) -> str:
     if not block:
         return "csr"
     forced = config.setting("GNN_FASTPATH_DOT_FWD")
-    if forced is not None:
-        return forced
-    return "block" if _block_rule(graph) else "csr"
+    return forced if forced is not None else "block"  # block_attention.RULE
 
 
 def _block_class(klass: str, graph) -> str:
@@ -235,7 +229,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
                 lambda: _block_class(forward_class(graph, H * D, q.dtype), graph), q.device, run, FORWARDS,
                 algorithm)
     if algorithm == "block":
-        out, lse = block_attention.forward(graph, q, k, v, scale)
+        out, lse = block_attention.forward(graph, q, k, v, scale, out_dtype)
         return out, lse, None
     device = q.device
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)

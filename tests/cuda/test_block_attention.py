@@ -16,7 +16,6 @@ import torch
 
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import block_attention
-from gnn_fastpath.cuda import dot_attention as dot_kernels
 from test_dot_attention_half import EPS32_ACC, UNIT_ROUNDOFF, assert_half_close, inputs, run
 from test_dot_attention_half import fused
 from zoo import random_edges
@@ -155,7 +154,7 @@ def test_multigraph_counts_parallel_edges():
 
 def test_calls_it_cannot_take_run_the_csr_kernels(monkeypatch):
     """Forced, the block kernels still leave edge terms, dropout, returned attention, float32,
-    other head widths and float32 results to the CSR kernels (a forced setting is a preference)."""
+    and other head widths to the CSR kernels (a forced setting is a preference)."""
     monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
     monkeypatch.setattr(block_attention, "forward", lambda *a, **k: pytest.fail("block forward ran"))
@@ -164,32 +163,42 @@ def test_calls_it_cannot_take_run_the_csr_kernels(monkeypatch):
     q, k, v, t = [x.requires_grad_() for x in inputs(g, 2, 64, torch.bfloat16, edge_term=True)]
     for call in (lambda: fused(g, q, k, v, edge_term=t), lambda: fused(g, q, k, v, dropout=0.1),
                  lambda: fused(g, q, k, v, return_attention=True)[0], lambda: fused(g, q.float(), k.float(), v.float()),
-                 lambda: fused(g, q[..., :40], k[..., :40], v[..., :40]),
-                 lambda: fused(g, q, k, v, out_dtype=torch.float32)):
+                 lambda: fused(g, q[..., :40], k[..., :40], v[..., :40])):
         call().float().sum().backward()
 
 
 def test_offered_only_on_graphs_that_outlived_a_step(monkeypatch):
     """Unforced, a graph's first step runs the CSR kernels (a sampled batch never builds a
-    layout); once the graph outlived a step, the rule takes the block kernels on a clustered
-    graph (window sharing >= MIN_SHARING) and not on a scattered one."""
+    layout); once the graph outlived a step, the rule takes the block kernels."""
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
     ran = []
     for name in ("forward", "backward"):
         original = getattr(block_attention, name)
         monkeypatch.setattr(block_attention, name,
                             lambda *a, _o=original, _n=name, **k: (ran.append(_n), _o(*a, **k))[1])
-    clustered = _simple(*_clustered(seed=9))
-    assert block_attention.layout(clustered).sharing >= block_attention.MIN_SHARING
-    xs = [x.detach().requires_grad_() for x in inputs(clustered, 2, 64, torch.bfloat16, edge_term=False)[:3]]
-    for step in range(2):
-        fused(clustered, *xs).float().sum().backward()
-        assert ran == ([] if step == 0 else ["forward", "backward"]), f"step {step}: {ran}"
-    scattered = _graph("super")
-    assert block_attention.layout(scattered).sharing < block_attention.MIN_SHARING
-    ran.clear()
-    xs = [x.detach().requires_grad_() for x in inputs(scattered, 2, 64, torch.bfloat16, edge_term=False)[:3]]
-    for _ in range(2):
-        fused(scattered, *xs).float().sum().backward()
-    assert ran == []
-    assert dot_kernels.forward_algorithm(scattered, True) == "csr"
+    g = _simple(*_clustered(seed=9))
+    xs = [x.detach().requires_grad_() for x in inputs(g, 2, 64, torch.bfloat16, edge_term=False)[:3]]
+    for step in range(3):
+        fused(g, *xs).float().sum().backward()
+        assert ran == ([] if step == 0 else ["forward", "backward"] * step), f"step {step}: {ran}"
+    with torch.no_grad():  # inference on a fresh graph: never a backward, never the layout
+        fresh = _simple(*_clustered(seed=10))
+        for _ in range(3):
+            fused(fresh, *xs)
+    assert len(ran) == 4 and ("block_attention", "layout") not in fresh._memo
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_float32_results(block, dtype):
+    """out_dtype=float32 (what TransformerConv asks under autocast): out in float32, and the
+    float32 grad_out enters the products rounded to T (one more rounding: u = 3 u_T)."""
+    g = _graph("super")
+    xs = inputs(g, 2, 64, dtype, edge_term=False, seed=3)
+    out, _, grads = run(fused, g, xs, None, False, torch.float32)
+    want_out, _, want_grads = run(reference.dot_attention, g, xs, None, False, torch.float32, upcast=True)
+    u = UNIT_ROUNDOFF[dtype]
+    assert out.dtype == torch.float32
+    assert_half_close("out", out, want_out, 2 * u)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert got.dtype == dtype
+        assert_half_close(name, got, want, 3 * u, u_saved=EPS32_ACC)

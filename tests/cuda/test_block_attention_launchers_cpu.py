@@ -24,22 +24,24 @@ def _qkv(g, H, D, dtype):
     return [torch.randn(n, H, D).to(dtype) for n in (g.n_dst, g.n_src, g.n_src)]
 
 
+@pytest.mark.parametrize("out", ["same", torch.float32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [16, 32, 48, 64, 128])
 @pytest.mark.parametrize("simple", [True, False], ids=["simple", "multigraph"])
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
-@pytest.mark.parametrize("chunk", [32, 1], ids=["whole", "split"])
-def test_block_attention_launches(launches, monkeypatch, chunk, graph_name, simple, D, dtype):
+@pytest.mark.parametrize("chunk", [64, 1], ids=["whole", "split"])
+def test_block_attention_launches(launches, monkeypatch, chunk, graph_name, simple, D, dtype, out):
     """``chunk``: blocks per work item (1: every window of two blocks or more is split, and
-    the merge kernels run)."""
+    the merge kernels run); ``out``: results in the inputs' dtype or float32 (autocast)."""
     monkeypatch.setattr(block_attention, "CHUNK_BLOCKS", chunk)
     g = graph(*GRAPHS[graph_name])
     g = _simple(g) if simple else g
     assert (block_attention.layout(g).counts() is None) == simple
     q, k, v = _qkv(g, 3, D, dtype)
-    out, lse = block_attention.forward(g, q, k, v, 0.25)
-    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
-    dq, dk, dv = block_attention.backward(g, q, k, v, out, lse, torch.randn_like(out), 0.25)
+    out_dtype = dtype if out == "same" else out
+    o, lse = block_attention.forward(g, q, k, v, 0.25, out_dtype)
+    assert o.shape == q.shape and o.dtype == out_dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
+    dq, dk, dv = block_attention.backward(g, q, k, v, o, lse, torch.randn_like(o), 0.25)
     if chunk == 1:
         assert launches == ["ba_fwd", "dot_fwd_merge", "ba_bwd_dst", "dot_sum_partials", "ba_bwd_src",
                             "dot_sum_partials", "dot_sum_partials"]
