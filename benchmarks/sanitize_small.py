@@ -8,7 +8,8 @@ and gradient with the reference backend, so it doubles as a quick GPU smoke test
 The graphs have what kernels get wrong: destinations without in-edges, self loops,
 duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
 "heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
-backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings). Every
+backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings), dot attention
+in 16 bits also on the block-sparse tensor-core kernels (forced, whole and split windows). Every
 graph runs twice: as an eager Graph, and as GraphTensors (the compiled path's custom
 operators with their static launch geometry; ``SANITIZE_STATIC=0`` leaves these out).
 Every case runs per feature dtype (float32, bfloat16, float16; ``SANITIZE_DTYPES`` picks):
@@ -208,6 +209,22 @@ def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
                  lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, dropout=0.2),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], compare=False)
     set_attention_variant("atomic")
+    if dtype != torch.float32 and not static:  # the block-sparse tensor-core kernels, forced
+        from gnn_fastpath.cuda import block_attention
+
+        os.environ["GNN_FASTPATH_DOT_FWD"] = os.environ["GNN_FASTPATH_DOT_BWD"] = "block"
+        for chunk in (block_attention.CHUNK_BLOCKS, 2):  # 2: most windows split, merged after
+            saved, block_attention.CHUNK_BLOCKS = block_attention.CHUNK_BLOCKS, chunk
+            for h, d in ((2, 64), (1, 32), (4, 128), (3, 16)):
+                run_case(f"dot block chunk={chunk} {gname} {dt} H{h} D{d}", "dot_attention",
+                         lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v),
+                         [feat(nd, h, d), feat(ns, h, d), feat(ns, h, d)])
+            run_case(f"dot block chunk={chunk} out_dtype=float32 {gname} {dt} H2 D64", "dot_attention",
+                     lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, out_dtype=torch.float32),
+                     [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)])
+            block_attention.CHUNK_BLOCKS = saved
+        os.environ["GNN_FASTPATH_DOT_BWD"] = "atomic"
+        del os.environ["GNN_FASTPATH_DOT_FWD"]
     for f in (64, 512, 33):
         for norm in ("none", "left", "right", "both"):
             run_case(f"spmm {gname} {dt} F{f} norm={norm}", "spmm",

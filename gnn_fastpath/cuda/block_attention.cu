@@ -30,9 +30,9 @@
 // row several window rows use is read once per window instead of once per edge: the win over
 // the CSR kernels where neighbourhoods are locally dense.
 //
-// Shapes: q [n_dst, H, D], k, v [n_src, H, D] (T), out, do [n_dst, H, D] (TO: T or float32; a
-// float32 do is also passed rounded to T for the products, do16), D in 16..128 a multiple of 16,
-// rows 16-byte aligned (the launcher checks).
+// Shapes: q [n_dst, H, D], k, v [n_src, H, D] (T), out [n_dst, H, D] (TO: T or float32), do
+// [n_dst, H, D] in T (grad_out16: a float32 do rounded to T by the launcher), D in 16..128 a
+// multiple of 16, rows 16-byte aligned (the launcher checks).
 #include "common.cuh"
 #include "attention_common.cuh"
 #include "mma.cuh"
@@ -198,9 +198,9 @@ __device__ __forceinline__ void ba_store_rows(TY* __restrict__ y, const float (&
 }
 
 // This lane's part of <x_i, y_i> for the window's rows g and g + 8 (the elements of its A
-// fragments: columns 2t, 2t + 1 of every 8), in float32 (TO: float or 16-bit).
-template <typename TO, int D>
-__device__ __forceinline__ void ba_row_dots(float (&dot)[2], const TO* __restrict__ x, const TO* __restrict__ y,
+// fragments: columns 2t, 2t + 1 of every 8), in float32 (TX, TY: float or 16-bit).
+template <typename TX, typename TY, int D>
+__device__ __forceinline__ void ba_row_dots(float (&dot)[2], const TX* __restrict__ x, const TY* __restrict__ y,
                                             long long row0, int n_rows, int H, int h, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -396,8 +396,8 @@ template <typename T, typename TO, int D>
 __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
                const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
-               const T* __restrict__ v, const TO* __restrict__ out, const TO* __restrict__ grad_out,
-               const T* __restrict__ grad_out16, const float* __restrict__ lse, const int4* __restrict__ items,
+               const T* __restrict__ v, const TO* __restrict__ out, const T* __restrict__ grad_out16,
+               const float* __restrict__ lse, const int4* __restrict__ items,
                long long n_items, int chunk_blocks, int n_rows, int H, float scale, T* __restrict__ dq,
                float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
@@ -414,9 +414,10 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     unsigned int qa[S::KS][4], da[S::KS][4];
     ba_window_fragments<D>(qa, reinterpret_cast<const unsigned short*>(q), row0, n_rows, H, h, g, t);
     ba_window_fragments<D>(da, reinterpret_cast<const unsigned short*>(grad_out16), row0, n_rows, H, h, g, t);
-    // delta = <out, do> per row, float32 from out and do as stored
+    // delta = <out, do> per row in float32, with do as the products take it: for a row whose
+    // gradient cancels exactly (one in-edge) de then cancels too
     float dl[2], lse2[2];
-    ba_row_dots<TO, D>(dl, out, grad_out, row0, n_rows, H, h, g, t);
+    ba_row_dots<TO, T, D>(dl, out, grad_out16, row0, n_rows, H, h, g, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         dl[r] = ba_row_sum(dl[r]);

@@ -166,8 +166,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     """``(dq, dk, dv)`` in q's dtype from the forward's ``out`` and ``lse`` (either family's)
     and ``grad_out`` (contiguous, out's dtype): a destination pass (dq and delta = <out, dO>)
     over the destination-major layout, then a source pass (dk, dv, no atomics) over the
-    source-major one. Every row written. A float32 ``grad_out`` enters the tensor-core
-    products rounded to q's dtype (delta takes it as it is)."""
+    source-major one. Every row written. A float32 ``grad_out`` is rounded to q's dtype first
+    (the tensor-core products take 16-bit operands; delta takes the same, so that the gradient
+    is the exact one of the rounded grad_out up to the products' own roundings)."""
     n_dst, H, D = q.shape
     n_src = k.size(0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -180,8 +181,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
         part_dq = torch.empty((wk.n_part_rows, H, D), **f32) if wk.n_part_rows else None
         _name("ba_bwd_dst", D, q.device, q.dtype, out.dtype).launch(
             launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
-            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out=grad_out,
-            grad_out16=grad_out16, lse=lse,
+            masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out16=grad_out16,
+            lse=lse,
             items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
             scale=scale, dq=dq, delta=delta, part_dq=part_dq)
         _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
