@@ -1,5 +1,5 @@
-// Dot-product (Graph Transformer) attention on tensor cores over the block-sparse layout of
-// the graph (16-bit q, k, v; no edge term, no dropout: those take the CSR kernels of
+// Dot-product (Graph Transformer) attention on tensor cores over the block-sparse layout of the
+// graph (16-bit q, k, v; no edge term, no dropout: those take the CSR kernels of
 // dot_attention.cu). The math and the saved statistics are dot_attention.cu's:
 //
 //   e_ij = s <q_i, k_j>,  alpha_ij = exp(e_ij - lse_i),  o_i = sum_j alpha_ij v_j,
@@ -8,27 +8,26 @@
 //
 // per head, lse and delta float32 [rows, H]; any pass may follow any forward of either family.
 //
-// Layout (gnn_fastpath/cuda/block_layout.py): the rows of a CSR in windows of 16, each
-// window's distinct columns packed 16 per block (cols, -1 = padding) with one 16-bit mask per
-// (block, row) saying which of the block's columns the row has an edge to; on a multigraph, a
-// uint8 count per cell multiplies each weight (a softmax over edges counts parallel ones). The forward and the
-// dq pass walk the destination-major layout (rows: destinations, columns: sources); the dk/dv
-// pass walks the source-major one (the transpose's layout; an undirected graph's is the
-// forward one).
+// Layout (gnn_fastpath/cuda/block_layout.py): the rows of a CSR in windows of 16, each window's
+// distinct columns packed 16 per block (cols, -1 = padding) with one 16-bit mask per (block, row)
+// saying which of the block's columns the row has an edge to; on a multigraph, a uint8 count per
+// cell multiplies each weight (a softmax over edges counts parallel ones). The forward and the dq
+// pass walk the destination-major layout (rows: destinations, columns: sources); the dk/dv pass
+// walks the source-major one (the transpose's layout; an undirected graph's is the forward one).
 //
-// One warp per (work item, head), FlashAttention-style on 16 x 16 tiles (an item: a window, or
-// a chunk of a window with many blocks, whose partial rows a merge combines: dot_attention.cu's
-// dot_fwd_merge and dot_sum_partials, which the CSR kernels' split rows use too): per block the 16 column
-// rows of the head are staged in shared memory by cp.async, double-buffered (the next block's
-// copies fly while this block's mmas run); the window's 16 rows stay in registers as mma A
+// One warp per (work item, head), FlashAttention-style on 16 x 16 tiles (an item: a window, or a
+// chunk of a window with many blocks, whose partial rows a merge combines: dot_attention.cu's
+// dot_fwd_merge and dot_sum_partials, which the CSR kernels' split rows use too): per block the 16
+// column rows of the head are staged in shared memory by cp.async, double-buffered (the next
+// block's copies fly while this block's mmas run); the window's 16 rows stay in registers as mma A
 // fragments (forward: q; dq pass: q and do) or in shared memory (dk/dv pass: k and v, read per
-// k-step, to leave registers to the two accumulators). Logits come from m16n8k16 mmas with
-// float32 accumulators; the masks and an online softmax in float32 (base 2) turn them into
-// weights, rounded once to 16 bits to be the A operand of the value product (the running sum l
-// adds the weights as rounded, so the output is an exact convex combination of the products).
-// The gradient passes round de (and alpha) to 16 bits the same way for their products. A column
-// row several window rows use is read once per window instead of once per edge: the win over
-// the CSR kernels where neighbourhoods are locally dense.
+// k-step, to leave registers to the two accumulators). Logits come from m16n8k16 mmas with float32
+// accumulators; the masks and an online softmax in float32 (base 2) turn them into weights, which
+// enter the value product as two 16-bit parts (hi + lo, mma.cuh), so that product is
+// float32-accurate (relative error ~u^2) and the output is rounded once, as the CSR kernels round
+// it. The gradient passes split de and alpha the same way. A column row several window rows use is
+// read once per window instead of once per edge: the win over the CSR kernels where neighbourhoods
+// are locally dense.
 //
 // Shapes: q [n_dst, H, D], k, v [n_src, H, D] (T), out [n_dst, H, D] (TO: T or float32), do
 // [n_dst, H, D] in T (grad_out16: a float32 do rounded to T by the launcher), D in 16..128 a
@@ -137,15 +136,19 @@ __device__ __forceinline__ void ba_logits_shared(float (&c)[2][4], const unsigne
     }
 }
 
-// acc [16 x D] += A [16 x 16] Y for a tile of Y's 16 rows.
+// acc [16 x D] += A [16 x 16] Y for a tile of Y's 16 rows, A = hi + lo (gf_mma_a_hi_lo of a
+// float32 matrix: two mmas per n-tile on one B fragment).
 template <typename T, int D>
-__device__ __forceinline__ void ba_accumulate(float (&acc)[D / 8][4], const unsigned int (&a)[4],
+__device__ __forceinline__ void ba_accumulate(float (&acc)[D / 8][4], const float (&a)[2][4],
                                               const unsigned short* tile, int g, int t) {
+    unsigned int hi[4], lo[4];
+    gf_mma_a_hi_lo<T>(hi, lo, a);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
         unsigned int b0, b1;
         gf_mma_b_k_rows(b0, b1, tile, ba_shape<D>::ST, n * 8, g, t);
-        gf_mma<T>::run(acc[n], a, b0, b1);
+        gf_mma<T>::run(acc[n], hi, b0, b1);
+        gf_mma<T>::run(acc[n], lo, b0, b1);
     }
 }
 
@@ -350,12 +353,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                     const int row = g + 8 * r, col = j * 8 + 2 * t + e;
                     x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, row, col);
                 }
-        unsigned int pa[4];
-        float rounded[2][4];
-        gf_mma_a_from_c<T>(pa, s, rounded);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-            l[r] += rounded[0][2 * r] + rounded[0][2 * r + 1] + rounded[1][2 * r] + rounded[1][2 * r + 1];
+        for (int r = 0; r < 2; ++r) l[r] += s[0][2 * r] + s[0][2 * r + 1] + s[1][2 * r] + s[1][2 * r + 1];
 #pragma unroll
         for (int n = 0; n < S::NT; ++n) {
             acc[n][0] *= corr[0];
@@ -363,7 +362,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
             acc[n][2] *= corr[1];
             acc[n][3] *= corr[1];
         }
-        ba_accumulate<T, D>(acc, pa, stage[warp][buf][1], g, t);
+        ba_accumulate<T, D>(acc, s, stage[warp][buf][1], g, t);
         __syncwarp();  // the next block's copies overwrite this buffer
     }
 
@@ -465,10 +464,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                                         : 0.f;
                     s[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[r]);  // de
                 }
-        unsigned int dea[4];
-        float rounded[2][4];
-        gf_mma_a_from_c<T>(dea, s, rounded);
-        ba_accumulate<T, D>(acc, dea, stage[warp][buf][0], g, t);
+        ba_accumulate<T, D>(acc, s, stage[warp][buf][0], g, t);
         __syncwarp();
     }
     const float factor[2] = {scale, scale};
@@ -561,12 +557,8 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32)
                     s[j][2 * r + e] = p;
                     dp[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[j][e]);  // de
                 }
-        unsigned int pa[4], dea[4];
-        float rounded[2][4];
-        gf_mma_a_from_c<T>(pa, s, rounded);
-        gf_mma_a_from_c<T>(dea, dp, rounded);
-        ba_accumulate<T, D>(av, pa, stage[warp][buf][1], g, t);
-        ba_accumulate<T, D>(ak, dea, stage[warp][buf][0], g, t);
+        ba_accumulate<T, D>(av, s, stage[warp][buf][1], g, t);
+        ba_accumulate<T, D>(ak, dp, stage[warp][buf][0], g, t);
         __syncwarp();
     }
     if (first >= last) {  // no block: the window's copies are still to be waited for

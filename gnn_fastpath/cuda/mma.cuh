@@ -9,7 +9,7 @@
 //   C (16 x 8):       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
 // So the C fragments of two neighbouring n-tiles (columns 0..7 and 8..15), rounded to 16 bits,
 // are the A fragment of a 16 x 16 product: a0 = (c0,c1) of tile 0, a1 = (c2,c3) of tile 0,
-// a2 = (c0,c1) of tile 1, a3 = (c2,c3) of tile 1 (gf_mma_a_from_c).
+// a2 = (c0,c1) of tile 1, a3 = (c2,c3) of tile 1 (gf_mma_a_hi_lo).
 #pragma once
 
 #include "common.cuh"
@@ -33,16 +33,22 @@ GF_MMA(gf_bf16, "bf16")
 GF_MMA(gf_half, "f16")
 #undef GF_MMA
 
-// A fragment of the 16 x 16 product whose two 16 x 8 C tiles are c[0], c[1], rounded to T;
-// `rounded` gets the values as rounded (same layout as c), for sums that must match them.
+// A fragments of the 16 x 16 float matrix whose two 16 x 8 C tiles are c[0], c[1], split in
+// two 16-bit parts, hi = c rounded to T and lo = (c - hi) rounded to T: products with hi + lo
+// carry a relative error of about u^2 (2^-16 bf16, 2^-22 fp16) instead of u, so a float32
+// operand computed in registers (softmax weights, their gradients) enters a tensor-core
+// product as if it were float32, for the price of a second mma.
 template <typename T>
-__device__ __forceinline__ void gf_mma_a_from_c(unsigned int (&a)[4], const float (&c)[2][4], float (&rounded)[2][4]) {
+__device__ __forceinline__ void gf_mma_a_hi_lo(unsigned int (&hi)[4], unsigned int (&lo)[4], const float (&c)[2][4]) {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            a[j * 2 + r] = gf_pack2<T>(&c[j][2 * r]);
-            gf_unpack2<T>(&rounded[j][2 * r], a[j * 2 + r]);
+            hi[j * 2 + r] = gf_pack2<T>(&c[j][2 * r]);
+            float h[2];
+            gf_unpack2<T>(h, hi[j * 2 + r]);
+            const float rest[2] = {c[j][2 * r] - h[0], c[j][2 * r + 1] - h[1]};
+            lo[j * 2 + r] = gf_pack2<T>(rest);
         }
 }
 

@@ -139,6 +139,7 @@ def compare(graph, H, D, dtype, out_dtype=None, mode="atomic", monkeypatch=None,
             return_attention=False, seed=0):
     if monkeypatch is not None:
         monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", mode)
+        monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "csr")  # these are the CSR kernels' tests (test_block_attention)
     to = out_dtype or dtype
     xs = inputs(graph, H, D, dtype, edge_term, seed)
     out, alpha, grads = run(fused, graph, xs, scale, return_attention, to)
