@@ -36,6 +36,13 @@ Design
     and the dk_j, dv_j sums in registers: no atomics and no zero-fill, but it gathers q_i,
     dO_i (and the edge term) per edge again.
 
+- Tensor cores (:mod:`gnn_fastpath.cuda.block_attention`, ``block_attention.cu``): for 16-bit
+  q, k, v without edge term, dropout or returned attention, on a graph that outlived a training
+  step, both passes can run FlashAttention-style on the graph's block-sparse layout (windows of
+  16 destinations x 16 sources, ``mma.sync`` with float32 accumulators, weights and their
+  gradients split hi + lo so that results are rounded once as here); it saves the same ``lse``
+  (and computes the same ``delta``), so either backward follows either forward. Chosen by the
+  tuner, or by the rule wherever offered (``GNN_FASTPATH_DOT_FWD`` / ``_DOT_BWD`` force it).
 - Dropout: inverted dropout on alpha, multiplier from Philox keyed by (seed, offset, caller
   edge id, head); seed and offset come from torch's CPU generator (no GPU sync) and are kept
   in ctx, so the backward regenerates the forward's mask exactly.
