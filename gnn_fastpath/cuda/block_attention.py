@@ -30,11 +30,12 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: Head widths the kernels take: multiples of the mma's k = 16, up to 128 (registers: the
 #: window's q fragments and a 16 x D float32 accumulator per warp).
 MAX_HEAD_DIM = 128
-#: Why the rule (tuning off) takes these kernels wherever they are offered: on the H200,
-#: bfloat16, H = 4, D = 128, kernel time per call (ms, block / CSR), forward: tolokers 0.43 /
-#: 0.50, arxiv-like 0.79 / 0.80, arxiv-skewdst 0.85 / 1.21, roads-like 0.24 / 0.36, clustered
-#: block model 0.74 / 0.92; backward 1.25 / 1.42, 2.71 / 2.67, 2.64 / 2.61, 0.86 / 0.98,
-#: 2.34 / 2.54 (benchmarks/results/2026-11-26-h200-issue14-c).
+#: Why the rule (tuning off) takes these kernels wherever they are offered: on the H200, bf16,
+#: kernel time of forward + backward against the CSR kernels' (source-major backward), 0.62-0.97
+#: on tolokers, arxiv-skewdst, roads-like and a clustered block model for H x D = 4 x 128,
+#: 4 x 64, 4 x 32, 8 x 16, and 0.75-1.07 on arxiv-like (slower at D = 128 only)
+#: (benchmarks/results/2026-11-26-h200-issue14-c/kernel_times_bfcd3f9.md). The tuner, on by
+#: default, times both per size class.
 RULE = "block wherever offered"
 #: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
 #: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp

@@ -139,7 +139,7 @@ def backward_mode(graph, block: bool = False) -> str:
         return forced
     if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
-    if block:  # measured faster or level on every benchmark graph (block_attention.RULE)
+    if block:  # see block_attention.RULE (the tuner refines it)
         return "block"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
