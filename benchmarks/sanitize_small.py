@@ -222,6 +222,12 @@ def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
             run_case(f"dot block chunk={chunk} out_dtype=float32 {gname} {dt} H2 D64", "dot_attention",
                      lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, out_dtype=torch.float32),
                      [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)])
+            # dropout keys one edge per cell: the graph without its parallel edges
+            src, dst = g.caller_coo()
+            simple = gnn_fastpath.Graph.from_edge_index(torch.unique(torch.stack([src, dst]), dim=1), (ns, nd))
+            run_op_case(f"dot block chunk={chunk} dropout {gname} {dt} H2 D64", "dot_attention",
+                        lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, dropout=0.2),
+                        [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], simple, simple, compare=False)
             block_attention.CHUNK_BLOCKS = saved
         os.environ["GNN_FASTPATH_DOT_BWD"] = "atomic"
         del os.environ["GNN_FASTPATH_DOT_FWD"]

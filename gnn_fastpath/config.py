@@ -102,11 +102,11 @@ SETTINGS = (
             "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass",
             _choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed, block (empty: by graph, or timed)",
-            "dot attention backward: dk/dv by atomics or a source-major pass, or (16-bit, no edge term or dropout) "
+            "dot attention backward: dk/dv by atomics or a source-major pass, or (16-bit, no edge term) "
             "both passes on tensor cores over the block-sparse layout; empty picks by graph",
             _optional_choice("atomic", "transposed", "block")),
     Setting("GNN_FASTPATH_DOT_FWD", "", "csr, block (empty: by graph, or timed)",
-            "dot attention forward: the CSR kernels, or (16-bit, no edge term or dropout) tensor cores over the "
+            "dot attention forward: the CSR kernels, or (16-bit, no edge term) tensor cores over the "
             "block-sparse layout; empty picks by graph",
             _optional_choice("csr", "block")),
     Setting("GNN_FASTPATH_GAT_BWD", "", "atomic, transposed (empty: by graph)",

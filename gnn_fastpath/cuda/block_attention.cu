@@ -1,10 +1,11 @@
 // Dot-product (Graph Transformer) attention on tensor cores over the block-sparse layout of the
-// graph (16-bit q, k, v; no edge term, no dropout: those take the CSR kernels of
-// dot_attention.cu). The math and the saved statistics are dot_attention.cu's:
+// graph (16-bit q, k, v; no edge term: that takes the CSR kernels of dot_attention.cu). The math,
+// the saved statistics and the attention dropout (multiplier s_ij from Philox keyed by the
+// caller's edge id: the same edges dropped in both families) are dot_attention.cu's:
 //
-//   e_ij = s <q_i, k_j>,  alpha_ij = exp(e_ij - lse_i),  o_i = sum_j alpha_ij v_j,
-//   delta_i = <o_i, do_i>,  de_ij = alpha_ij (<do_i, v_j> - delta_i),
-//   dq_i = s sum_j de_ij k_j,  dk_j = s sum_i de_ij q_i,  dv_j = sum_i alpha_ij do_i,
+//   e_ij = c <q_i, k_j>,  alpha_ij = exp(e_ij - lse_i),  o_i = sum_j alpha_ij s_ij v_j,
+//   delta_i = <o_i, do_i>,  de_ij = alpha_ij (s_ij <do_i, v_j> - delta_i),
+//   dq_i = c sum_j de_ij k_j,  dk_j = c sum_i de_ij q_i,  dv_j = sum_i alpha_ij s_ij do_i,
 //
 // per head, lse and delta float32 [rows, H]; any pass may follow any forward of either family.
 //
@@ -190,6 +191,16 @@ __device__ __forceinline__ void ba_st2(T* __restrict__ p, float a, float b) {
     }
 }
 
+// Attention dropout: the inverted-dropout multiplier of a cell's edge, drawn from (seed, offset,
+// caller edge id, head) as the CSR kernels draw it, so both families drop the same edges
+// (edge_ids: the caller's edge id per cell; null without dropout: 1).
+__device__ __forceinline__ float ba_dropout(const int* __restrict__ edge_ids, float p, unsigned long long seed,
+                                            unsigned long long offset, int blk, int row, int col, int h) {
+    if (edge_ids == nullptr) return 1.f;
+    const int id = __ldg(edge_ids + ((long long)blk * 16 + row) * 16 + col);
+    return gf_dropout_scale(p, seed, offset, (unsigned int)id, (unsigned int)h);
+}
+
 // Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as rows of
 // head h of y [n_rows, H, D] (TY: float or 16-bit); rows past n_rows are not written.
 template <typename TY, int D>
@@ -284,7 +295,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
            const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_rows,
-           int H, float scale, TO* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
+           int H, float scale, const int* __restrict__ edge_ids, float p, unsigned long long seed,
+           unsigned long long offset, TO* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
            float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
@@ -347,7 +359,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
             m[r] = m_new;
             l[r] *= corr[r];
         }
-        // weights: 0 off the edges and for -inf logits (then m may still be -inf)
+        // weights: 0 off the edges and for -inf logits (then m may still be -inf); l sums them
+        // before dropout, the value product takes them after (as the CSR kernels)
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -357,9 +370,9 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                     float& x = s[j][2 * r + e];
                     const int row = g + 8 * r, col = j * 8 + 2 * t + e;
                     x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, row, col);
+                    l[r] += x;
+                    if (x != 0.f) x *= ba_dropout(edge_ids, p, seed, offset, blk, row, col, h);
                 }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] += s[0][2 * r] + s[0][2 * r + 1] + s[1][2 * r] + s[1][2 * r + 1];
 #pragma unroll
         for (int n = 0; n < S::NT; ++n) {
             acc[n][0] *= corr[0];
@@ -402,7 +415,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
                const T* __restrict__ v, const TO* __restrict__ out, const T* __restrict__ grad_out16,
                const float* __restrict__ lse, const int4* __restrict__ items,
-               long long n_items, int chunk_blocks, int n_rows, int H, float scale, T* __restrict__ dq,
+               long long n_items, int chunk_blocks, int n_rows, int H, float scale, const int* __restrict__ edge_ids,
+               float p, unsigned long long seed, unsigned long long offset, T* __restrict__ dq,
                float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
@@ -464,10 +478,12 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[j][2 * r + e] * c;
-                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
-                                        ? ba_times_count(exp2f(x - lse2[r]), counts, blk, g + 8 * r, j * 8 + 2 * t + e)
+                    const int row = g + 8 * r, col = j * 8 + 2 * t + e;
+                    const float a = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
+                                        ? ba_times_count(exp2f(x - lse2[r]), counts, blk, row, col)
                                         : 0.f;
-                    s[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[r]);  // de
+                    const float keep = a != 0.f ? ba_dropout(edge_ids, p, seed, offset, blk, row, col, h) : 1.f;
+                    s[j][2 * r + e] = a * (keep * dp[j][2 * r + e] - dl[r]);  // de
                 }
         ba_accumulate<T, D>(acc, s, stage[warp][buf][0], g, t);
         __syncwarp();
@@ -491,6 +507,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
                const T* __restrict__ v, const T* __restrict__ grad_out16, const float* __restrict__ lse,
                const float* __restrict__ delta,
                const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_src, int H, float scale,
+               const int* __restrict__ edge_ids, float p, unsigned long long seed, unsigned long long offset,
                T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ part_dk, float* __restrict__ part_dv) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short window[BA_SRC_WARPS][2][S::TILE];   // [warp][k, v] of the sources
@@ -555,12 +572,13 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[j][2 * r + e] * c;
-                    const float p = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
-                                        ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, g + 8 * r,
-                                                         j * 8 + 2 * t + e)
+                    const int row = g + 8 * r, col = j * 8 + 2 * t + e;
+                    const float a = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
+                                        ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, row, col)
                                         : 0.f;
-                    s[j][2 * r + e] = p;
-                    dp[j][2 * r + e] = p * (dp[j][2 * r + e] - dl[j][e]);  // de
+                    const float keep = a != 0.f ? ba_dropout(edge_ids, p, seed, offset, blk, row, col, h) : 1.f;
+                    s[j][2 * r + e] = a * keep;                                     // dropped alpha
+                    dp[j][2 * r + e] = a * (keep * dp[j][2 * r + e] - dl[j][e]);  // de
                 }
         ba_accumulate<T, D>(av, s, stage[warp][buf][1], g, t);
         ba_accumulate<T, D>(ak, dp, stage[warp][buf][0], g, t);

@@ -1,6 +1,7 @@
 """Launcher of dot-product attention on tensor cores (``block_attention.cu``) over the
 block-sparse layout of the graph (:class:`gnn_fastpath.cuda.block_layout.BlockLayout`: masks,
-and on a multigraph the parallel edges' counts), for 16-bit q, k, v.
+and on a multigraph the parallel edges' counts), for 16-bit q, k, v, with attention dropout
+(the CSR kernels' Philox multipliers, keyed by each cell's caller edge id).
 
 It is a variant of the dot-attention op's forward and of its backward, next to the CSR
 kernels of :mod:`gnn_fastpath.cuda.dot_attention`, which picks it (forced, by its rule or
@@ -48,13 +49,14 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p:
     """Why the block kernels cannot take this call, or None when they can: 16-bit q, k, v of
     one dtype on a GPU with bf16 mma (sm_80+), results in that dtype or float32 (autocast),
     head width a multiple of 16 up to :data:`MAX_HEAD_DIM`, 16-byte aligned, no edge term, no
-    dropout, no returned attention (``attention``: the call returns or takes a gradient of it)."""
+    returned attention (``attention``: the call returns or takes a gradient of it). Dropout
+    (``p``) needs a graph without parallel edges (:func:`usable`)."""
     if q.dtype not in DTYPES or not q.is_cuda:
         return "the block kernels take float16/bfloat16 on CUDA"
     if (out_dtype or q.dtype) not in (q.dtype, torch.float32):
         return "the block kernels write results in the inputs' dtype or float32"
-    if edge_term is not None or p > 0 or attention:
-        return "edge terms, attention dropout and returned attention take the CSR kernels"
+    if edge_term is not None or attention:
+        return "edge terms and returned attention take the CSR kernels"
     D = q.size(2)
     if D % 16 or D > MAX_HEAD_DIM:
         return f"head width D={D} (the block kernels take multiples of 16 up to {MAX_HEAD_DIM})"
@@ -116,9 +118,28 @@ def work(graph, lay: BlockLayout) -> Work:
     return graph.memo(("block_attention", "work", side, CHUNK_BLOCKS), build)
 
 
-def usable(graph) -> bool:
+def cell_edge_ids(graph, source_major: bool) -> Tensor:
+    """int32 [n_blocks * 256]: the caller's edge id of each cell of the destination-major layout
+    (or, ``source_major``, the source-major one; -1: no edge), which attention dropout keys its
+    multipliers by (a graph without parallel edges: one edge per cell). Built once per graph and
+    role: an undirected graph's one layout holds in cell (i, j) the edge j -> i in the
+    destination-major role and i -> j in the source-major one."""
+    lay = source_layout(graph) if source_major else layout(graph)
+
+    def build():
+        perm = graph.kernel_source_csr().perm if source_major else graph.kernel_csr().perm
+        ids = torch.full((lay.n_blocks * 256,), -1, dtype=torch.int32, device=perm.device)
+        ids[lay.position] = perm
+        return ids
+
+    return graph.memo(("block_attention", "edge_ids", source_major), build)
+
+
+def usable(graph, p: float = 0.0) -> bool:
     """Whether the layout can hold the graph: at most 255 parallel edges between two nodes
-    (a cell's uint8 count)."""
+    (a cell's uint8 count), none with dropout ``p`` (a cell keys one edge's multiplier)."""
+    if p > 0:
+        return not layout(graph).has_duplicates()
     try:
         layout(graph).counts()
         source_layout(graph).counts()
@@ -139,11 +160,12 @@ def _name(kernel: str, D: int, device: torch.device, *dtypes: torch.dtype) -> la
     return KERNELS.kernel(device, kernel, *(launch.ctype(d) for d in dtypes), D)
 
 
-def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float,
-            out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float, out_dtype: Optional[torch.dtype] = None,
+            p: float = 0.0, seed: int = 0, offset: int = 0) -> Tuple[Tensor, Tensor]:
     """``(out [N_dst, H, D] in out_dtype (default q's), lse [N_dst, H] float32)`` (see
-    :func:`unsupported` for the inputs; q, k, v contiguous). Every row written: a destination
-    without in-edges gets 0 and -inf."""
+    :func:`unsupported` for the inputs; q, k, v contiguous), attention dropout ``p`` with the
+    Philox stream ``(seed, offset)`` (the CSR kernels' multipliers). Every row written: a
+    destination without in-edges gets 0 and -inf."""
     n_dst, H, D = q.shape
     out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
@@ -156,14 +178,15 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float,
         _name("ba_fwd", D, q.device, q.dtype, out.dtype).launch(
             launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, items=wk.chunks.items,
-            n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale, out=out, lse=lse,
-            part_acc=part_acc, part_ml=part_ml)
+            n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale,
+            edge_ids=cell_edge_ids(graph, False) if p > 0 else None, p=p, seed=seed, offset=offset, out=out,
+            lse=lse, part_acc=part_acc, part_ml=part_ml)
         _dot().merge_split_rows(wk.split, wk.n_split, part_acc, part_ml, out, lse)
     return out, lse
 
 
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
-             scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+             scale: float, p: float = 0.0, seed: int = 0, offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` in q's dtype from the forward's ``out`` and ``lse`` (either family's)
     and ``grad_out`` (contiguous, out's dtype): a destination pass (dq and delta = <out, dO>)
     over the destination-major layout, then a source pass (dk, dv, no atomics) over the
@@ -185,7 +208,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out16=grad_out16,
             lse=lse,
             items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
-            scale=scale, dq=dq, delta=delta, part_dq=part_dq)
+            scale=scale, edge_ids=cell_edge_ids(graph, False) if p > 0 else None, p=p, seed=seed, offset=offset,
+            dq=dq, delta=delta, part_dq=part_dq)
         _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
     src = source_layout(graph)
     swk = work(graph, src)
@@ -196,7 +220,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             launch.cdiv(swk.chunks.n_items * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr,
             cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out16=grad_out16, lse=lse,
             delta=delta, items=swk.chunks.items, n_items=swk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_src=n_src,
-            H=H, scale=scale, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
+            H=H, scale=scale, edge_ids=cell_edge_ids(graph, True) if p > 0 else None, p=p, seed=seed,
+            offset=offset, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
         _dot().sum_split_rows(swk.split, swk.n_split, part_dk, dk)
         _dot().sum_split_rows(swk.split, swk.n_split, part_dv, dv)
     return dq, dk, dv

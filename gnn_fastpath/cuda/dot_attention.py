@@ -15,8 +15,7 @@ or ``transposed`` dk/dv, or ``block``; unset: by the graph, or timed) and
 ``GNN_FASTPATH_DOT_FWD`` (``csr`` or ``block``; unset: by the graph, or timed).
 
 Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for 16-bit q, k,
-v without edge term, dropout or returned attention, on an eager graph without parallel edges
-that outlived a training step (its layout is a one-time cost a sampled batch's graph would pay
+v without edge term or returned attention, on an eager graph that outlived a training step (its layout is a one-time cost a sampled batch's graph would pay
 every step), both passes can run on tensor cores over the graph's block-sparse layout instead.
 The rule takes it wherever it is offered (:data:`block_attention.RULE`); the tuner times it
 against the CSR kernels per size class and window sharing.
@@ -120,15 +119,19 @@ FORWARDS = ("csr", "block")
 
 
 def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
-                  out_dtype: Optional[torch.dtype], forced: bool = False) -> bool:
+                  out_dtype: Optional[torch.dtype], seed, forced: bool = False) -> bool:
     """Whether the block-sparse tensor-core kernels may run this call: inputs they take
     (:func:`block_attention.unsupported`; ``attention``: alpha is returned), an eager graph
-    without parallel edges that outlived a training step (``forced``: whether or not)."""
+    that outlived a training step (``forced``: whether or not) and that its layout holds
+    (:func:`block_attention.usable`: with dropout, no parallel edges); dropout keyed by host
+    integers (``seed``), not an rng tensor."""
     if graph.static or block_attention.unsupported(q, k, v, edge_term, p, attention, out_dtype) is not None:
+        return False
+    if p > 0 and isinstance(seed, Tensor):
         return False
     if not (forced or graph.outlived_a_step()):
         return False
-    return block_attention.usable(graph)
+    return block_attention.usable(graph, p)
 
 
 def backward_mode(graph, block: bool = False) -> str:
@@ -216,7 +219,8 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     graph.note_pass("forward")
     if algorithm is None:
         forced = config.setting("GNN_FASTPATH_DOT_FWD")
-        block = block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype, forced == "block")
+        block = block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype, seed,
+                              forced == "block")
         algorithm = forward_algorithm(graph, block)
         if block and forced is None and tuning.enabled():
             def run(variant):
@@ -229,7 +233,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
                 lambda: _block_class(forward_class(graph, H * D, q.dtype), graph), q.device, run, FORWARDS,
                 algorithm)
     if algorithm == "block":
-        out, lse = block_attention.forward(graph, q, k, v, scale, out_dtype)
+        out, lse = block_attention.forward(graph, q, k, v, scale, out_dtype, p, seed, offset)
         return out, lse, None
     device = q.device
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)
@@ -305,7 +309,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     if mode is None:
         forced = config.setting("GNN_FASTPATH_DOT_BWD")
         block = block_offered(graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype,
-                              forced == "block")
+                              seed, forced == "block")
         mode = backward_mode(graph, block)
         if forced is None and not graph.static and tuning.enabled():
             def run(variant):
@@ -318,7 +322,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
             mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H * D, q.dtype, block), klass, device,
                                           run, BACKWARDS if block else BACKWARDS[:2], mode)
     if mode == "block":
-        dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale)
+        dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale, p, seed, offset)
         return dq, dk, dv, None
     rng, seed, offset = row_attention.philox_stream(seed, offset, device)
     n_dst, H, D = q.shape

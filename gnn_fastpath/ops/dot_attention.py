@@ -37,8 +37,8 @@ Design
     dO_i (and the edge term) per edge again.
 
 - Tensor cores (:mod:`gnn_fastpath.cuda.block_attention`, ``block_attention.cu``): for 16-bit
-  q, k, v without edge term, dropout or returned attention, on a graph that outlived a training
-  step, both passes can run FlashAttention-style on the graph's block-sparse layout (windows of
+  q, k, v without edge term or returned attention (dropout: the same Philox multipliers, on a
+  graph without parallel edges), on a graph that outlived a training step, both passes can run FlashAttention-style on the graph's block-sparse layout (windows of
   16 destinations x 16 sources, ``mma.sync`` with float32 accumulators, weights and their
   gradients split hi + lo so that results are rounded once as here); it saves the same ``lse``
   (and computes the same ``delta``), so either backward follows either forward. Chosen by the

@@ -147,6 +147,42 @@ def test_either_backward_follows_either_forward(monkeypatch, dtype):
             assert_half_close(f"{name} {fwd}/{bwd}", got, want, u, u_saved=u + EPS32_ACC)
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", ["super", "undirected", "clustered"])
+def test_dropout_drops_the_csr_kernels_edges(monkeypatch, name, dtype):
+    """Attention dropout draws the CSR kernels' multipliers (Philox keyed by the caller's edge
+    id and head): with one stream, block and CSR kernels give the same out and gradients up to
+    their roundings (each within one rounding of the exact result: 2 u apart), in either
+    combination of forward and backward; on the undirected graph the dk/dv pass reads its
+    layout's cells as the reverse edges."""
+    from gnn_fastpath.ops.dot_attention import DotAttentionFunction
+
+    monkeypatch.setattr(block_attention, "CHUNK_BLOCKS", 2)  # split windows too
+    g = _simple(*GRAPHS[name]())
+    if name == "undirected":
+        assert g.is_symmetric() and block_attention.source_layout(g) is block_attention.layout(g)
+    xs = inputs(g, 2, 64, dtype, edge_term=False, seed=11)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    g_out = torch.randn(g.n_dst, 2, 64, device="cuda", generator=gen).to(dtype)
+    results = {}
+    for fwd, bwd in (("csr", "transposed"), ("block", "block"), ("csr", "block"), ("block", "atomic")):
+        monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", fwd)
+        monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", bwd)
+        leaves = [x.detach().requires_grad_() for x in xs[:3]]
+        out = DotAttentionFunction.apply(*leaves, None, g, 0.125, False, 0.3, 1234, 5678, None)
+        out.backward(g_out)
+        results[fwd, bwd] = (out, [x.grad for x in leaves])
+    plain = DotAttentionFunction.apply(*xs[:3], None, g, 0.125, False, 0.0, 0, 0, None)
+    want_out, want_grads = results["csr", "transposed"]
+    assert not torch.equal(want_out, plain)  # something was dropped
+    u = UNIT_ROUNDOFF[dtype]
+    for key in (("block", "block"), ("csr", "block"), ("block", "atomic")):
+        out, grads = results[key]
+        assert_half_close(f"out {key}", out, want_out.double(), 2 * u)
+        for gname, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+            assert_half_close(f"{gname} {key}", got, want.double(), 2 * u, u_saved=2 * u + EPS32_ACC)
+
+
 def test_multigraph_counts_parallel_edges():
     g = _graph("parallel")
     assert block_attention.layout(g).counts() is not None  # the graph has parallel edges
@@ -154,15 +190,17 @@ def test_multigraph_counts_parallel_edges():
 
 
 def test_calls_it_cannot_take_run_the_csr_kernels(monkeypatch):
-    """Forced, the block kernels still leave edge terms, dropout, returned attention, float32,
-    and other head widths to the CSR kernels (a forced setting is a preference)."""
+    """Forced, the block kernels still leave edge terms, returned attention, float32, other head
+    widths and dropout on a multigraph to the CSR kernels (a forced setting is a preference)."""
     monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
     monkeypatch.setattr(block_attention, "forward", lambda *a, **k: pytest.fail("block forward ran"))
     monkeypatch.setattr(block_attention, "backward", lambda *a, **k: pytest.fail("block backward ran"))
     g = _graph("homo")
     q, k, v, t = [x.requires_grad_() for x in inputs(g, 2, 64, torch.bfloat16, edge_term=True)]
-    for call in (lambda: fused(g, q, k, v, edge_term=t), lambda: fused(g, q, k, v, dropout=0.1),
+    multi = _graph("parallel")
+    qm, km, vm = [x.requires_grad_() for x in inputs(multi, 2, 64, torch.bfloat16, edge_term=False)[:3]]
+    for call in (lambda: fused(g, q, k, v, edge_term=t), lambda: fused(multi, qm, km, vm, dropout=0.1),
                  lambda: fused(g, q, k, v, return_attention=True)[0], lambda: fused(g, q.float(), k.float(), v.float()),
                  lambda: fused(g, q[..., :40], k[..., :40], v[..., :40])):
         call().float().sum().backward()

@@ -39,9 +39,10 @@ def test_block_attention_launches(launches, monkeypatch, chunk, graph_name, simp
     assert (block_attention.layout(g).counts() is None) == simple
     q, k, v = _qkv(g, 3, D, dtype)
     out_dtype = dtype if out == "same" else out
-    o, lse = block_attention.forward(g, q, k, v, 0.25, out_dtype)
+    p = 0.2 if simple else 0.0  # dropout: a simple graph's cells key one edge each
+    o, lse = block_attention.forward(g, q, k, v, 0.25, out_dtype, p, 7, 9)
     assert o.shape == q.shape and o.dtype == out_dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
-    dq, dk, dv = block_attention.backward(g, q, k, v, o, lse, torch.randn_like(o), 0.25)
+    dq, dk, dv = block_attention.backward(g, q, k, v, o, lse, torch.randn_like(o), 0.25, p, 7, 9)
     if chunk == 1:
         assert launches == ["ba_fwd", "dot_fwd_merge", "ba_bwd_dst", "dot_sum_partials", "ba_bwd_src",
                             "dot_sum_partials", "dot_sum_partials"]
@@ -82,11 +83,34 @@ def test_split_windows_work_list(monkeypatch):
     assert torch.equal(torch.sort(used).values, torch.arange(used.numel()))  # each workspace row once
 
 
+def test_cell_edge_ids():
+    """Each cell holds its edge's caller id; an undirected graph's one layout holds the edge
+    j -> i at cell (i, j) as destination-major and i -> j as source-major."""
+    ei = torch.randint(0, 50, (2, 300), generator=torch.Generator().manual_seed(3))
+    ei = torch.unique(torch.cat([ei, ei.flip(0)], 1), dim=1)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(4))]  # caller order
+    g = Graph.from_edge_index(ei, 50)
+    assert g.is_symmetric()  # known: the source-major CSR is the forward one
+    lay = block_attention.layout(g)
+    assert block_attention.source_layout(g) is lay
+    cols = lay.cols.view(-1, 16).long()
+    window = torch.repeat_interleave(torch.arange(lay.n_windows), (lay.window_ptr[1:] - lay.window_ptr[:-1]).long())
+    for source_major in (False, True):
+        ids = block_attention.cell_edge_ids(g, source_major).view(-1, 16, 16).long()
+        b, r, c = (ids >= 0).nonzero(as_tuple=True)
+        row, col = window[b] * 16 + r, cols[b, c]
+        src, dst = (row, col) if source_major else (col, row)
+        e = ids[b, r, c]
+        assert torch.equal(ei[0, e], src) and torch.equal(ei[1, e], dst)
+        assert e.numel() == ei.shape[1]
+
+
 def test_parallel_edges_up_to_255():
     ei = torch.tensor([[0, 1, 1, 2], [1, 2, 2, 0]])
     assert block_attention.usable(Graph.from_edge_index(ei, 3))
     many = torch.cat([ei, torch.tensor([[1], [2]]).repeat(1, 254)], 1)  # 256 edges 1 -> 2
     assert not block_attention.usable(Graph.from_edge_index(many, 3))
+    assert not block_attention.usable(Graph.from_edge_index(ei, 3), p=0.1)  # dropout keys one edge per cell
 
 
 def test_unsupported_names_the_reason():
