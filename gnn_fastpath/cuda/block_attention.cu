@@ -191,14 +191,47 @@ __device__ __forceinline__ void ba_st2(T* __restrict__ p, float a, float b) {
     }
 }
 
-// Attention dropout: the inverted-dropout multiplier of a cell's edge, drawn from (seed, offset,
-// caller edge id, head) as the CSR kernels draw it, so both families drop the same edges
-// (edge_ids: the caller's edge id per cell; null without dropout: 1).
-__device__ __forceinline__ float ba_dropout(const int* __restrict__ edge_ids, float p, unsigned long long seed,
-                                            unsigned long long offset, int blk, int row, int col, int h) {
-    if (edge_ids == nullptr) return 1.f;
-    const int id = __ldg(edge_ids + ((long long)blk * 16 + row) * 16 + col);
-    return gf_dropout_scale(p, seed, offset, (unsigned int)id, (unsigned int)h);
+// Attention dropout of one block: which cells' edges the inverted-dropout multipliers keep,
+// drawn from (seed, offset, caller edge id, head) as the CSR kernels draw them (edge_ids: the
+// caller's edge id per cell). One Philox draw per edge, not per cell (a block holds some 16-40
+// edges in its 256 cells, and a lane's 8 cells would make every lane draw 8 times): the warp
+// ballots the block's edges into a list in shared memory, each lane draws for every 32nd of
+// them and sets the kept cells' bits, and a lane reads the bits of its rows g and g + 8.
+struct BaDropout {
+    unsigned short cells[256];
+    unsigned int kept[16];
+};
+
+__device__ __forceinline__ void ba_dropout_block(BaDropout& d, unsigned int (&keep)[2], const int* __restrict__ masks,
+                                                 const int* __restrict__ edge_ids, float p, unsigned long long seed,
+                                                 unsigned long long offset, int blk, int h, int lane, int g) {
+    int n = 0;
+#pragma unroll
+    for (int slot = 0; slot < 8; ++slot) {
+        const int c = slot * 32 + lane;
+        const bool edge = (__ldg(masks + (long long)blk * 16 + (c >> 4)) >> (c & 15)) & 1;
+        const unsigned int ballot = __ballot_sync(GF_FULL_MASK, edge);
+        if (edge) d.cells[n + __popc(ballot & ((1u << lane) - 1u))] = (unsigned short)c;
+        n += __popc(ballot);
+    }
+    if (lane < 16) d.kept[lane] = 0u;
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) {
+        const int c = d.cells[i];
+        const int id = __ldg(edge_ids + (long long)blk * 256 + c);
+        if (gf_philox_uniform(seed, offset, (unsigned int)id, (unsigned int)h) >= p)
+            atomicOr(&d.kept[c >> 4], 1u << (c & 15));
+    }
+    __syncwarp();
+    keep[0] = d.kept[g];
+    keep[1] = d.kept[g + 8];
+    __syncwarp();  // the next block rewrites the list
+}
+
+// The dropout multiplier of the lane's cell (row g + 8 r, column col): `scale` = 1 / (1 - p) where
+// kept, else 0 (without dropout keep is all ones and scale 1).
+__device__ __forceinline__ float ba_kept(const unsigned int (&keep)[2], int r, int col, float scale) {
+    return (keep[r] >> col) & 1u ? scale : 0.f;
 }
 
 // Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as rows of
@@ -300,6 +333,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
            float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
+    __shared__ BaDropout drop[BA_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -316,6 +350,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     float m[2] = {GF_NEG_INF, GF_NEG_INF}, l[2] = {0.f, 0.f};  // per row g + 8 r; l: this lane's part
     const float c = scale * BA_LOG2E;  // logits in base 2
+    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -336,6 +371,9 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
+        if (edge_ids != nullptr)
+            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
         float bm[2] = {GF_NEG_INF, GF_NEG_INF};
@@ -371,7 +409,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                     const int row = g + 8 * r, col = j * 8 + 2 * t + e;
                     x = x == GF_NEG_INF ? 0.f : ba_times_count(exp2f(x - m[r]), counts, blk, row, col);
                     l[r] += x;
-                    if (x != 0.f) x *= ba_dropout(edge_ids, p, seed, offset, blk, row, col, h);
+                    if (x != 0.f) x *= ba_kept(keep, r, col, kept_scale);
                 }
 #pragma unroll
         for (int n = 0; n < S::NT; ++n) {
@@ -420,6 +458,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
+    __shared__ BaDropout drop[BA_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -447,6 +486,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     const float c = scale * BA_LOG2E;
+    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -467,6 +507,9 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
+        if (edge_ids != nullptr)
+            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
@@ -482,8 +525,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                     const float a = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
                                         ? ba_times_count(exp2f(x - lse2[r]), counts, blk, row, col)
                                         : 0.f;
-                    const float keep = a != 0.f ? ba_dropout(edge_ids, p, seed, offset, blk, row, col, h) : 1.f;
-                    s[j][2 * r + e] = a * (keep * dp[j][2 * r + e] - dl[r]);  // de
+                    const float mult = a != 0.f ? ba_kept(keep, r, col, kept_scale) : 1.f;
+                    s[j][2 * r + e] = a * (mult * dp[j][2 * r + e] - dl[r]);  // de
                 }
         ba_accumulate<T, D>(acc, s, stage[warp][buf][0], g, t);
         __syncwarp();
@@ -512,6 +555,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short window[BA_SRC_WARPS][2][S::TILE];   // [warp][k, v] of the sources
     __shared__ __align__(16) unsigned short stage[BA_SRC_WARPS][2][2][S::TILE];  // [warp][buffer][q, do]
+    __shared__ BaDropout drop[BA_SRC_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_SRC_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -531,6 +575,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
         av[n][0] = av[n][1] = av[n][2] = av[n][3] = 0.f;
     }
     const float c = scale * BA_LOG2E;
+    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -551,6 +596,9 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
+        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
+        if (edge_ids != nullptr)
+            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
         // the statistics of the lane's destination columns j * 8 + 2 t + e
         float lse2[2][2], dl[2][2];
 #pragma unroll
@@ -576,9 +624,9 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
                     const float a = ba_edge(mask, j, r, e, t) && x != GF_NEG_INF
                                         ? ba_times_count(exp2f(x - lse2[j][e]), counts, blk, row, col)
                                         : 0.f;
-                    const float keep = a != 0.f ? ba_dropout(edge_ids, p, seed, offset, blk, row, col, h) : 1.f;
-                    s[j][2 * r + e] = a * keep;                                     // dropped alpha
-                    dp[j][2 * r + e] = a * (keep * dp[j][2 * r + e] - dl[j][e]);  // de
+                    const float mult = a != 0.f ? ba_kept(keep, r, col, kept_scale) : 1.f;
+                    s[j][2 * r + e] = a * mult;                                     // dropped alpha
+                    dp[j][2 * r + e] = a * (mult * dp[j][2 * r + e] - dl[j][e]);  // de
                 }
         ba_accumulate<T, D>(av, s, stage[warp][buf][1], g, t);
         ba_accumulate<T, D>(ak, dp, stage[warp][buf][0], g, t);
