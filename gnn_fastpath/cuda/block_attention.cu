@@ -191,54 +191,28 @@ __device__ __forceinline__ void ba_st2(T* __restrict__ p, float a, float b) {
     }
 }
 
-// Attention dropout of one block: which cells' edges the inverted-dropout multipliers keep,
-// drawn from (seed, offset, caller edge id, head) as the CSR kernels draw them (edge_ids: the
-// caller's edge id per cell). One Philox draw per edge, not per cell (a block holds some 16-40
-// edges in its 256 cells, and a lane's 8 cells would make every lane draw 8 times): the warp
-// ballots the block's edges into a list in shared memory, each lane draws for every 32nd of
-// them and sets the kept cells' bits, and a lane reads the bits of its rows g and g + 8.
-struct BaDropout {
-    unsigned short cells[256];
-    unsigned int kept[16];
-};
-
-__device__ __forceinline__ void ba_dropout_block(BaDropout& d, unsigned int (&keep)[2], const int* __restrict__ masks,
-                                                 const int* __restrict__ edge_ids, float p, unsigned long long seed,
-                                                 unsigned long long offset, int blk, int h, int lane, int g) {
-    int n = 0;
-#pragma unroll
-    for (int slot = 0; slot < 8; ++slot) {
-        const int c = slot * 32 + lane;
-        const bool edge = (__ldg(masks + (long long)blk * 16 + (c >> 4)) >> (c & 15)) & 1;
-        const unsigned int ballot = __ballot_sync(GF_FULL_MASK, edge);
-        if (edge) d.cells[n + __popc(ballot & ((1u << lane) - 1u))] = (unsigned short)c;
-        n += __popc(ballot);
-    }
-    if (lane < 16) d.kept[lane] = 0u;
-    __syncwarp();
-    for (int i = lane; i < n; i += 32) {
-        const int c = d.cells[i];
-        const int id = __ldg(edge_ids + (long long)blk * 256 + c);
-        if (gf_philox_uniform(seed, offset, (unsigned int)id, (unsigned int)h) >= p)
-            atomicOr(&d.kept[c >> 4], 1u << (c & 15));
-    }
-    __syncwarp();
-    keep[0] = d.kept[g];
-    keep[1] = d.kept[g + 8];
-    __syncwarp();  // the next block rewrites the list
-}
-
-// The dropout multiplier of the lane's cell (row g + 8 r, column col): `scale` = 1 / (1 - p) where
-// kept, else 0 (without dropout keep is all ones and scale 1).
+// Attention dropout: ba_keep_bits draws every edge's multiplier once per call (Philox keyed by
+// (seed, offset, caller edge id, head), as the CSR kernels draw it, so both families drop the same
+// edges) into one bit per cell and head, keep[(block * 16 + row) * H + head]; a pass reads the
+// words of its lane's rows g and g + 8 (ba_keep_words) and multiplies a cell's weight by `scale` =
+// 1 / (1 - p) where its bit is set, else 0 (ba_kept; without dropout all bits set and scale 1).
 __device__ __forceinline__ float ba_kept(const unsigned int (&keep)[2], int r, int col, float scale) {
     return (keep[r] >> col) & 1u ? scale : 0.f;
+}
+
+__device__ __forceinline__ void ba_keep_words(unsigned int (&keep)[2], const unsigned int* __restrict__ bits, int blk,
+                                              int H, int h, int g) {
+    keep[0] = keep[1] = ~0u;
+    if (bits == nullptr) return;
+    keep[0] = __ldg(bits + ((long long)blk * 16 + g) * H + h);
+    keep[1] = __ldg(bits + ((long long)blk * 16 + g + 8) * H + h);
 }
 
 // Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as rows of
 // head h of y [n_rows, H, D] (TY: float or 16-bit); rows past n_rows are not written.
 template <typename TY, int D>
-__device__ __forceinline__ void ba_store_rows(TY* __restrict__ y, const float (&acc)[D / 8][4], const float (&factor)[2],
-                                              long long row0, int n_rows, int H, int h, int g, int t) {
+__device__ __forceinline__ void ba_store_rows(TY* __restrict__ y, const float (&acc)[D / 8][4],
+                                              const float (&factor)[2], long long row0, int n_rows, int H, int h, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const long long row = row0 + g + 8 * r;
@@ -328,12 +302,11 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     ba_fwd(const int* __restrict__ window_ptr, const int* __restrict__ cols, const int* __restrict__ masks,
            const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_rows,
-           int H, float scale, const int* __restrict__ edge_ids, float p, unsigned long long seed,
-           unsigned long long offset, TO* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_acc,
+           int H, float scale, const unsigned int* __restrict__ keep_bits, float p, TO* __restrict__ out,
+           float* __restrict__ lse, float* __restrict__ part_acc,
            float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
-    __shared__ BaDropout drop[BA_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -350,7 +323,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     float m[2] = {GF_NEG_INF, GF_NEG_INF}, l[2] = {0.f, 0.f};  // per row g + 8 r; l: this lane's part
     const float c = scale * BA_LOG2E;  // logits in base 2
-    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
+    const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -371,9 +344,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
-        if (edge_ids != nullptr)
-            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
+        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
+        ba_keep_words(keep, keep_bits, blk, H, h, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
         float bm[2] = {GF_NEG_INF, GF_NEG_INF};
@@ -453,12 +425,12 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
                const T* __restrict__ v, const TO* __restrict__ out, const T* __restrict__ grad_out16,
                const float* __restrict__ lse, const int4* __restrict__ items,
-               long long n_items, int chunk_blocks, int n_rows, int H, float scale, const int* __restrict__ edge_ids,
-               float p, unsigned long long seed, unsigned long long offset, T* __restrict__ dq,
+               long long n_items, int chunk_blocks, int n_rows, int H, float scale,
+               const unsigned int* __restrict__ keep_bits,
+               float p, T* __restrict__ dq,
                float* __restrict__ delta, float* __restrict__ part_dq) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
-    __shared__ BaDropout drop[BA_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -486,7 +458,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
 #pragma unroll
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     const float c = scale * BA_LOG2E;
-    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
+    const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -507,9 +479,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
-        if (edge_ids != nullptr)
-            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
+        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
+        ba_keep_words(keep, keep_bits, blk, H, h, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
@@ -550,12 +521,11 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
                const T* __restrict__ v, const T* __restrict__ grad_out16, const float* __restrict__ lse,
                const float* __restrict__ delta,
                const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_src, int H, float scale,
-               const int* __restrict__ edge_ids, float p, unsigned long long seed, unsigned long long offset,
-               T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ part_dk, float* __restrict__ part_dv) {
+               const unsigned int* __restrict__ keep_bits, float p, T* __restrict__ dk, T* __restrict__ dv,
+               float* __restrict__ part_dk, float* __restrict__ part_dv) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short window[BA_SRC_WARPS][2][S::TILE];   // [warp][k, v] of the sources
     __shared__ __align__(16) unsigned short stage[BA_SRC_WARPS][2][2][S::TILE];  // [warp][buffer][q, do]
-    __shared__ BaDropout drop[BA_SRC_WARPS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long item = (long long)blockIdx.x * BA_SRC_WARPS + warp;
     if (item >= n_items * H) return;  // whole warps leave together
@@ -575,7 +545,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
         av[n][0] = av[n][1] = av[n][2] = av[n][3] = 0.f;
     }
     const float c = scale * BA_LOG2E;
-    const float kept_scale = edge_ids != nullptr ? 1.f / (1.f - p) : 1.f;
+    const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
     if (first < last) {
@@ -596,9 +566,8 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
         __syncwarp();
         const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
                                       (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2] = {~0u, ~0u};  // dropout: the lane's rows' kept cells
-        if (edge_ids != nullptr)
-            ba_dropout_block(drop[warp], keep, masks, edge_ids, p, seed, offset, blk, h, lane, g);
+        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
+        ba_keep_words(keep, keep_bits, blk, H, h, g);
         // the statistics of the lane's destination columns j * 8 + 2 t + e
         float lse2[2][2], dl[2][2];
 #pragma unroll
@@ -642,5 +611,28 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
     } else {
         ba_store_partial<D>(part_dk, ak, factor_k, b, row0, n_src, H, h, g, t);
         ba_store_partial<D>(part_dv, av, one, b, row0, n_src, H, h, g, t);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention dropout, drawn once per call: for CSR entry k (caller edge id perm[k]) and head h,
+// where the multiplier keeps the edge, set its cell's bit in keep (cells: the entry's cell in the
+// destination-major layout) and in keep_src (cells_src: its cell in the source-major layout; null
+// in a forward). keep and keep_src zeroed, [n_blocks * 16 * H] of their layouts. One thread per
+// (entry, head).
+extern "C" __global__ void ba_keep_bits(const long long* __restrict__ cells, const long long* __restrict__ cells_src,
+                             const int* __restrict__ perm, long long n_edges, int H, float p, unsigned long long seed,
+                             unsigned long long offset, unsigned int* __restrict__ keep,
+                             unsigned int* __restrict__ keep_src) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_edges * H) return;
+    const long long k = i / H;
+    const int h = (int)(i - k * H);
+    if (gf_philox_uniform(seed, offset, (unsigned int)__ldg(perm + k), (unsigned int)h) < p) return;
+    const long long c = __ldg(cells + k);
+    atomicOr(keep + (c >> 4) * H + h, 1u << (c & 15));
+    if (keep_src != nullptr) {
+        const long long cs = __ldg(cells_src + k);
+        atomicOr(keep_src + (cs >> 4) * H + h, 1u << (cs & 15));
     }
 }

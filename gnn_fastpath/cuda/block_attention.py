@@ -1,7 +1,7 @@
 """Launcher of dot-product attention on tensor cores (``block_attention.cu``) over the
 block-sparse layout of the graph (:class:`gnn_fastpath.cuda.block_layout.BlockLayout`: masks,
 and on a multigraph the parallel edges' counts), for 16-bit q, k, v, with attention dropout
-(the CSR kernels' Philox multipliers, keyed by each cell's caller edge id).
+(the CSR kernels' Philox multipliers, drawn once per call into a bit per cell and head).
 
 It is a variant of the dot-attention op's forward and of its backward, next to the CSR
 kernels of :mod:`gnn_fastpath.cuda.dot_attention`, which picks it (forced, by its rule or
@@ -118,21 +118,37 @@ def work(graph, lay: BlockLayout) -> Work:
     return graph.memo(("block_attention", "work", side, CHUNK_BLOCKS), build)
 
 
-def cell_edge_ids(graph, source_major: bool) -> Tensor:
-    """int32 [n_blocks * 256]: the caller's edge id of each cell of the destination-major layout
-    (or, ``source_major``, the source-major one; -1: no edge), which attention dropout keys its
-    multipliers by (a graph without parallel edges: one edge per cell). Built once per graph and
-    role: an undirected graph's one layout holds in cell (i, j) the edge j -> i in the
-    destination-major role and i -> j in the source-major one."""
-    lay = source_layout(graph) if source_major else layout(graph)
-
+def _source_cells(graph) -> Tensor:
+    """int64 [M]: each destination-major CSR entry's cell in the source-major layout (an
+    undirected graph's one layout holds edge j -> i at cell (i, j) as destination-major and at
+    (j, i) as source-major), built once per graph."""
     def build():
-        perm = graph.kernel_source_csr().perm if source_major else graph.kernel_csr().perm
-        ids = torch.full((lay.n_blocks * 256,), -1, dtype=torch.int32, device=perm.device)
-        ids[lay.position] = perm
-        return ids
+        sc = graph.kernel_source_csr()
+        cells = torch.empty_like(source_layout(graph).position)
+        cells[sc.csr_pos.long()] = source_layout(graph).position
+        return cells
 
-    return graph.memo(("block_attention", "edge_ids", source_major), build)
+    return graph.memo(("block_attention", "source_cells"), build)
+
+
+def dropout_bits(graph, H: int, p: float, seed: int, offset: int,
+                 source_too: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Attention dropout, drawn once per call: int32 [n_blocks * 16 * H] bit words of the
+    destination-major layout (bit c of word (block * 16 + row) * H + head: that cell's edge is
+    kept, by the CSR kernels' Philox multipliers of stream (seed, offset)), and (``source_too``)
+    those of the source-major layout, else None. A graph without parallel edges (:func:`usable`)."""
+    lay, kc = layout(graph), graph.kernel_csr()
+    device = kc.perm.device
+    keep = torch.zeros(lay.n_blocks * 16 * H, dtype=torch.int32, device=device)
+    keep_src = torch.zeros(source_layout(graph).n_blocks * 16 * H, dtype=torch.int32, device=device) \
+        if source_too else None
+    n = graph.num_edges * H
+    if n:
+        KERNELS.kernel(device, "ba_keep_bits").launch(
+            launch.cdiv(n, 256), 256, cells=lay.position, cells_src=_source_cells(graph) if source_too else None,
+            perm=kc.perm, n_edges=graph.num_edges, H=H, p=p, seed=seed, offset=offset, keep=keep,
+            keep_src=keep_src)
+    return keep, keep_src
 
 
 def usable(graph, p: float = 0.0) -> bool:
@@ -179,7 +195,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float, out_dtype: Opt
             launch.cdiv(wk.chunks.n_items * H, WARPS), 32 * WARPS, window_ptr=lay.window_ptr, cols=lay.cols,
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, items=wk.chunks.items,
             n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale,
-            edge_ids=cell_edge_ids(graph, False) if p > 0 else None, p=p, seed=seed, offset=offset, out=out,
+            keep_bits=dropout_bits(graph, H, p, seed, offset, False)[0] if p > 0 else None, p=p, out=out,
             lse=lse, part_acc=part_acc, part_ml=part_ml)
         _dot().merge_split_rows(wk.split, wk.n_split, part_acc, part_ml, out, lse)
     return out, lse
@@ -199,6 +215,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     grad_out16 = grad_out if grad_out.dtype == q.dtype else grad_out.to(q.dtype)
     delta = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
     f32 = dict(dtype=torch.float32, device=q.device)
+    keep, keep_src = dropout_bits(graph, H, p, seed, offset, True) if p > 0 else (None, None)
     lay = layout(graph)
     wk = work(graph, lay)
     if wk.chunks.n_items * H:
@@ -208,8 +225,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             masks=lay.masks(), counts=lay.counts(), q=q, k=k, v=v, out=out, grad_out16=grad_out16,
             lse=lse,
             items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
-            scale=scale, edge_ids=cell_edge_ids(graph, False) if p > 0 else None, p=p, seed=seed, offset=offset,
-            dq=dq, delta=delta, part_dq=part_dq)
+            scale=scale, keep_bits=keep, p=p, dq=dq, delta=delta, part_dq=part_dq)
         _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
     src = source_layout(graph)
     swk = work(graph, src)
@@ -220,8 +236,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             launch.cdiv(swk.chunks.n_items * H, SRC_WARPS), 32 * SRC_WARPS, window_ptr=src.window_ptr,
             cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out16=grad_out16, lse=lse,
             delta=delta, items=swk.chunks.items, n_items=swk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_src=n_src,
-            H=H, scale=scale, edge_ids=cell_edge_ids(graph, True) if p > 0 else None, p=p, seed=seed,
-            offset=offset, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
+            H=H, scale=scale, keep_bits=keep_src, p=p, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
         _dot().sum_split_rows(swk.split, swk.n_split, part_dk, dk)
         _dot().sum_split_rows(swk.split, swk.n_split, part_dv, dv)
     return dq, dk, dv

@@ -43,11 +43,12 @@ def test_block_attention_launches(launches, monkeypatch, chunk, graph_name, simp
     o, lse = block_attention.forward(g, q, k, v, 0.25, out_dtype, p, 7, 9)
     assert o.shape == q.shape and o.dtype == out_dtype and lse.shape == (g.n_dst, 3) and lse.dtype == torch.float32
     dq, dk, dv = block_attention.backward(g, q, k, v, o, lse, torch.randn_like(o), 0.25, p, 7, 9)
+    bits = ["ba_keep_bits"] if p else []  # dropout drawn once per pass
     if chunk == 1:
-        assert launches == ["ba_fwd", "dot_fwd_merge", "ba_bwd_dst", "dot_sum_partials", "ba_bwd_src",
-                            "dot_sum_partials", "dot_sum_partials"]
+        assert launches == bits + ["ba_fwd", "dot_fwd_merge"] + bits + ["ba_bwd_dst", "dot_sum_partials", "ba_bwd_src",
+                                                                        "dot_sum_partials", "dot_sum_partials"]
     else:
-        assert launches == ["ba_fwd", "ba_bwd_dst", "ba_bwd_src"]
+        assert launches == bits + ["ba_fwd"] + bits + ["ba_bwd_dst", "ba_bwd_src"]
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dk.dtype == dtype
 
 
@@ -83,26 +84,35 @@ def test_split_windows_work_list(monkeypatch):
     assert torch.equal(torch.sort(used).values, torch.arange(used.numel()))  # each workspace row once
 
 
-def test_cell_edge_ids():
-    """Each cell holds its edge's caller id; an undirected graph's one layout holds the edge
-    j -> i at cell (i, j) as destination-major and i -> j as source-major."""
+@pytest.mark.parametrize("undirected", [True, False])
+def test_dropout_cells(undirected):
+    """Attention dropout sets one bit per edge in each layout: CSR entry k (edge src -> dst) is
+    the cell (dst, src) of the destination-major layout and (src, dst) of the source-major one,
+    also where both are one layout (an undirected graph, cell (i, j) holding j -> i and i -> j)."""
     ei = torch.randint(0, 50, (2, 300), generator=torch.Generator().manual_seed(3))
-    ei = torch.unique(torch.cat([ei, ei.flip(0)], 1), dim=1)
-    ei = ei[:, torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(4))]  # caller order
-    g = Graph.from_edge_index(ei, 50)
-    assert g.is_symmetric()  # known: the source-major CSR is the forward one
-    lay = block_attention.layout(g)
-    assert block_attention.source_layout(g) is lay
-    cols = lay.cols.view(-1, 16).long()
-    window = torch.repeat_interleave(torch.arange(lay.n_windows), (lay.window_ptr[1:] - lay.window_ptr[:-1]).long())
-    for source_major in (False, True):
-        ids = block_attention.cell_edge_ids(g, source_major).view(-1, 16, 16).long()
-        b, r, c = (ids >= 0).nonzero(as_tuple=True)
-        row, col = window[b] * 16 + r, cols[b, c]
-        src, dst = (row, col) if source_major else (col, row)
-        e = ids[b, r, c]
-        assert torch.equal(ei[0, e], src) and torch.equal(ei[1, e], dst)
-        assert e.numel() == ei.shape[1]
+    ei = torch.unique(torch.cat([ei, ei.flip(0)], 1) if undirected else ei, dim=1)
+    g = Graph.from_edge_index(ei[:, torch.randperm(ei.shape[1], generator=torch.Generator().manual_seed(4))], 50)
+    assert g.is_symmetric() == undirected
+    assert (block_attention.source_layout(g) is block_attention.layout(g)) == undirected
+    kc = g.kernel_csr()
+    dst = torch.repeat_interleave(torch.arange(g.n_dst), (kc.indptr[1:] - kc.indptr[:-1]).long())
+    src = kc.indices.long()
+    for lay, cells, row, col in ((block_attention.layout(g), block_attention.layout(g).position, dst, src),
+                                 (block_attention.source_layout(g), block_attention._source_cells(g), src, dst)):
+        window = torch.repeat_interleave(torch.arange(lay.n_windows), (lay.window_ptr[1:] - lay.window_ptr[:-1]).long())
+        block, r, c = cells // 256, (cells // 16) % 16, cells % 16
+        assert torch.equal(window[block] * 16 + r, row)
+        assert torch.equal(lay.cols.long()[block * 16 + c], col)
+        assert torch.unique(cells).numel() == g.num_edges
+
+
+def test_dropout_launch(launches):
+    ei = torch.unique(torch.randint(0, 40, (2, 200), generator=torch.Generator().manual_seed(5)), dim=1)
+    g = Graph.from_edge_index(ei, 40)
+    keep, keep_src = block_attention.dropout_bits(g, 3, 0.2, 7, 9, True)
+    assert launches == ["ba_keep_bits"]
+    assert keep.shape == (block_attention.layout(g).n_blocks * 16 * 3,)
+    assert keep_src.shape == (block_attention.source_layout(g).n_blocks * 16 * 3,)
 
 
 def test_parallel_edges_up_to_255():
