@@ -212,7 +212,8 @@ __device__ __forceinline__ void ba_keep_words(unsigned int (&keep)[2], const uns
 // head h of y [n_rows, H, D] (TY: float or 16-bit); rows past n_rows are not written.
 template <typename TY, int D>
 __device__ __forceinline__ void ba_store_rows(TY* __restrict__ y, const float (&acc)[D / 8][4],
-                                              const float (&factor)[2], long long row0, int n_rows, int H, int h, int g, int t) {
+                                              const float (&factor)[2], long long row0, int n_rows, int H, int h,
+                                              int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const long long row = row0 + g + 8 * r;
@@ -303,8 +304,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
            const unsigned char* __restrict__ counts, const T* __restrict__ q, const T* __restrict__ k,
            const T* __restrict__ v, const int4* __restrict__ items, long long n_items, int chunk_blocks, int n_rows,
            int H, float scale, const unsigned int* __restrict__ keep_bits, float p, TO* __restrict__ out,
-           float* __restrict__ lse, float* __restrict__ part_acc,
-           float* __restrict__ part_ml) {
+           float* __restrict__ lse, float* __restrict__ part_acc, float* __restrict__ part_ml) {
     using S = ba_shape<D>;
     __shared__ __align__(16) unsigned short stage[BA_WARPS][2][2][S::TILE];  // [warp][buffer][k, v]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
