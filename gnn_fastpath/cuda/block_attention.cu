@@ -28,7 +28,9 @@
 // float32-accurate (relative error ~u^2) and the output is rounded once, as the CSR kernels round
 // it. The gradient passes split de and alpha the same way. A column row several window rows use is
 // read once per window instead of once per edge: the win over the CSR kernels where neighbourhoods
-// are locally dense.
+// are locally dense. Unlike the CSR kernels, a non-finite k or v row (or do row in the dk/dv pass)
+// reaches the other rows of the windows whose blocks hold it: the tensor-core product multiplies
+// it by the 0 weights of their non-edges (0 x inf = NaN).
 //
 // Shapes: q [n_dst, H, D], k, v [n_src, H, D] (T), out [n_dst, H, D] (TO: T or float32), do
 // [n_dst, H, D] in T (grad_out16: a float32 do rounded to T by the launcher), D in 16..128 a
@@ -497,7 +499,8 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                                         ? ba_times_count(exp2f(x - lse2[r]), counts, blk, row, col)
                                         : 0.f;
                     const float mult = a != 0.f ? ba_kept(keep, r, col, kept_scale) : 1.f;
-                    s[j][2 * r + e] = a * (mult * dp[j][2 * r + e] - dl[r]);  // de
+                    // de; exactly 0 off the edges, whatever dp or delta (a non-finite one stays in its row)
+                    s[j][2 * r + e] = a != 0.f ? a * (mult * dp[j][2 * r + e] - dl[r]) : 0.f;
                 }
         ba_accumulate<T, D>(acc, s, stage[warp][buf][0], g, t);
         __syncwarp();
@@ -595,7 +598,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
                                         : 0.f;
                     const float mult = a != 0.f ? ba_kept(keep, r, col, kept_scale) : 1.f;
                     s[j][2 * r + e] = a * mult;                                     // dropped alpha
-                    dp[j][2 * r + e] = a * (mult * dp[j][2 * r + e] - dl[j][e]);  // de
+                    dp[j][2 * r + e] = a != 0.f ? a * (mult * dp[j][2 * r + e] - dl[j][e]) : 0.f;  // de
                 }
         ba_accumulate<T, D>(av, s, stage[warp][buf][1], g, t);
         ba_accumulate<T, D>(ak, dp, stage[warp][buf][0], g, t);

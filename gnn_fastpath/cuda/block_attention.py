@@ -213,6 +213,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
     n_src = k.size(0)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     grad_out16 = grad_out if grad_out.dtype == q.dtype else grad_out.to(q.dtype)
+    if not launch.aligned16(grad_out16, out):  # 16-byte copies of grad_out, pair loads of out
+        grad_out16, out = grad_out16.clone(), out.clone()
     delta = torch.empty((n_dst, H), dtype=torch.float32, device=q.device)
     f32 = dict(dtype=torch.float32, device=q.device)
     keep, keep_src = dropout_bits(graph, H, p, seed, offset, True) if p > 0 else (None, None)

@@ -62,6 +62,7 @@ class BlockLayout:
         self._masks: Optional[Tensor] = None
         self._duplicates: Optional[bool] = None
         self._counts: Optional[Tensor] = None
+        self._counts_error: Optional[str] = None
 
     def nbytes(self, dtype: Optional[torch.dtype] = torch.bfloat16) -> int:
         """Bytes of the structure plus one values entry of ``dtype`` (None: the row masks
@@ -107,11 +108,16 @@ class BlockLayout:
     def counts(self) -> Optional[Tensor]:
         """uint8 [n_blocks * 256]: the number of entries of each cell (position (b * 16 + r) *
         16 + c), where some cell has more than one (:meth:`has_duplicates`); None where every
-        cell holds at most one (the masks say all). Built once; ValueError past 255 parallel
-        entries in one cell."""
+        cell holds at most one (the masks say all). Built once (memory: the distinct cells, not
+        every cell); ValueError past 255 parallel entries in one cell (also remembered)."""
         if self._counts is None and self.has_duplicates():
-            counts = torch.bincount(self.position, minlength=self.n_blocks * 256)
-            if int(counts.max()) > 255:  # host read, once
-                raise ValueError("a block cell holds more than 255 parallel edges")
-            self._counts = counts.to(torch.uint8)
+            if self._counts_error is not None:
+                raise ValueError(self._counts_error)
+            cells, n = torch.unique(self.position, return_counts=True)
+            if int(n.max()) > 255:  # host read, once
+                self._counts_error = "a block cell holds more than 255 parallel edges"
+                raise ValueError(self._counts_error)
+            counts = torch.zeros(self.n_blocks * 256, dtype=torch.uint8, device=cells.device)
+            counts[cells] = n.to(torch.uint8)
+            self._counts = counts
         return self._counts

@@ -15,8 +15,9 @@ or ``transposed`` dk/dv, or ``block``; unset: by the graph, or timed) and
 ``GNN_FASTPATH_DOT_FWD`` (``csr`` or ``block``; unset: by the graph, or timed).
 
 Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for 16-bit q, k,
-v without edge term or returned attention, on an eager graph that outlived a training step (its layout is a one-time cost a sampled batch's graph would pay
-every step), both passes can run on tensor cores over the graph's block-sparse layout instead.
+v without edge term or returned attention, on an eager graph that outlived a training step (its
+layout is a one-time cost a sampled batch's graph would pay every step), the forward and (in
+bfloat16) the backward can run on tensor cores over the graph's block-sparse layout instead.
 The rule takes it wherever it is offered (:data:`block_attention.RULE`); the tuner times it
 against the CSR kernels per size class and window sharing.
 """
@@ -119,13 +120,17 @@ FORWARDS = ("csr", "block")
 
 
 def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
-                  out_dtype: Optional[torch.dtype], seed, forced: bool = False) -> bool:
+                  out_dtype: Optional[torch.dtype], seed, forced: bool = False, backward: bool = False) -> bool:
     """Whether the block-sparse tensor-core kernels may run this call: inputs they take
     (:func:`block_attention.unsupported`; ``attention``: alpha is returned), an eager graph
     that outlived a training step (``forced``: whether or not) and that its layout holds
     (:func:`block_attention.usable`: with dropout, no parallel edges); dropout keyed by host
-    integers (``seed``), not an rng tensor."""
+    integers (``seed``), not an rng tensor. The ``backward`` takes bfloat16 only: its de =
+    alpha (dalpha - delta) enters the products as float16 parts, whose range (65504) a
+    GradScaler-scaled grad_out can exceed where the CSR kernels' float32 does not."""
     if graph.static or block_attention.unsupported(q, k, v, edge_term, p, attention, out_dtype) is not None:
+        return False
+    if backward and q.dtype == torch.float16:
         return False
     if p > 0 and isinstance(seed, Tensor):
         return False
@@ -156,10 +161,11 @@ def forward_algorithm(graph, block: bool) -> str:
     return forced if forced is not None else "block"  # block_attention.RULE
 
 
-def _block_class(klass: str, graph) -> str:
-    """A size class of a choice the block kernels take part in: their sharing (entries per
-    distinct (window, column), to the nearest half) decides as much as the sizes do."""
-    return f"{klass}|window sharing {round(block_attention.layout(graph).sharing * 2) / 2}"
+def _block_class(klass: str, graph, head_dim: int) -> str:
+    """A size class of a choice the block kernels take part in: their speed depends on the window
+    sharing (entries per distinct (window, column), to the nearest half) and the head width as
+    much as on the sizes."""
+    return f"{klass}|window sharing {round(block_attention.layout(graph).sharing * 2) / 2}|head {head_dim}"
 
 
 def forward_class(graph, width: int, dtype: torch.dtype) -> str:
@@ -219,8 +225,8 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     graph.note_pass("forward")
     if algorithm is None:
         forced = config.setting("GNN_FASTPATH_DOT_FWD")
-        block = block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype, seed,
-                              forced == "block")
+        block = forced != "csr" and block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype,
+                                                  seed, forced == "block")
         algorithm = forward_algorithm(graph, block)
         if block and forced is None and tuning.enabled():
             def run(variant):
@@ -229,8 +235,8 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
 
             H, D = q.shape[1:]
             algorithm = tuning.choose_on_graph(
-                graph, ("dot_attention.forward", H * D, q.dtype),
-                lambda: _block_class(forward_class(graph, H * D, q.dtype), graph), q.device, run, FORWARDS,
+                graph, ("dot_attention.forward", H, D, q.dtype),
+                lambda: _block_class(forward_class(graph, H * D, q.dtype), graph, D), q.device, run, FORWARDS,
                 algorithm)
     if algorithm == "block":
         out, lse = block_attention.forward(graph, q, k, v, scale, out_dtype, p, seed, offset)
@@ -308,8 +314,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
     if mode is None:
         forced = config.setting("GNN_FASTPATH_DOT_BWD")
-        block = block_offered(graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype,
-                              seed, forced == "block")
+        block = forced in (None, "block") and block_offered(
+            graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype, seed,
+            forced == "block", backward=True)
         mode = backward_mode(graph, block)
         if forced is None and not graph.static and tuning.enabled():
             def run(variant):
@@ -317,9 +324,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
                                 scale, p, *given_stream, need_d_edge_term, variant)
 
             H, D = q.shape[1:]
-            klass = (lambda: _block_class(backward_class(graph, H * D, q.dtype), graph)) if block else \
+            klass = (lambda: _block_class(backward_class(graph, H * D, q.dtype), graph, D)) if block else \
                 (lambda: backward_class(graph, H * D, q.dtype))
-            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H * D, q.dtype, block), klass, device,
+            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H, D, q.dtype, block), klass, device,
                                           run, BACKWARDS if block else BACKWARDS[:2], mode)
     if mode == "block":
         dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale, p, seed, offset)

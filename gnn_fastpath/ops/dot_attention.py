@@ -43,6 +43,9 @@ Design
   gradients split hi + lo so that results are rounded once as here); it saves the same ``lse``
   (and computes the same ``delta``), so either backward follows either forward. Chosen by the
   tuner, or by the rule wherever offered (``GNN_FASTPATH_DOT_FWD`` / ``_DOT_BWD`` force it).
+  Its backward takes bfloat16 only (float16 parts of de lack float32's range), and a float32
+  grad_out (``out_dtype=torch.float32``) enters its products rounded once to bfloat16: one
+  more rounding of the gradients, which are returned in bfloat16 anyway.
 - Dropout: inverted dropout on alpha, multiplier from Philox keyed by (seed, offset, caller
   edge id, head); seed and offset come from torch's CPU generator (no GPU sync) and are kept
   in ctx, so the backward regenerates the forward's mask exactly.
