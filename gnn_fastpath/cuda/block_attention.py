@@ -31,26 +31,26 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: Head widths the kernels take: multiples of the mma's k = 16, up to 128 (registers: the
 #: window's q fragments and a 16 x D float32 accumulator per warp).
 MAX_HEAD_DIM = 128
-#: Why the rule (tuning off) takes these kernels wherever they are offered: on the H200, bf16,
-#: kernel time of forward + backward against the CSR kernels' (source-major backward), 0.62-0.97
-#: on tolokers, arxiv-skewdst, roads-like and a clustered block model for H x D = 4 x 128,
-#: 4 x 64, 4 x 32, 8 x 16, and 0.75-1.07 on arxiv-like (slower at D = 128 only)
-#: (benchmarks/results/2026-11-26-h200-issue14-c/kernel_times_bfcd3f9.md). The tuner, on by
-#: default, times both per size class.
-RULE = "block wherever offered"
+# The rule (tuning off: dot_attention.forward_algorithm / backward_mode) takes these kernels
+# wherever they are offered. On the H200, bf16, their kernel time of forward + backward against
+# the CSR kernels' (source-major backward) was 0.62-0.97 on tolokers, arxiv-skewdst, roads-like
+# and a clustered block model for H x D = 4 x 128, 4 x 64, 4 x 32, 8 x 16, and 0.75-1.07 on
+# arxiv-like (slower at D = 128 only)
+# (benchmarks/results/2026-11-26-h200-issue14-c/kernel_times_bfcd3f9.md). The tuner, on by
+# default, times both per size class.
 #: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
 #: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp
 #: busy while the rest of the GPU idles).
 CHUNK_BLOCKS = 64
 
 
-def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
+def unsupported(q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], attention: bool,
                 out_dtype: Optional[torch.dtype]) -> Optional[str]:
     """Why the block kernels cannot take this call, or None when they can: 16-bit q, k, v of
     one dtype on a GPU with bf16 mma (sm_80+), results in that dtype or float32 (autocast),
     head width a multiple of 16 up to :data:`MAX_HEAD_DIM`, 16-byte aligned, no edge term, no
     returned attention (``attention``: the call returns or takes a gradient of it). Dropout
-    (``p``) needs a graph without parallel edges (:func:`usable`)."""
+    needs a graph without parallel edges (:func:`usable`)."""
     if q.dtype not in DTYPES or not q.is_cuda:
         return "the block kernels take float16/bfloat16 on CUDA"
     if (out_dtype or q.dtype) not in (q.dtype, torch.float32):

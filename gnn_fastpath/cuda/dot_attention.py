@@ -18,7 +18,7 @@ Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for
 v without edge term or returned attention, on an eager graph that outlived a training step (its
 layout is a one-time cost a sampled batch's graph would pay every step), the forward and (in
 bfloat16) the backward can run on tensor cores over the graph's block-sparse layout instead.
-The rule takes it wherever it is offered (:data:`block_attention.RULE`); the tuner times it
+The rule takes it wherever it is offered (measured: see block_attention.py); the tuner times it
 against the CSR kernels per size class and window sharing.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
     integers (``seed``), not an rng tensor. The ``backward`` takes bfloat16 only: its de =
     alpha (dalpha - delta) enters the products as float16 parts, whose range (65504) a
     GradScaler-scaled grad_out can exceed where the CSR kernels' float32 does not."""
-    if graph.static or block_attention.unsupported(q, k, v, edge_term, p, attention, out_dtype) is not None:
+    if graph.static or block_attention.unsupported(q, k, v, edge_term, attention, out_dtype) is not None:
         return False
     if backward and q.dtype == torch.float16:
         return False
@@ -147,18 +147,19 @@ def backward_mode(graph, block: bool = False) -> str:
         return forced
     if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
-    if block:  # see block_attention.RULE (the tuner refines it)
+    if block:  # the rule, measured in block_attention.py (the tuner refines it)
         return "block"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
-def forward_algorithm(graph, block: bool) -> str:
-    """``"csr"`` or ``"block"`` for ``graph`` (``GNN_FASTPATH_DOT_FWD`` forces one; ``"block"``
-    only where ``block``, :func:`block_offered`)."""
+def forward_algorithm(block: bool) -> str:
+    """``"csr"`` or ``"block"`` (``GNN_FASTPATH_DOT_FWD`` forces one; ``"block"`` only where
+    ``block``, :func:`block_offered`; the rule: block wherever offered, measured in
+    block_attention.py)."""
     if not block:
         return "csr"
     forced = config.setting("GNN_FASTPATH_DOT_FWD")
-    return forced if forced is not None else "block"  # block_attention.RULE
+    return forced if forced is not None else "block"
 
 
 def _block_class(klass: str, graph, head_dim: int) -> str:
@@ -227,7 +228,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
         forced = config.setting("GNN_FASTPATH_DOT_FWD")
         block = forced != "csr" and block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype,
                                                   seed, forced == "block")
-        algorithm = forward_algorithm(graph, block)
+        algorithm = forward_algorithm(block)
         if block and forced is None and tuning.enabled():
             def run(variant):
                 return forward(graph, q, k, v, edge_term, scale, p, seed, offset, return_attention, out_dtype,

@@ -125,5 +125,5 @@ def test_parallel_edges_up_to_255():
 
 def test_unsupported_names_the_reason():
     q = torch.randn(4, 2, 32).to(torch.bfloat16)
-    assert "CUDA" in block_attention.unsupported(q, q, q, None, 0.0, False, None)  # a CPU tensor
-    assert "float16/bfloat16" in block_attention.unsupported(q.float(), q.float(), q.float(), None, 0.0, False, None)
+    assert "CUDA" in block_attention.unsupported(q, q, q, None, False, None)  # a CPU tensor
+    assert "float16/bfloat16" in block_attention.unsupported(q.float(), q.float(), q.float(), None, False, None)
