@@ -1,8 +1,8 @@
 """Kernel launches on the CPU: parameter lists read from the .cu sources, and the named
 arguments a launch converts and checks against them (no GPU needed)."""
+import ctypes
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,9 +19,9 @@ def small_kernel():
 
 
 def test_pointer_of_none_is_null():
-    assert launch._pointer(None) == 0 and isinstance(launch._pointer(None), np.uint64)
+    assert launch._pointer(None) == 0
     x = torch.zeros(3)
-    assert int(launch._pointer(x)) == x.data_ptr()
+    assert launch._pointer(x) == x.data_ptr()
     with pytest.raises(TypeError, match="tensor or None"):
         launch._pointer(x.data_ptr())  # a bare integer is not taken for a pointer
 
@@ -29,9 +29,35 @@ def test_pointer_of_none_is_null():
 def test_arguments_convert_in_parameter_order(small_kernel):
     x = torch.zeros(4)
     args = {"items": None, "s": 0.5, "n": 2**40 + 3, "x": x}  # not in .cu order
-    values = small_kernel.arguments(args)
-    assert [type(v) for v in values] == [np.uint64, np.int64, np.float32, np.uint64]
-    assert [int(values[0]), int(values[1]), float(values[2]), int(values[3])] == [x.data_ptr(), 2**40 + 3, 0.5, 0]
+    assert small_kernel.arguments(args) == (x.data_ptr(), 2**40 + 3, 0.5, 0)
+
+
+def _packed(kernel, i, ctype):
+    """The value of parameter i as the driver reads it: through its parameter pointer."""
+    return ctype.from_address(kernel._param_ptrs[i]).value
+
+
+def test_packed_values_are_what_the_kernel_reads():
+    """Each parameter pointer of the buffer holds its value in the parameter's C type, at its
+    native alignment (an int before a pointer leaves a gap), seeds wrapped to 64 bits."""
+    src = ('extern "C" __global__ void k(int a, const float* p, unsigned int b, long long c, '
+           'unsigned long long seed, float f, int4* q) {}')
+    k = launch.Kernel(function=None, name="k", params=launch._parameters(src, "k"), device_index=0)
+    x = torch.zeros(2)
+    k.pack(k.arguments({"a": -7, "p": x, "b": 2**32 - 1, "c": -2**40, "seed": -1, "f": 0.25, "q": None}))
+    types = (ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_float,
+             ctypes.c_uint64)
+    got = [_packed(k, i, t) for i, t in enumerate(types)]
+    assert got == [-7, x.data_ptr(), 2**32 - 1, -2**40, 2**64 - 1, 0.25, 0]
+    assert [k._param_ptrs[i] % ctypes.sizeof(t) for i, t in enumerate(types)] == [0] * 7
+    with pytest.raises(OverflowError, match="k: a launch value does not fit"):
+        k.pack(k.arguments({"a": 2**31, "p": x, "b": 0, "c": 0, "seed": 0, "f": 0.0, "q": None}))
+
+
+def test_launch_dimensions():
+    assert launch._dims(5) == (5, 1, 1) and launch._dims((2, 3)) == (2, 3, 1) and launch._dims([1, 2, 3]) == (1, 2, 3)
+    with pytest.raises(ValueError, match="1 to 3 values"):
+        launch._dims((1, 1, 1, 1))
 
 
 def test_arguments_missing_name(small_kernel):
@@ -48,10 +74,10 @@ def test_parameters_of_templates_and_every_scalar_type():
     src = ("template <int V, bool E>\n__global__ void __launch_bounds__(256, 2)\n"
            "t(int a, unsigned int b, long long c, unsigned long long seed, float f, const int* __restrict__ p) {}")
     params = launch._parameters(src, "t<4,true>")
-    assert [name for name, _ in params] == ["a", "b", "c", "seed", "f", "p"]
-    values = [convert(v) for (_, convert), v in zip(params, (-1, 7, -2**40, -1, 0.25, None))]
-    assert [type(v) for v in values] == [np.int32, np.uint32, np.int64, np.uint64, np.float32, np.uint64]
-    assert int(values[3]) == 2**64 - 1  # seeds wrap to 64 bits, as the kernels read them
+    assert [p.name for p in params] == ["a", "b", "c", "seed", "f", "p"]
+    assert "".join(p.code for p in params) == "iIqQfQ"
+    values = [p.convert(v) for p, v in zip(params, (-1, 7, -2**40, -1, 0.25, None))]
+    assert values == [-1, 7, -2**40, 2**64 - 1, 0.25, 0]  # seeds wrap to 64 bits, as the kernels read them
     with pytest.raises(LookupError, match="u is not defined"):
         launch._parameters(src, "u")
     with pytest.raises(TypeError, match="parameter d has type 'double'"):
@@ -75,4 +101,4 @@ def test_every_source_defines_kernels():
 def test_every_kernel_has_a_launchable_parameter_list(source, name):
     """Each parameter is a pointer or a scalar type launches can pass (else a TypeError)."""
     params = launch._parameters(loader.read_source(source), name)
-    assert params and len({p for p, _ in params}) == len(params)  # named, no duplicates
+    assert params and len({p.name for p in params}) == len(params)  # named, no duplicates
