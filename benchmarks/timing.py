@@ -299,7 +299,7 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 def count_syncs(fn: Callable[[], object], device: Optional[torch.device] = None) -> Optional[int]:
     """Host synchronisations torch reports while ``fn()`` runs (``set_sync_debug_mode("warn")``;
-    CuPy's launches never synchronise); None on a non-CUDA ``device``."""
+    the package's kernel launches never synchronise); None on a non-CUDA ``device``."""
     if device is not None and device.type != "cuda":
         return None
     import warnings

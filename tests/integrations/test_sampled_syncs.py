@@ -4,7 +4,7 @@ A sampled step brings a new graph: building it may synchronise the host with the
 (the facts read back in one transfer), a cached graph not at all, and the fused layers add
 none where the graph's host facts already decide (a fan-out bounds every destination row, so
 no work list needs sizing). Counted with ``torch.cuda.set_sync_debug_mode("warn")``, which
-warns at every synchronising torch operation (CuPy's launches never synchronise).
+warns at every synchronising torch operation (the package's kernel launches never synchronise).
 """
 from __future__ import annotations
 
