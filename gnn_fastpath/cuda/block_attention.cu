@@ -210,6 +210,45 @@ __device__ __forceinline__ void ba_keep_words(unsigned int (&keep)[2], const uns
     keep[1] = __ldg(bits + ((long long)blk * 16 + g + 8) * H + h);
 }
 
+// The double-buffered walk over a window's blocks [first, last), which every pass shares: the
+// two 16-row tiles of block blk (k and v, or q and do) staged by cp.async into stage[buffer].
+template <int D>
+__device__ __forceinline__ void ba_stage_block(unsigned short (&tiles)[2][ba_shape<D>::TILE],
+                                               const int* __restrict__ cols, int blk,
+                                               const unsigned short* __restrict__ a,
+                                               const unsigned short* __restrict__ b, int H, int h, int lane) {
+    ba_stage_rows<D>(tiles[0], cols + (long long)blk * 16, a, H, h, lane);
+    ba_stage_rows<D>(tiles[1], cols + (long long)blk * 16, b, H, h, lane);
+    gf_cp_async_commit();
+}
+
+// At block blk: stage block blk + 1 into the other buffer, wait for blk's tiles; returns blk's
+// buffer (ba_stage_block staged `first` into buffer 0 before the loop).
+template <int D>
+__device__ __forceinline__ int ba_advance(unsigned short (&stage)[2][2][ba_shape<D>::TILE],
+                                          const int* __restrict__ cols, int blk, int first, int last,
+                                          const unsigned short* __restrict__ a, const unsigned short* __restrict__ b,
+                                          int H, int h, int lane) {
+    const int buf = (blk - first) & 1;
+    if (blk + 1 < last) {
+        ba_stage_block<D>(stage[buf ^ 1], cols, blk + 1, a, b, H, h, lane);
+        gf_cp_async_wait<1>();
+    } else {
+        gf_cp_async_wait<0>();
+    }
+    __syncwarp();
+    return buf;
+}
+
+// Block blk's edge masks of the lane's rows g and g + 8, and (dropout) their kept cells.
+__device__ __forceinline__ void ba_block_rows(unsigned int (&mask)[2], unsigned int (&keep)[2],
+                                              const int* __restrict__ masks, const unsigned int* __restrict__ bits,
+                                              int blk, int H, int h, int g) {
+    mask[0] = (unsigned int)__ldg(masks + (long long)blk * 16 + g);
+    mask[1] = (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8);
+    ba_keep_words(keep, bits, blk, H, h, g);
+}
+
 // Store the lane's part of a 16 x D float tile (times `factor[r]` for rows g + 8 r) as rows of
 // head h of y [n_rows, H, D] (TY: float or 16-bit); rows past n_rows are not written.
 template <typename TY, int D>
@@ -328,26 +367,11 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
-    if (first < last) {
-        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
-        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
-        gf_cp_async_commit();
-    }
+    if (first < last) ba_stage_block<D>(stage[warp][0], cols, first, ks, vs, H, h, lane);
     for (int blk = first; blk < last; ++blk) {
-        const int buf = (blk - first) & 1;
-        if (blk + 1 < last) {
-            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, ks, H, h, lane);
-            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, vs, H, h, lane);
-            gf_cp_async_commit();
-            gf_cp_async_wait<1>();
-        } else {
-            gf_cp_async_wait<0>();
-        }
-        __syncwarp();
-        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
-                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
-        ba_keep_words(keep, keep_bits, blk, H, h, g);
+        const int buf = ba_advance<D>(stage[warp], cols, blk, first, last, ks, vs, H, h, lane);
+        unsigned int mask[2], keep[2];  // keep: dropout's kept cells of the lane's rows
+        ba_block_rows(mask, keep, masks, keep_bits, blk, H, h, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
         float bm[2] = {GF_NEG_INF, GF_NEG_INF};
@@ -463,26 +487,11 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
-    if (first < last) {
-        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, ks, H, h, lane);
-        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, vs, H, h, lane);
-        gf_cp_async_commit();
-    }
+    if (first < last) ba_stage_block<D>(stage[warp][0], cols, first, ks, vs, H, h, lane);
     for (int blk = first; blk < last; ++blk) {
-        const int buf = (blk - first) & 1;
-        if (blk + 1 < last) {
-            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, ks, H, h, lane);
-            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, vs, H, h, lane);
-            gf_cp_async_commit();
-            gf_cp_async_wait<1>();
-        } else {
-            gf_cp_async_wait<0>();
-        }
-        __syncwarp();
-        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
-                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
-        ba_keep_words(keep, keep_bits, blk, H, h, g);
+        const int buf = ba_advance<D>(stage[warp], cols, blk, first, last, ks, vs, H, h, lane);
+        unsigned int mask[2], keep[2];  // keep: dropout's kept cells of the lane's rows
+        ba_block_rows(mask, keep, masks, keep_bits, blk, H, h, g);
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         ba_logits<T, D>(s, qa, stage[warp][buf][0], g, t);
@@ -551,26 +560,11 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
     const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
     const int first = b.first, last = b.last;
-    if (first < last) {
-        ba_stage_rows<D>(stage[warp][0][0], cols + (long long)first * 16, qs, H, h, lane);
-        ba_stage_rows<D>(stage[warp][0][1], cols + (long long)first * 16, dos, H, h, lane);
-        gf_cp_async_commit();
-    }
+    if (first < last) ba_stage_block<D>(stage[warp][0], cols, first, qs, dos, H, h, lane);
     for (int blk = first; blk < last; ++blk) {
-        const int buf = (blk - first) & 1;
-        if (blk + 1 < last) {
-            ba_stage_rows<D>(stage[warp][buf ^ 1][0], cols + (long long)(blk + 1) * 16, qs, H, h, lane);
-            ba_stage_rows<D>(stage[warp][buf ^ 1][1], cols + (long long)(blk + 1) * 16, dos, H, h, lane);
-            gf_cp_async_commit();
-            gf_cp_async_wait<1>();
-        } else {
-            gf_cp_async_wait<0>();
-        }
-        __syncwarp();
-        const unsigned int mask[2] = {(unsigned int)__ldg(masks + (long long)blk * 16 + g),
-                                      (unsigned int)__ldg(masks + (long long)blk * 16 + g + 8)};
-        unsigned int keep[2];  // dropout: the kept cells of the lane's rows
-        ba_keep_words(keep, keep_bits, blk, H, h, g);
+        const int buf = ba_advance<D>(stage[warp], cols, blk, first, last, qs, dos, H, h, lane);
+        unsigned int mask[2], keep[2];  // keep: dropout's kept cells of the lane's rows
+        ba_block_rows(mask, keep, masks, keep_bits, blk, H, h, g);
         // the statistics of the lane's destination columns j * 8 + 2 t + e
         float lse2[2][2], dl[2][2];
 #pragma unroll

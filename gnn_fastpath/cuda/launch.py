@@ -94,19 +94,23 @@ def _parameters(source_text: str, name: str) -> Tuple[Param, ...]:
 
 
 @functools.lru_cache(maxsize=1)
+def _libcuda() -> ctypes.CDLL:
+    """The CUDA driver library (loaded by torch and CuPy already)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.lru_cache(maxsize=1)
 def _driver_launch() -> Callable:
-    """The driver's cuLaunchKernel (libcuda, loaded by torch and CuPy already)."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernel
+    """The driver's cuLaunchKernel."""
+    fn = _libcuda().cuLaunchKernel
     fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     fn.restype = ctypes.c_int
     return fn
 
 
 def _driver_error(code: int) -> str:
-    lib = ctypes.CDLL("libcuda.so.1")
     name = ctypes.c_char_p()
-    lib.cuGetErrorName(code, ctypes.byref(name))
+    _libcuda().cuGetErrorName(code, ctypes.byref(name))
     return name.value.decode() if name.value else f"CUresult {code}"
 
 
