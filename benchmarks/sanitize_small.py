@@ -7,8 +7,9 @@ and gradient with the reference backend, so it doubles as a quick GPU smoke test
 
 The graphs have what kernels get wrong: destinations without in-edges, self loops,
 duplicate edges, one super node (700 in-edges: split into chunks by the attention kernels,
-"heavy" for degree-aware launches) and a bipartite shape. Attention cases run under both
-backward variants (atomic, transposed; through the GNN_FASTPATH_*_BWD settings), dot attention
+"heavy" for degree-aware launches) and a bipartite shape. Attention cases run under every
+backward variant (atomic, transposed, and GATv2's one-pass fused; through the GNN_FASTPATH_*_BWD
+settings), on the graphs above and on an undirected one (the homogeneous graph both ways), dot attention
 in 16 bits also on the block-sparse tensor-core kernels (forced, whole and split windows). Every
 graph runs twice: as an eager Graph, and as GraphTensors (the compiled path's custom
 operators with their static launch geometry; ``SANITIZE_STATIC=0`` leaves these out).
@@ -79,19 +80,17 @@ def rnd(*shape, scale=1.0, grad=True, dtype=torch.float32):
     return t.requires_grad_(grad)
 
 
-def set_attention_variant(kind: str) -> None:
-    """Backward variant of the attention ops (settings read per call; harmless where a
-    variant does not exist)."""
-    os.environ["GNN_FASTPATH_DOT_BWD"] = kind
-    os.environ["GNN_FASTPATH_GATV2_BWD"] = kind
-    os.environ["GNN_FASTPATH_GAT_BWD"] = kind
-    try:
-        from gnn_fastpath.cuda import gatv2
+#: Backward variants of the attention ops; "fused" is GATv2's alone (the one-pass backward of
+#: an undirected graph; on a directed one it runs "transposed").
+VARIANTS = ("atomic", "transposed", "fused")
 
-        if hasattr(gatv2, "BWD_DX_SRC"):
-            gatv2.BWD_DX_SRC = kind
-    except Exception:  # noqa: BLE001
-        pass
+
+def set_attention_variant(kind: str) -> None:
+    """Backward variant of the attention ops (settings read per call); dot and GAT attention
+    take "transposed" for "fused"."""
+    os.environ["GNN_FASTPATH_DOT_BWD"] = os.environ["GNN_FASTPATH_GAT_BWD"] = \
+        "transposed" if kind == "fused" else kind
+    os.environ["GNN_FASTPATH_GATV2_BWD"] = kind
 
 
 def _flat(out) -> List[torch.Tensor]:
@@ -154,13 +153,17 @@ def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
     if static:
         gname += " static"
 
+    variant = None
+
     def run_case(name, op, fn, inputs, compare=True):
+        if variant == "fused" and op != "gatv2_attention":
+            return  # the same as its "transposed" run
         run_op_case(name, op, fn, inputs, gop, g, compare)
 
     def feat(*shape, scale=1.0):
         return rnd(*shape, scale=scale, dtype=dtype)
 
-    for variant in ("atomic", "transposed"):
+    for variant in VARIANTS:
         set_attention_variant(variant)
         for h, d in ((2, 64), (1, 32), (4, 128), (3, 20)):
             tag = f"{gname} {dt} H{h} D{d} bwd={variant}"
@@ -208,6 +211,7 @@ def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
         run_case(f"dot dropout {tag}", "dot_attention",
                  lambda G, q, k, v: gnn_fastpath.dot_attention(G, q, k, v, dropout=0.2),
                  [feat(nd, 2, 64), feat(ns, 2, 64), feat(ns, 2, 64)], compare=False)
+    variant = None
     set_attention_variant("atomic")
     if dtype != torch.float32 and not static:  # the block-sparse tensor-core kernels, forced
         from gnn_fastpath.cuda import block_attention
@@ -265,6 +269,10 @@ def main() -> int:
         "homog": make_graph(300, 300, 2500, 700, seed=1, bipartite=False),
         "bipartite": make_graph(200, 120, 1500, 400, seed=2, bipartite=True),
     }
+    homog = graphs["homog"]
+    both_ways = torch.stack([homog.indices, homog.dst_index()])
+    graphs["undirected"] = gnn_fastpath.Graph.from_edge_index(torch.cat([both_ways, both_ways.flip(0)], 1),
+                                                              homog.n_dst)
     for gname, g in graphs.items():
         print(f"graph {gname}: n_src={g.n_src} n_dst={g.n_dst} M={g.num_edges}", flush=True)
         for dtype in DTYPES:

@@ -98,9 +98,11 @@ SETTINGS = (
     Setting("GNN_FASTPATH_GATV2_CHUNK", "256", "1..65536",
             "GATv2 attention: rows longer than this many edges are cut into chunks of this length",
             _int_in(1, 65536)),
-    Setting("GNN_FASTPATH_GATV2_BWD", "atomic", "atomic, transposed",
-            "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass",
-            _choice("atomic", "transposed")),
+    Setting("GNN_FASTPATH_GATV2_BWD", "", "atomic, transposed, fused (empty: atomic, or timed)",
+            "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass, or "
+            "(undirected graphs; elsewhere transposed) both gradients in one pass over the forward CSR; empty: "
+            "atomic, timed on graphs used again with GNN_FASTPATH_TUNE=1",
+            _optional_choice("atomic", "transposed", "fused")),
     Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed, block (empty: by graph, or timed)",
             "dot attention backward: dk/dv by atomics or a source-major pass, or (16-bit, no edge term) "
             "both passes on tensor cores over the block-sparse layout; empty picks by graph",
@@ -115,8 +117,8 @@ SETTINGS = (
             _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
-            "the forward and backward of dot attention and the backward of GAT attention (where GNN_FASTPATH_DOT_FWD / "
-            "_DOT_BWD / _GAT_BWD are empty) and the "
+            "the forward and backward of dot attention and the backward of GAT and GATv2 attention (where "
+            "GNN_FASTPATH_DOT_FWD / _DOT_BWD / _GAT_BWD / _GATV2_BWD are empty) and the "
             "min/max forward's feature chunks and backward scatter (where GNN_FASTPATH_SR_CHUNKS / _SR_BWD are empty), "
             "and keeps the SpMM algorithm "
             "search's choice in the same file; 0 uses the rules", _flag),

@@ -44,6 +44,12 @@ def random_edges(n_src: int, n_dst: int, m: int, seed: int = 0, *, self_loops: b
     return edge_index.to(device), (n_src, n_dst)
 
 
+def undirected(edge_index: torch.Tensor) -> torch.Tensor:
+    """``edge_index`` with every edge also reversed: a symmetric multigraph (duplicates and
+    self loops come twice, a super node's row becomes a hub source's row too)."""
+    return torch.cat([edge_index, edge_index.flip(0)], 1)
+
+
 def dense_adjacency(edge_index: torch.Tensor, n_src: int, n_dst: int, weight=None, dtype=torch.float64):
     """Dense [n_dst, n_src] adjacency counting duplicates (A[i, j] = sum of weights j->i)."""
     a = torch.zeros(n_dst, n_src, dtype=dtype)

@@ -375,6 +375,32 @@ __device__ __forceinline__ void gf_store_row_grad(T* dst, float* acc, const int*
     }
 }
 
+// delta[row, h] = <dO_row, O_row> over the head's columns (+ delta_alpha[row, h] when given):
+// the softmax-gradient term of every destination row, for the passes that read it per edge
+// (source-major and undirected backward). One warp per (row, head tile) of n_work = rows x
+// n_tiles; only edge slot 0 works (a node-sized pass).
+template <int VW, int LH, int K, int DC, typename TO>
+__device__ __forceinline__ void gf_row_delta(long long n_work, int n_tiles, const TO* __restrict__ out,
+                                             const TO* __restrict__ grad_out, const float* __restrict__ delta_alpha,
+                                             int H, int D, float* __restrict__ delta) {
+    using R = GfRow<VW, LH, K, DC>;
+    constexpr int KV = R::KV;
+    const int HD = H * D;
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
+        const long long row = w / n_tiles;
+        const int tile = (int)(w - row * n_tiles);
+        const GfLane ln = gf_lane<LH>(H, tile);
+        const bool on = ln.on && ln.s == 0;
+        const int hc = on ? ln.head : 0;
+        float o[KV], dO[KV];
+        R::load(o, out + row * HD + hc * D, ln.l, D, on);
+        R::load(dO, grad_out + row * HD + hc * D, ln.l, D, on);
+        const float d = gf_group_sum<LH>(R::dot(dO, o));
+        if (on && ln.l == 0) delta[row * H + hc] = d + (delta_alpha != nullptr ? delta_alpha[row * H + hc] : 0.f);
+    }
+}
+
 // Dropout multipliers ds[u] for the U edges this lane's slot takes in one step (rounds r0 ..
 // r0 + U - 1 of a batch of nb <= 32 edges whose caller ids lane q holds in my_pe), for its
 // head. Each (edge, head) pair is drawn once: pair (u, g) of lane group g is computed by lane

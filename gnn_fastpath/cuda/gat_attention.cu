@@ -314,23 +314,7 @@ template <typename TI, typename TO, int VW, int LH, int K, int DC, int U>
 __global__ void __launch_bounds__(GAT_THREADS)
 gat_delta(long long n_work, int n_tiles, const TO* __restrict__ out, const TO* __restrict__ grad_out,
           const float* __restrict__ delta_alpha, int H, int D_rt, float* __restrict__ delta) {
-    using R = GfRow<VW, LH, K, DC>;
-    constexpr int KV = R::KV;
-    const int D = DC > 0 ? DC : D_rt;
-    const int HD = H * D;
-    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long row = w / n_tiles;
-        const int tile = (int)(w - row * n_tiles);
-        const GfLane ln = gf_lane<LH>(H, tile);
-        const bool on = ln.on && ln.s == 0;
-        const int hc = on ? ln.head : 0;
-        float o[KV], dO[KV];
-        R::load(o, out + row * HD + hc * D, ln.l, D, on);
-        R::load(dO, grad_out + row * HD + hc * D, ln.l, D, on);
-        const float d = gf_group_sum<LH>(R::dot(dO, o));
-        if (on && ln.l == 0) delta[row * H + hc] = d + (delta_alpha != nullptr ? delta_alpha[row * H + hc] : 0.f);
-    }
+    gf_row_delta<VW, LH, K, DC>(n_work, n_tiles, out, grad_out, delta_alpha, H, DC > 0 ? DC : D_rt, delta);
 }
 
 // Source-major ("transposed" variant): one pass over each source's out-edges (s_indices =

@@ -170,6 +170,44 @@ __global__ void gatv2_delta_alpha(const int4* __restrict__ items, long long n_it
 }
 
 // =======================================================================================
+// att's gradient in the backward passes: each lane's per-item sums go to the block's shared
+// copy (when it fits: datt_smem) or straight to global memory, and the block adds its shared
+// copy into datt once at the end, so atomics on datt stay one per block and column.
+__device__ __forceinline__ void gatv2_datt_begin(float* sm_datt, bool use_smem, int HD) {
+    if (use_smem) {  // kernel-uniform condition
+        for (long long c = threadIdx.x; c < HD; c += blockDim.x) sm_datt[c] = 0.f;
+        __syncthreads();
+    }
+}
+
+template <int VW, int LH, int K, int DC>
+__device__ __forceinline__ void gatv2_datt_add(float* sm_datt, float* datt, bool use_smem,
+                                               const float (&gt)[K * VW], int l, int D, int hoff) {
+    using R = GfRow<VW, LH, K, DC>;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        if (R::ok(l, k, D)) {
+#pragma unroll
+            for (int t = 0; t < VW; ++t) {
+                const long long c = hoff + R::col(l, k) + t;
+                if (use_smem) atomicAdd(sm_datt + c, gt[VW * k + t]);
+                else atomicAdd(datt + c, gt[VW * k + t]);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void gatv2_datt_end(const float* sm_datt, float* datt, bool use_smem, int HD) {
+    if (use_smem) {
+        __syncthreads();
+        for (long long c = threadIdx.x; c < HD; c += blockDim.x) {
+            const float v = sm_datt[c];
+            if (v != 0.f) atomicAdd(datt + c, v);
+        }
+    }
+}
+
+// =======================================================================================
 // Backward, destination-major. Per item: delta = <dO_i, O_i> (+ delta_alpha_i), then per edge
 //   alpha = exp(e - L_i), dalpha = ds <dO_i, x_j> (+ grad_alpha * (ds if dropped)),
 //   de = alpha (dalpha - delta), dz = de * att * LeakyReLU'(z),
@@ -204,10 +242,7 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
     const bool need_perm = edge_term != nullptr || p > 0.f || grad_alpha != nullptr;
     const bool use_smem = datt != nullptr && datt_smem != 0;
 
-    if (use_smem) {  // kernel-uniform condition
-        for (long long c = threadIdx.x; c < HD; c += blockDim.x) sm_datt[c] = 0.f;
-        __syncthreads();
-    }
+    gatv2_datt_begin(sm_datt, use_smem, HD);
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
@@ -307,29 +342,11 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 
         if (ln.on && s == 0) {
             if (dx_dst != nullptr) gf_store_row_grad<R>(dx_dst, dx_dst_acc, acc_index, gd, ln, row, slot, HD, hoff, D);
-            if (datt != nullptr && end > start) {
-#pragma unroll
-                for (int k = 0; k < K; ++k) {
-                    if (R::ok(l, k, D)) {
-#pragma unroll
-                        for (int t = 0; t < VW; ++t) {
-                            const long long c = hoff + R::col(l, k) + t;
-                            if (use_smem) atomicAdd(sm_datt + c, gt[VW * k + t]);
-                            else atomicAdd(datt + c, gt[VW * k + t]);
-                        }
-                    }
-                }
-            }
+            if (datt != nullptr && end > start) gatv2_datt_add<VW, LH, K, DC>(sm_datt, datt, use_smem, gt, l, D, hoff);
         }
     }
 
-    if (use_smem) {
-        __syncthreads();
-        for (long long c = threadIdx.x; c < HD; c += blockDim.x) {
-            const float v = sm_datt[c];
-            if (v != 0.f) atomicAdd(datt + c, v);
-        }
-    }
+    gatv2_datt_end(sm_datt, datt, use_smem, HD);
 }
 
 // =======================================================================================
@@ -429,4 +446,165 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
         gf_sum_slots<KV, LH>(acc, ln);
         if (ln.on && s == 0) gf_store_row_grad<R>(dx_src, dx_src_acc, acc_index, acc, ln, row, slot, HD, hoff, D);
     }
+}
+
+// =======================================================================================
+// Backward of an undirected graph in one pass ("fused" variant). On a symmetric graph the
+// in-edges k -> i of row i, reversed, are its out-edges i -> k, so one walk of the forward
+// CSR takes both gradients of node i (s_perm[e]: the caller id of the reverse of CSR edge e,
+// graph.kernel_source_csr()):
+//   k -> i, destination i (as gatv2_bwd_dst): dx_dst_i, datt, d_edge_term[perm[e]];
+//   i -> k, destination k (as gatv2_bwd_src): dx_src_i, with lse_k and delta_k (gatv2_delta).
+// Each edge gathers x_src[k], x_dst[k] and dO_k in one sweep: the bytes of the destination
+// and source-major passes together, without the atomics of the atomic variant. Both rows of
+// the result stay in registers; chunks of split rows add theirs as the two-pass variant's
+// (gf_store_row_grad: into dx_src / dx_dst itself for TI = float, their split rows zeroed by
+// the launcher, else into the float scratch rows acc_index[slot] of dx_src_acc / dx_dst_acc).
+template <typename TI, typename TO, int VW, int LH, int K, int DC, int U, bool ET>
+__global__ void __launch_bounds__(GATV2_THREADS)
+gatv2_bwd_undirected(const int4* __restrict__ items, long long n_work, int n_tiles,
+                     const int* __restrict__ indices, const int* __restrict__ perm, const int* __restrict__ s_perm,
+                     const TI* __restrict__ x_src, const TI* __restrict__ x_dst, const float* __restrict__ att,
+                     const TI* __restrict__ edge_term, const TO* __restrict__ grad_out,
+                     const float* __restrict__ lse, const float* __restrict__ delta,
+                     const TO* __restrict__ grad_alpha, int grad_alpha_dropped, int H, int D_rt, float slope,
+                     float p, unsigned long long seed, unsigned long long offset, const long long* __restrict__ rng,
+                     TI* dx_src, float* dx_src_acc, TI* dx_dst, float* dx_dst_acc, const int* __restrict__ acc_index,
+                     TI* __restrict__ d_edge_term, float* datt, int datt_smem) {
+    const GfPhilox ph(rng, p, seed, offset);
+    using R = GfRow<VW, LH, K, DC>;
+    constexpr int KV = R::KV;
+    extern __shared__ float sm_datt[];
+    const int D = DC > 0 ? DC : D_rt;
+    const int HD = H * D;  // < 2**31 (checked by the launcher)
+    const bool need_perm = edge_term != nullptr || p > 0.f || grad_alpha != nullptr || d_edge_term != nullptr;
+    const bool use_smem = datt != nullptr && datt_smem != 0;
+    gatv2_datt_begin(sm_datt, use_smem, HD);
+
+    const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
+        const long long item = w / n_tiles;
+        const int tile = (int)(w - item * n_tiles);
+        const int4 it = items[item];
+        const int row = it.x, start = it.y, end = it.z, slot = it.w;
+        const GfLane ln = gf_lane<LH>(H, tile);
+        const int l = ln.l, s = ln.s, ES = ln.ES;
+        const int hc = ln.on ? ln.head : 0;
+        const int hoff = hc * D;
+        const long long rh = (long long)row * H + hc;
+
+        // the row's own: as destination (xd, dO, L_i, delta_i) and as source (xs)
+        float xd[KV], xs[KV], a[KV], dO[KV], gd[KV], gt[KV], gs[KV];
+        R::load(xd, x_dst + (long long)row * HD + hoff, l, D, ln.on);
+        R::load(xs, x_src + (long long)row * HD + hoff, l, D, ln.on);
+        R::load(a, att + hoff, l, D, ln.on);
+        R::load(dO, grad_out + (long long)row * HD + hoff, l, D, ln.on);
+        const bool has = ln.on && end > start;
+        const float Lr = has ? lse[rh] : 0.f;
+        const float dr = has ? delta[rh] : 0.f;
+#pragma unroll
+        for (int k = 0; k < KV; ++k) {
+            gd[k] = 0.f;
+            gt[k] = 0.f;
+            gs[k] = 0.f;
+        }
+
+        for (long long b = start; b < end; b += 32) {
+            const int nb = (int)min(32LL, (long long)end - b);
+            const int my_k = ln.lane < nb ? __ldg(indices + b + ln.lane) : 0;
+            const int my_pe = (need_perm && ln.lane < nb) ? __ldg(perm + b + ln.lane) : 0;
+            const int my_pr = (need_perm && ln.lane < nb) ? __ldg(s_perm + b + ln.lane) : 0;
+            const int rounds = (nb + ES - 1) / ES;
+            for (int r0 = 0; r0 < rounds; r0 += U) {
+                // per edge: x_src[k] (becomes z_in = x_src[k] + x_dst[i]), x_dst[k] (becomes
+                // z_out = x_src[i] + x_dst[k]), dO_k; "in" is k -> i, "out" is i -> k
+                float zi[U][KV], zo[U][KV], dOk[U][KV], eti[ET ? U : 1][KV], eto[ET ? U : 1][KV];
+                float Lk[U], dk[U], gai[U], gao[U];
+                int pe[U], pr[U];
+                bool v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = (r0 + u) * ES + s;
+                    v[u] = ln.on && (r0 + u) < rounds && q < nb;
+                    const int kk = __shfl_sync(GF_FULL_MASK, my_k, q & 31);
+                    pe[u] = __shfl_sync(GF_FULL_MASK, my_pe, q & 31);
+                    pr[u] = __shfl_sync(GF_FULL_MASK, my_pr, q & 31);
+                    R::load(zi[u], x_src + (long long)kk * HD + hoff, l, D, v[u]);
+                    R::load(zo[u], x_dst + (long long)kk * HD + hoff, l, D, v[u]);
+                    R::load(dOk[u], grad_out + (long long)kk * HD + hoff, l, D, v[u]);
+                    if constexpr (ET) {
+                        R::load(eti[u], edge_term + (long long)pe[u] * HD + hoff, l, D, v[u]);
+                        R::load(eto[u], edge_term + (long long)pr[u] * HD + hoff, l, D, v[u]);
+                    }
+                    const long long kh = (long long)kk * H + hc;
+                    Lk[u] = v[u] ? __ldg(lse + kh) : 0.f;
+                    dk[u] = v[u] ? __ldg(delta + kh) : 0.f;
+                    const bool ga = grad_alpha != nullptr && v[u];
+                    gai[u] = ga ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
+                    gao[u] = ga ? gf_ldg(grad_alpha + (long long)pr[u] * H + hc) : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    float ei = 0.f, oi = 0.f, eo = 0.f, oo = 0.f;
+#pragma unroll
+                    for (int k = 0; k < KV; ++k) {
+                        const float xk = zi[u][k];
+                        float z1 = xk + xd[k], z2 = xs[k] + zo[u][k];
+                        if constexpr (ET) {
+                            z1 += eti[u][k];
+                            z2 += eto[u][k];
+                        }
+                        zi[u][k] = z1;
+                        zo[u][k] = z2;
+                        ei = fmaf(a[k], gf_lrelu(z1, slope), ei);
+                        oi = fmaf(dO[k], xk, oi);
+                        eo = fmaf(a[k], gf_lrelu(z2, slope), eo);
+                        oo = fmaf(dOk[u][k], xs[k], oo);
+                    }
+                    const float e_in = gf_group_sum<LH>(ei), dxo_in = gf_group_sum<LH>(oi);
+                    const float e_out = gf_group_sum<LH>(eo), dxo_out = gf_group_sum<LH>(oo);
+                    if (v[u]) {  // lane-divergent, no shuffles inside
+                        float ds_in = 1.f, ds_out = 1.f;
+                        if (p > 0.f) {
+                            ds_in = gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)pe[u], (unsigned)ln.head);
+                            ds_out = gf_dropout_scale(p, ph.seed(), ph.offset(), (unsigned)pr[u], (unsigned)ln.head);
+                        }
+                        const float alpha_in = __expf(e_in - Lr), alpha_out = __expf(e_out - Lk[u]);
+                        const float de_in =
+                            alpha_in * (ds_in * dxo_in + gai[u] * (grad_alpha_dropped ? ds_in : 1.f) - dr);
+                        const float de_out =
+                            alpha_out * (ds_out * dxo_out + gao[u] * (grad_alpha_dropped ? ds_out : 1.f) - dk[u]);
+                        const float ad_out = alpha_out * ds_out;
+                        float dz[KV];
+#pragma unroll
+                        for (int k = 0; k < KV; ++k) {
+                            const float z1 = zi[u][k], z2 = zo[u][k];
+                            dz[k] = de_in * a[k] * (z1 > 0.f ? 1.f : slope);
+                            gd[k] += dz[k];
+                            gt[k] = fmaf(de_in, gf_lrelu(z1, slope), gt[k]);
+                            gs[k] += fmaf(ad_out, dOk[u][k], de_out * a[k] * (z2 > 0.f ? 1.f : slope));
+                        }
+                        if (d_edge_term != nullptr) R::store(d_edge_term + (long long)pe[u] * HD + hoff, dz, l, D);
+                    }
+                }
+            }
+        }
+
+        gf_sum_slots<KV, LH>(gd, gt, ln);
+        gf_sum_slots<KV, LH>(gs, ln);
+        if (ln.on && s == 0) {
+            if (dx_dst != nullptr) gf_store_row_grad<R>(dx_dst, dx_dst_acc, acc_index, gd, ln, row, slot, HD, hoff, D);
+            if (dx_src != nullptr) gf_store_row_grad<R>(dx_src, dx_src_acc, acc_index, gs, ln, row, slot, HD, hoff, D);
+            if (datt != nullptr && end > start) gatv2_datt_add<VW, LH, K, DC>(sm_datt, datt, use_smem, gt, l, D, hoff);
+        }
+    }
+    gatv2_datt_end(sm_datt, datt, use_smem, HD);
+}
+
+// delta of every destination row before gatv2_bwd_undirected (gf_row_delta).
+template <typename TO, int VW, int LH, int K, int DC>
+__global__ void __launch_bounds__(GATV2_THREADS)
+gatv2_delta(long long n_work, int n_tiles, const TO* __restrict__ out, const TO* __restrict__ grad_out,
+            const float* __restrict__ delta_alpha, int H, int D_rt, float* __restrict__ delta) {
+    gf_row_delta<VW, LH, K, DC>(n_work, n_tiles, out, grad_out, delta_alpha, H, DC > 0 ? DC : D_rt, delta);
 }

@@ -6,8 +6,9 @@ on torch's current stream. The autograd Function and the design note are in
 :mod:`gnn_fastpath.ops.gatv2_attention`.
 
 Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_GATV2_CHUNK`` (rows
-longer than this are cut into chunks), ``GNN_FASTPATH_GATV2_BWD`` (``atomic`` or
-``transposed`` source gradient).
+longer than this are cut into chunks), ``GNN_FASTPATH_GATV2_BWD`` (the backward variant,
+:data:`BACKWARDS`; empty: the rule, or with ``GNN_FASTPATH_TUNE=1`` the variant measured
+fastest for the size class).
 
 Dtypes: features (x_src, x_dst, edge_term) in one storage dtype T (float32, float16,
 bfloat16), ``att`` float32 (the op converts it), outputs in ``out_dtype`` (T or float32).
@@ -24,7 +25,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .. import config
+from .. import config, tuning
 from . import launch, row_attention, worklist
 from .row_attention import MAX_D, SPECIALISED, SPECIALISED_16, Config  # noqa: F401 (this module's names)
 
@@ -41,6 +42,11 @@ MERGE_THREADS = 256
 KERNELS, KERNELS_RNG = row_attention.stream_families(
     SOURCE, {"GATV2_THREADS": THREADS, "GATV2_MERGE_THREADS": MERGE_THREADS},
     together=("gatv2_fwd", "gatv2_bwd_dst", "gatv2_bwd_src"))
+#: Backward variants: the source gradient by atomics in the destination pass; a destination
+#: pass, then a source-major pass over the transpose (the forward CSR itself on an undirected
+#: graph); or, on an undirected graph only, both gradients in one pass over the forward CSR
+#: (gatv2_bwd_undirected; elsewhere "fused" runs "transposed").
+BACKWARDS = ("atomic", "transposed", "fused")
 #: Cap on grid size (the kernels loop grid-stride over their work).
 _MAX_BLOCKS = row_attention.MAX_BLOCKS
 #: The forward and the source-major backward use a persistent grid (resident blocks only,
@@ -95,6 +101,33 @@ def forward_config(cfg: Config, dtype: torch.dtype) -> Config:
     return replace(cfg, u=4)
 
 
+def fused_config(cfg: Config) -> Config:
+    """The one-pass undirected backward's instantiation: ``cfg`` with half the edges in flight
+    (each edge gathers three rows, x_src, x_dst and grad_out, where a pass of the two-pass
+    variant gathers one or two)."""
+    return replace(cfg, u=max(1, cfg.u // 2))
+
+
+def backward_class(graph, width: int, dtype: torch.dtype, undirected: bool) -> str:
+    """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of this backward on
+    ``graph``: undirected graphs (where the fused variant runs) are classes of their own."""
+    decision = "gatv2_attention.backward" + ("|undirected" if undirected else "")
+    return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, width, dtype,
+                             _work(graph).n_split_items)
+
+
+def reverse_ids(graph, detect: bool = False) -> Optional[Tensor]:
+    """int32 [M]: the caller id of each CSR edge's reverse, for an undirected graph whose
+    symmetry is known or cheap to know (:meth:`~gnn_fastpath.graph.Graph.reverse_edges_if_cheap`;
+    ``detect``: pay the detection now); None otherwise. Cached with the graph."""
+    if graph.static:
+        return None
+    reverse = graph.reverse_edges_if_cheap(detect)
+    if reverse is None:
+        return None
+    return graph.memo("gatv2_reverse_ids", lambda: graph.perm[reverse].to(torch.int32))
+
+
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     return row_attention.work(graph, config.setting("GNN_FASTPATH_GATV2_CHUNK"), source_major, order="degree")
 
@@ -124,6 +157,7 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     n_dst, H, D = graph.n_dst, x_src.shape[1], x_src.shape[2]
     M = graph.num_edges
     out_dtype = x_src.dtype if out_dtype is None else out_dtype
+    graph.note_pass("forward")
     buf = row_attention.forward_buffers(n_dst, M, H, D, out_dtype, dev, return_attention)
     out, lse, alpha, logits = buf.out, buf.lse, buf.alpha, buf.logits
     if n_dst == 0:
@@ -159,16 +193,20 @@ _finish_accumulator = row_attention.finish_accumulator
 def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], out: Tensor,
              lse: Tensor, grad_out: Tensor, alpha: Optional[Tensor], grad_alpha: Optional[Tensor],
              alpha_dropped: bool, slope: float, p: float, seed: Union[int, Tensor], offset: Optional[int],
-             needs: Tuple[bool, bool, bool, bool]):
+             needs: Tuple[bool, bool, bool, bool], mode: Optional[str] = None):
     """Gradients (dx_src, dx_dst, datt, d_edge_term), each None where ``needs`` says so.
 
     Dtypes as :func:`forward`'s: x_src, x_dst, edge_term in T, att float32; ``out`` (saved),
     ``grad_out`` [N_dst, H, D] contiguous, ``alpha`` and ``grad_alpha`` [M, H] (caller order,
     the gradient of the returned attention, None when there is none) in out's dtype; the
     dropout stream as the forward's. dx_src, dx_dst, d_edge_term come back in T, datt in
-    float32 (the op casts it to att's dtype).
+    float32 (the op casts it to att's dtype). ``mode``: one of :data:`BACKWARDS` (None:
+    ``GNN_FASTPATH_GATV2_BWD``, else with ``GNN_FASTPATH_TUNE=1`` on a graph that outlived a
+    training step the variant measured fastest for this size class, else ``"atomic"``).
     """
     dev = x_src.device
+    given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
+    graph.note_pass("backward")
     rng, seed, offset = row_attention.philox_stream(seed, offset, dev)
     n_src, n_dst, M = graph.n_src, graph.n_dst, graph.num_edges
     H, D = x_src.shape[1], x_src.shape[2]
@@ -176,7 +214,29 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     f32 = dict(dtype=torch.float32, device=dev)
     need_src, need_dst, need_att, need_et = needs
     need_et = need_et and edge_term is not None
-    transposed = need_src and config.setting("GNN_FASTPATH_GATV2_BWD") == "transposed"
+    reverse = None
+    if need_src and n_dst and M:
+        forced = config.setting("GNN_FASTPATH_GATV2_BWD")
+        reverse = reverse_ids(graph, detect=(mode or forced) == "fused")
+        if mode is None:
+            mode = forced or "atomic"
+            # only graphs used again weigh variants: a transpose or the symmetry detection pays
+            # over the steps that follow, and a sampled batch's graph (one step) keeps atomics
+            if not forced and not graph.static and tuning.enabled() and graph.outlived_a_step():
+                def run(variant):
+                    return backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
+                                    alpha_dropped, slope, p, *given_stream, needs, variant)
+
+                undirected = reverse is not None
+                mode = tuning.choose_on_graph(graph, ("gatv2_attention.backward", H * D, T, undirected),
+                                              lambda: backward_class(graph, H * D, T, undirected), dev, run,
+                                              BACKWARDS if undirected else BACKWARDS[:2], mode)
+        if mode == "fused" and reverse is None:
+            mode = "transposed"
+    if mode == "fused":
+        return _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
+                               alpha_dropped, slope, p, seed, offset, rng, needs, reverse)
+    transposed = mode == "transposed"
 
     dx_src = dx_src_acc = None  # acc: what the atomic variant adds into (float32)
     if need_src:
@@ -240,4 +300,58 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                    grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed,
                    offset=offset, rng=rng, dx_src=dx_src, dx_src_acc=src_acc, acc_index=src_index)
         _finish_accumulator(dx_src, src_acc, swork)
+    return dx_src, dx_dst, datt, d_edge_term
+
+
+def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
+                    slope, p, seed, offset, rng, needs, reverse):
+    """:func:`backward`'s ``"fused"`` variant on an undirected graph (``reverse``: the caller
+    ids of the reverse edges, :func:`reverse_ids`): delta of every row, then one pass for
+    both gradients of each node (gatv2_bwd_undirected). Arguments as :func:`backward`'s,
+    the dropout stream already resolved (``rng``, ``seed``, ``offset``)."""
+    dev = x_src.device
+    n, M = graph.n_dst, graph.num_edges
+    H, D = x_src.shape[1], x_src.shape[2]
+    T = x_src.dtype
+    f32 = dict(dtype=torch.float32, device=dev)
+    _, need_dst, need_att, need_et = needs
+    need_et = need_et and edge_term is not None
+    kc = graph.kernel_csr()
+    work = _work(graph)
+    cfg = _config(D, x_src, x_dst, att, edge_term, out, grad_out)
+    ti, to = launch.ctype(T), launch.ctype(out.dtype)
+    n_tiles = cfg.n_tiles(H)
+    stream = KERNELS if rng is None else KERNELS_RNG
+
+    delta_alpha = None
+    if grad_alpha is not None:
+        delta_alpha = torch.zeros(n, H, **f32)
+        k = KERNELS.kernel(dev, "gatv2_delta_alpha", to)
+        k.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, alpha=alpha,
+                 grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
+    delta = torch.empty(n, H, **f32)
+    n_rows = n * n_tiles
+    dk = KERNELS.kernel(dev, "gatv2_delta", to, cfg.vw, cfg.lh, cfg.k, cfg.dc)
+    dk.launch(_blocks(n_rows), THREADS, n_work=n_rows, n_tiles=n_tiles, out=out, grad_out=grad_out,
+              delta_alpha=delta_alpha, H=H, D_rt=D, delta=delta)
+
+    dx_src = torch.empty(n, H, D, dtype=T, device=dev)
+    dx_dst = torch.empty(n, H, D, dtype=T, device=dev) if need_dst else None
+    datt = torch.zeros(H, D, **f32) if need_att else None
+    d_edge_term = torch.empty(M, H, D, dtype=T, device=dev) if need_et else None
+    src_acc, acc_index = _accumulator(dx_src, graph, work, source_major=False)
+    dst_acc, _ = _accumulator(dx_dst, graph, work, source_major=False)
+    use_smem = need_att and H * D * 4 + (0 if rng is None else row_attention.RNG_SHARED_BYTES) <= 48 * 1024
+    smem = H * D * 4 if use_smem else 0
+    n_work = work.n_items * n_tiles
+    fused = stream.kernel(dev, "gatv2_bwd_undirected", ti, to, *fused_config(cfg).args(edge_term is not None))
+    fused.launch(_grid(fused, n_work, smem, always_persistent=True), THREADS, shared_mem=smem,
+                 items=work.items, n_work=n_work, n_tiles=n_tiles, indices=kc.indices, perm=kc.perm,
+                 s_perm=reverse, x_src=x_src, x_dst=x_dst, att=att, edge_term=edge_term, grad_out=grad_out,
+                 lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D,
+                 slope=slope, p=p, seed=seed, offset=offset, rng=rng, dx_src=dx_src, dx_src_acc=src_acc,
+                 dx_dst=dx_dst, dx_dst_acc=dst_acc, acc_index=acc_index, d_edge_term=d_edge_term, datt=datt,
+                 datt_smem=int(use_smem))
+    _finish_accumulator(dx_src, src_acc, work)
+    _finish_accumulator(dx_dst, dst_acc, work)
     return dx_src, dx_dst, datt, d_edge_term

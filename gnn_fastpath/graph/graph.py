@@ -499,6 +499,16 @@ class Graph:
 
         return self.memo("reverse_edges", build)
 
+    def reverse_edges_if_cheap(self, detect: bool = False) -> Optional[Tensor]:
+        """:meth:`reverse_edges` where knowing it costs no host read on a per-step path: when
+        symmetry is already known, or ``detect`` (a caller that chose to pay the detection),
+        or the graph outlived a step (:meth:`outlived_a_step`: the reads pay over the steps
+        that follow; a sampled batch's graph never does); else None, as for a directed graph."""
+        reverse = self._memo.get("reverse_edges", _UNKNOWN)
+        if reverse is not _UNKNOWN:
+            return reverse
+        return self.reverse_edges() if detect or self.outlived_a_step() else None
+
     def is_symmetric(self) -> bool:
         """Whether every edge i -> j has a reverse j -> i, counted with multiplicity (see
         :meth:`reverse_edges`)."""
@@ -563,12 +573,11 @@ class Graph:
         every source-major pass runs without the sort or the copies. That needs symmetry known: detected already (by a caller that asked,
         e.g. the SpMM backward of a graph that outlived a step), or detected here for graphs
         of :data:`DETECT_SYMMETRY_FROM` edges or more, whose transpose costs far more than the
-        detection's host read; a smaller graph (a sampled batch lives one step) is never
-        checked here."""
+        detection's host read, and for graphs that outlived a step
+        (:meth:`reverse_edges_if_cheap`); a smaller graph that lives one step (a sampled
+        batch) is never checked here."""
         if self._source_csr is None:
-            reverse = self._memo.get("reverse_edges", _UNKNOWN)
-            if reverse is _UNKNOWN:
-                reverse = self.reverse_edges() if self.num_edges >= DETECT_SYMMETRY_FROM else None
+            reverse = self.reverse_edges_if_cheap(detect=self.num_edges >= DETECT_SYMMETRY_FROM)
             if reverse is not None:
                 self._source_csr = SourceCSR(self.indptr, self.indices, reverse)
             else:

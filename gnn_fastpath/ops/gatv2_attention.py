@@ -57,12 +57,21 @@ dropout, as O already carries ds), dalpha = ds <dO_i, x_j>, de = alpha (dalpha -
 rows, whose rows are zeroed first), d_edge_term is written at its caller position, datt is
 summed in registers, then in shared memory per block, then one global atomic per block and
 column (the persistent grid keeps those atomics few). For dx_src = sum_i (alpha ds dO_i +
-dz_ij) there are two variants (``GNN_FASTPATH_GATV2_BWD``): ``atomic`` (default) adds each
-edge's term with a float4 atomicAdd from the destination-major pass; ``transposed`` runs a
-second, source-major pass over ``graph.source_csr()`` (int32 copies and its own work list
-cached per graph) that recomputes alpha and dz from x_dst, dO, L and delta (saved by the
-first pass) with no atomics except for chunks of split source rows. Nothing of size [M, H]
-or [M, H, D] is allocated except the requested outputs (alpha, d edge_term).
+dz_ij) there are three variants (``GNN_FASTPATH_GATV2_BWD``; empty: ``atomic``, or on a
+graph used again with tuning on, the fastest for its size class by measurement):
+``atomic`` adds each edge's term with a float4 atomicAdd from the destination-major pass;
+``transposed`` runs a second, source-major pass over ``graph.source_csr()`` (int32 copies
+and its own work list cached per graph; the forward CSR itself on an undirected graph) that
+recomputes alpha and dz from x_dst, dO, L and delta (saved by the first pass) with no
+atomics except for chunks of split source rows; ``fused``, on an undirected graph (symmetry
+known or detected once the graph outlived a step; elsewhere it runs ``transposed``), takes
+both gradients of each node in one pass over the forward CSR: row i's in-edges k -> i,
+reversed, are its out-edges i -> k, so per edge it gathers x_src[k], x_dst[k] and dO_k once
+and computes the edge k -> i (dx_dst_i, datt, d edge_term) and the edge i -> k (dx_src_i,
+with L_k and delta_k from a small delta pre-pass; the reverse edge's caller id, for its edge
+term, dropout mask and grad_alpha, is cached per graph). Nothing of size [M, H] or [M, H, D]
+is allocated except the requested outputs (alpha, d edge_term) and, for ``fused``, the
+[M] int32 reverse ids.
 
 *Gradient through the returned attention.* Also supported: with a gradient grad_alpha on
 alpha, dalpha gains grad_alpha (times ds for "dropped") and delta gains delta_alpha_i =

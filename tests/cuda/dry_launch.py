@@ -72,6 +72,16 @@ def graph(super_node: bool, bipartite: bool = False):
     return Graph.from_edge_index(ei, nn)
 
 
+def undirected_graph(super_node: bool):
+    """:func:`graph`'s homogeneous graph with every edge also reversed (symmetric; the super
+    node's row and the hub source's row split both ways), its symmetry detected."""
+    g = graph(super_node)
+    ei = torch.stack([g.indices, g.dst_index()])
+    g = Graph.from_edge_index(torch.cat([ei, ei.flip(0)], 1), g.n_dst)
+    assert g.is_symmetric()
+    return g
+
+
 GRAPHS = {"plain": (False, False), "super_node": (True, False), "bipartite_super": (True, True)}
 
 

@@ -39,7 +39,8 @@ Graphs: bipartite with empty rows, self loops, duplicate edges, a destination sp
 chunks (600 extra in-edges) and a split source row (700 out-edges); a 3000-node graph with a
 100k-in-edge super node and a 5000-out-edge hub source. D in {8, 32, 64, 100, 128, 256};
 out_dtype T and float32; att in T and in float32 (a parameter under autocast); both
-source-gradient variants (atomic, transposed).
+source-gradient variants (atomic, transposed); and a symmetric multigraph (the 20k-edge super
+node both ways) with the one-pass undirected backward (fused) as well.
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ import torch.nn.functional as F
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import gatv2_attention as kernels
 from gnn_fastpath.ops import gatv2_attention
-from test_gatv2_kernels import _with_hub_source
-from zoo import random_edges
+from test_gatv2_kernels import _with_hub_source, spy_fused
+from zoo import random_edges, undirected
 
 pytestmark = pytest.mark.cuda
 
@@ -64,6 +65,7 @@ EPS = 2.0**-14
 ETA = {torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134, torch.float32: 2.0**-150}
 C = 4.0
 VARIANTS = ("atomic", "transposed")
+UNDIRECTED_VARIANTS = VARIANTS + ("fused",)
 BWD_ENV = "GNN_FASTPATH_GATV2_BWD"
 SLOPE = 0.2
 
@@ -85,6 +87,18 @@ def big():
     ei, _ = random_edges(n, n, 30_000, seed=5, empty_rows=40, super_node_degree=100_000)
     ei = _with_hub_source(ei, n - 40, hub=7, degree=5000, seed=2).cuda()
     return Graph.from_edge_index(ei, num_nodes=n), ei
+
+
+@pytest.fixture(scope="module")
+def sym():
+    """3000 nodes, edges both ways: a 40000-edge node (split rows as destination and source),
+    empty rows, self loops, duplicates."""
+    n = 3000
+    ei, _ = random_edges(n, n, 20_000, seed=6, empty_rows=40, super_node_degree=20_000)
+    ei = undirected(ei).cuda()
+    graph = Graph.from_edge_index(ei, num_nodes=n)
+    assert graph.is_symmetric()
+    return graph, ei
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -186,7 +200,7 @@ def _compare(tag, got, want, dtypes):
 
 
 def _check(monkeypatch, graph_and_ei, H, D, dtype, out_fp32, edge_term, att_fp32=False, alpha_grad=True,
-           seed=0, offset=0, vw=None):
+           seed=0, offset=0, vw=None, variants=VARIANTS):
     graph, ei = graph_and_ei
     out_dtype = torch.float32 if out_fp32 else dtype
     att_dtype = torch.float32 if att_fp32 else dtype
@@ -195,11 +209,14 @@ def _check(monkeypatch, graph_and_ei, H, D, dtype, out_fp32, edge_term, att_fp32
     if vw is not None:
         assert kernels._config(D, xs.detach(), xd, att.detach().float(), et).vw == vw
     want = _reference(graph, ei, xs, xd, att, et, g_out, g_alpha)
-    for variant in VARIANTS:
+    fused = spy_fused(monkeypatch)
+    for variant in variants:
         monkeypatch.setenv(BWD_ENV, variant)
         got = _run(graph, xs, xd, att, et, g_out, g_alpha, out_dtype)
         tag = f"{dtype} out={out_dtype} att={att_dtype} H={H} D={D} et={edge_term} {variant}"
         _compare(tag, got, want, (dtype, att_dtype, out_dtype))
+        assert len(fused) == (variant == "fused"), f"{tag}: the fused kernel did not run"
+        fused.clear()
 
 
 # ------------------------------------------------------------------------------- tests
@@ -224,6 +241,23 @@ def test_heads_and_odd_widths(monkeypatch, small, dtype, H, D):
 def test_super_node(monkeypatch, big, dtype, out_fp32, H, D, edge_term):
     assert int(big[0].in_degree().max()) >= 100_000
     _check(monkeypatch, big, H, D, dtype, out_fp32, edge_term, seed=D)
+
+
+@pytest.mark.parametrize("H,D,edge_term", [(2, 64, True), (1, 32, False), (3, 100, True), (1, 256, False),
+                                           (2, 7, True)])
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("dtype", HALF)
+def test_undirected_graph(monkeypatch, sym, dtype, out_fp32, H, D, edge_term):
+    _check(monkeypatch, sym, H, D, dtype, out_fp32, edge_term, seed=H * 10 + D, variants=UNDIRECTED_VARIANTS)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_undirected_float32_att_and_vector_widths(monkeypatch, sym, dtype):
+    """The one-pass backward with a float32 att (autocast's case), and with 8 elements per
+    lane (GNN_FASTPATH_VEC16=16)."""
+    _check(monkeypatch, sym, 2, 64, dtype, False, True, att_fp32=True, seed=5, variants=UNDIRECTED_VARIANTS)
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", "16")
+    _check(monkeypatch, sym, 2, 64, dtype, True, True, seed=6, vw=8, variants=UNDIRECTED_VARIANTS)
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dry_launch import GRAPHS, graph, leaf
+from dry_launch import GRAPHS, graph, leaf, undirected_graph
 from gnn_fastpath.cuda import gatv2_attention as kernels
 from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
@@ -28,6 +28,24 @@ def test_gatv2_attention_launches(launches, monkeypatch, graph_name, H, D, varia
     assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
     assert ("gatv2_fwd_merge" in launches) == (graph_name != "plain")
     assert xs.grad.shape == xs.shape and et.grad.shape == et.shape and att.grad.shape == att.shape
+
+
+@pytest.mark.parametrize("super_node", [False, True])
+@pytest.mark.parametrize("H,D", [(2, 64), (3, 100), (1, 256)])
+def test_fused_backward_launches(launches, monkeypatch, super_node, H, D):
+    """GNN_FASTPATH_GATV2_BWD=fused on an undirected graph: delta, then one pass for both
+    gradients, no destination or source-major pass; on a directed graph it is the
+    transposed variant."""
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", "fused")
+    for g, fused in ((undirected_graph(super_node), True), (graph(super_node), False)):
+        launches.clear()
+        xs, xd, att, et = leaf(g.n_src, H, D), leaf(g.n_dst, H, D), leaf(H, D), leaf(g.num_edges, H, D)
+        out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, "dropped", 0.1, 7, 9)
+        (out.sum() + alpha.sum()).backward()
+        bwd = {"gatv2_delta", "gatv2_bwd_undirected"} if fused else {"gatv2_bwd_dst", "gatv2_bwd_src"}
+        assert bwd | {"gatv2_delta_alpha"} <= set(launches)
+        assert not ({"gatv2_delta", "gatv2_bwd_undirected", "gatv2_bwd_dst", "gatv2_bwd_src"} - bwd) & set(launches)
+        assert xs.grad.shape == xs.shape and xd.grad.shape == xd.shape and et.grad.shape == et.shape
 
 
 def _leaf(*shape, dtype, offset=0):
@@ -61,6 +79,30 @@ def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, 
     assert {"gatv2_fwd", "gatv2_fwd_merge", "gatv2_alpha_from_logits", "gatv2_delta_alpha",
             "gatv2_bwd_dst"} <= set(launches)
     assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
+    for t in (xs, xd, att, et):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_fp32", [False, True])
+@pytest.mark.parametrize("H,D,offset,vw", [(2, 64, 0, 8), (1, 256, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4),
+                                           (1, 6, 0, 2), (2, 7, 0, 1)])
+@pytest.mark.parametrize("vec16", ["16", "8"])
+def test_fused_backward_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, vec16):
+    """The one-pass undirected backward over the 16-bit layouts, split rows (float32
+    accumulators of both gradients) included."""
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", "fused")
+    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)
+    vw = vw if vec16 == "16" else min(vw, 4)
+    g = undirected_graph(True)
+    xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
+    xd, et = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.num_edges, H, D, dtype=dtype)
+    att = _leaf(H, D, dtype=torch.float32 if out_fp32 else dtype)
+    out_dtype = torch.float32 if out_fp32 else dtype
+    assert kernels._config(D, xs.detach(), xd, att.detach().float(), et).vw == vw
+    out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, True, 0.1, 7, 9, out_dtype)
+    (out.float().sum() + alpha.float().sum()).backward()
+    assert {"gatv2_delta", "gatv2_bwd_undirected"} <= set(launches) and "gatv2_bwd_dst" not in launches
     for t in (xs, xd, att, et):
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
 

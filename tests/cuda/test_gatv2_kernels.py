@@ -3,7 +3,8 @@
 Every numeric check is a relative error ||got - want|| / ||want|| < 1e-4 of the fp32 kernel
 results against ``gnn_fastpath.reference.gatv2_attention`` run on float64 copies: the
 output, the attention weights and the gradients of x_src, x_dst, att and edge_term, for both
-source-gradient variants of the backward (atomic, transposed).
+source-gradient variants of the backward (atomic, transposed), and on undirected graphs for
+the one-pass variant too (fused).
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from gnn_fastpath import Graph, reference
 from gnn_fastpath.cuda import gatv2_attention as kernels
 from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops import backend_for, gatv2_attention
-from zoo import random_edges
+from zoo import random_edges, undirected
 
 pytestmark = pytest.mark.cuda
 
 VARIANTS = ("atomic", "transposed")
+#: On an undirected graph: the one-pass backward as well.
+UNDIRECTED_VARIANTS = VARIANTS + ("fused",)
 #: The backward variant is a setting read at every backward (gnn_fastpath.config).
 BWD_ENV = "GNN_FASTPATH_GATV2_BWD"
 SLOPE = 0.2
@@ -94,14 +97,25 @@ def _compare(tag, got, want, et):
         assert_close(f"{tag} {name}", g, r)
 
 
-def _check_all_variants(monkeypatch, graph, H, D, edge_term, seed=0, return_attention=False, alpha_grad=False):
+def spy_fused(monkeypatch):
+    """A list that gets one entry per run of the one-pass undirected backward."""
+    calls, real = [], kernels._backward_fused
+    monkeypatch.setattr(kernels, "_backward_fused", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def _check_all_variants(monkeypatch, graph, H, D, edge_term, seed=0, return_attention=False, alpha_grad=False,
+                        variants=VARIANTS):
     xs, xd, att, et, g_out, g_alpha = _inputs(graph, H, D, edge_term, seed)
     g_alpha = g_alpha if alpha_grad else None
     want = _reference(graph, xs, xd, att, et, g_out, g_alpha, return_attention)
-    for variant in VARIANTS:
+    fused = spy_fused(monkeypatch)
+    for variant in variants:
         monkeypatch.setenv(BWD_ENV, variant)
         got = _run(graph, xs, xd, att, et, g_out, g_alpha, return_attention)
         _compare(f"H={H} D={D} et={edge_term} {variant}", got, want, et)
+        assert len(fused) == (variant == "fused"), "the fused variant did not run its kernel"
+        fused.clear()
 
 
 # ------------------------------------------------------------------------------- graphs
@@ -124,6 +138,17 @@ def super_graph():
     return Graph.from_edge_index(ei.cuda(), num_nodes=n)
 
 
+@pytest.fixture(scope="module")
+def undirected_graph():
+    """super_graph's kind both ways: 3000 nodes, a 40000-edge node (a split row both as
+    destination and as source), empty rows, self loops and duplicates."""
+    n = 3000
+    ei, _ = random_edges(n, n, 20_000, seed=6, empty_rows=40, super_node_degree=20_000)
+    graph = Graph.from_edge_index(undirected(ei).cuda(), num_nodes=n)
+    assert graph.is_symmetric()
+    return graph
+
+
 # ------------------------------------------------------------------------------- tests
 def test_dispatch_uses_kernels(small_graph):
     x = torch.zeros(small_graph.n_src, 2, 64, device="cuda")
@@ -143,6 +168,39 @@ def test_super_node(monkeypatch, super_graph, H, D, edge_term):
     _check_all_variants(monkeypatch, super_graph, H, D, edge_term, seed=D)
 
 
+@pytest.mark.parametrize("edge_term", [False, True])
+@pytest.mark.parametrize("D", [8, 32, 64, 100, 128, 256])
+@pytest.mark.parametrize("H", [1, 3, 8])
+def test_undirected_graph(monkeypatch, undirected_graph, H, D, edge_term):
+    """Every variant, the one-pass backward included, on a symmetric multigraph."""
+    _check_all_variants(monkeypatch, undirected_graph, H, D, edge_term, seed=H * 100 + D,
+                        variants=UNDIRECTED_VARIANTS)
+
+
+@pytest.mark.parametrize("H,D,edge_term", [(2, 64, True), (3, 16, False)])
+def test_undirected_return_attention_and_its_gradient(monkeypatch, undirected_graph, H, D, edge_term):
+    _check_all_variants(monkeypatch, undirected_graph, H, D, edge_term, seed=9, return_attention=True,
+                        alpha_grad=True, variants=UNDIRECTED_VARIANTS)
+
+
+def test_fused_needs_only_some_gradients(monkeypatch, undirected_graph):
+    """x_dst or att frozen: the one-pass backward leaves their gradients out, the rest equal."""
+    monkeypatch.setenv(BWD_ENV, "fused")
+    fused = spy_fused(monkeypatch)
+    H, D = 2, 64
+    xs, xd, att, et, g_out, _ = _inputs(undirected_graph, H, D, True, seed=41)
+    want = _reference(undirected_graph, xs, xd, att, et, g_out)[2]
+    for frozen in (1, 2):
+        leaves = [xs, xd, att, et]
+        leaves[frozen] = leaves[frozen].detach()
+        out = gatv2_attention(undirected_graph, leaves[0], leaves[1], leaves[2], SLOPE, leaves[3])
+        live = [t for i, t in enumerate(leaves) if i != frozen]
+        grads = torch.autograd.grad((out * g_out).sum(), live)
+        for g, r in zip(grads, [r for i, r in enumerate(want) if i != frozen]):
+            assert_close(f"frozen {frozen}", g, r)
+    assert len(fused) == 2
+
+
 @pytest.mark.parametrize("H,D,edge_term", [(2, 64, True), (3, 16, False), (1, 128, True), (3, 4, True)])
 def test_return_attention_and_its_gradient(monkeypatch, small_graph, H, D, edge_term):
     _check_all_variants(monkeypatch, small_graph, H, D, edge_term, seed=7, return_attention=True,
@@ -155,8 +213,16 @@ def test_return_attention_without_its_gradient(monkeypatch, super_graph):
 
 @pytest.mark.parametrize("H,D,edge_term", [(2, 64, True), (3, 100, False)])
 def test_dropout(monkeypatch, super_graph, H, D, edge_term):
+    _check_dropout(monkeypatch, super_graph, H, D, edge_term, VARIANTS)
+
+
+def test_dropout_undirected(monkeypatch, undirected_graph):
+    """The one-pass backward draws each reverse edge's mask from its own caller id."""
+    _check_dropout(monkeypatch, undirected_graph, 2, 64, True, UNDIRECTED_VARIANTS)
+
+
+def _check_dropout(monkeypatch, graph, H, D, edge_term, variants):
     p = 0.3
-    graph = super_graph
     xs, xd, att, et, g_out, g_alpha = _inputs(graph, H, D, edge_term, seed=13)
 
     torch.manual_seed(1234)
@@ -180,7 +246,8 @@ def test_dropout(monkeypatch, super_graph, H, D, edge_term):
         if with_alpha_grad:
             loss64 = loss64 + (dropped64 * g_alpha.double()).sum()
         want = torch.autograd.grad(loss64, leaves64, retain_graph=True)
-        for variant in VARIANTS:
+        fused = spy_fused(monkeypatch)
+        for variant in variants:
             monkeypatch.setenv(BWD_ENV, variant)
             torch.manual_seed(1234)  # same seed -> same mask
             got_out, got_dropped, grads = _run(graph, xs, xd, att, et, g_out,
@@ -189,6 +256,8 @@ def test_dropout(monkeypatch, super_graph, H, D, edge_term):
             names = ["dx_src", "dx_dst", "datt", "dedge_term"]
             for name, g, r in zip(names, grads, want):
                 assert_close(f"dropout {variant} alpha_grad={with_alpha_grad} {name}", g, r)
+            assert len(fused) == (variant == "fused")
+            fused.clear()
 
     # return_attention=True with dropout returns the weights before dropout
     torch.manual_seed(1234)
@@ -305,9 +374,11 @@ GRIDS = {
 
 
 @pytest.mark.parametrize("grid", list(GRIDS))
-def test_grid_shapes(monkeypatch, small_graph, super_graph, grid):
+def test_grid_shapes(monkeypatch, small_graph, super_graph, undirected_graph, grid):
     for module, attr, value in GRIDS[grid]:
         monkeypatch.setattr(module, attr, value)
+    _check_all_variants(monkeypatch, undirected_graph, 2, 64, True, seed=34, return_attention=True, alpha_grad=True,
+                        variants=UNDIRECTED_VARIANTS)
     _check_all_variants(monkeypatch, super_graph, 2, 64, True, seed=31, return_attention=True, alpha_grad=True)
     _check_all_variants(monkeypatch, super_graph, 8, 256, False, seed=32)
     _check_all_variants(monkeypatch, small_graph, 3, 32, False, seed=33)

@@ -1,4 +1,5 @@
-"""The tuner on the GPU: real timings of the attention backwards' variants, the min/max
+"""The tuner on the GPU: real timings of the attention backwards' variants (GATv2's on an
+undirected graph, with its one-pass variant), the min/max
 forward's chunks and the SpMM algorithm search, the choice kept in the file and read (not
 timed again) by a second process; tuned gradients equal the untuned ones (every variant is
 exact, or for SpMM equal within float tolerance)."""
@@ -15,7 +16,7 @@ import torch
 
 from gnn_fastpath import Graph, tuning
 from gnn_fastpath.cuda import cusparse
-from gnn_fastpath.ops import dot_attention, gat_attention, segment_reduce, spmm
+from gnn_fastpath.ops import dot_attention, gat_attention, gatv2_attention, segment_reduce, spmm
 from zoo import random_edges
 
 pytestmark = pytest.mark.cuda
@@ -23,9 +24,16 @@ pytestmark = pytest.mark.cuda
 H, D = 2, 32
 
 
-def _graph():
+def _graph(family=None):
+    """Directed with a super node; for GATv2 the same edges both ways (undirected)."""
     edge_index, sizes = random_edges(3000, 3000, 60000, seed=21, empty_rows=5, super_node_degree=20000)
+    if family == "gatv2":
+        edge_index = torch.cat([edge_index, edge_index.flip(0)], 1)
     return Graph.from_edge_index(edge_index.cuda(), sizes)
+
+
+#: Training steps a family's choice needs: min/max and GATv2 choose on a graph that outlived one.
+STEPS = {"sr": 2, "gatv2": 2}
 
 
 def _grads(family, graph, seed=0):
@@ -43,6 +51,9 @@ def _grads(family, graph, seed=0):
     elif family == "spmm":
         ins = [leaf(graph.n_src, 256)]
         out = spmm(graph, *ins, norm="both")
+    elif family == "gatv2":
+        ins = [leaf(graph.n_src, H, D), leaf(graph.n_dst, H, D), leaf(H, D)]
+        out = gatv2_attention(graph, *ins)
     else:
         ins = [leaf(graph.n_src, H, D), leaf(graph.n_src, H), leaf(graph.n_dst, H)]
         out = gat_attention(graph, *ins)
@@ -60,8 +71,10 @@ def no_timing(*args, **kwargs):
 tuning._time_ms = no_timing
 from gnn_fastpath.cuda import cusparse
 cusparse.CsrMatrix._search = no_timing
-from test_tuning_kernels import _graph, _grads
-_grads({family!r}, _graph())
+from test_tuning_kernels import STEPS, _graph, _grads
+graph = _graph({family!r})
+for _ in range(STEPS.get({family!r}, 1)):
+    _grads({family!r}, graph)
 print("choices", len(tuning.listing()))
 """
 
@@ -69,6 +82,7 @@ print("choices", len(tuning.listing()))
 #: family -> {decision of a class: the variants timed}, one class per decision
 DECISIONS = {"dot": {"dot_attention.backward": {"atomic", "transposed"}},
              "gat": {"gat_attention.backward": {"atomic", "transposed"}},
+             "gatv2": {"gatv2_attention.backward|undirected": {"atomic", "transposed", "fused"}},
              "sr": {"segment_reduce.forward": {"1", "2", "4"},
                     "segment_reduce.backward": {"atomic", "transposed"}},
              # float32: cuSPARSE's two timed algorithms and the own kernel (the block kernel
@@ -78,19 +92,18 @@ DECISIONS = {"dot": {"dot_attention.backward": {"atomic", "transposed"}},
 
 @pytest.mark.parametrize("family", list(DECISIONS))
 def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family):
-    """dot/GAT attention's backward variants, the min/max forward's feature chunks and its
+    """dot/GAT/GATv2 attention's backward variants, the min/max forward's feature chunks and its
     backward scatter, and the SpMM algorithm."""
     path = tmp_path / "tuning.json"
-    graph = _graph()
+    graph = _graph(family)
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
     want = _grads(family, graph)
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
     monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(path))
     tuning.forget()
     cusparse.clear_shared_choices()  # the SpMM search of an earlier matrix of this signature
-    fresh = _graph()  # a fresh graph: the first one's matrix keeps its algorithm
-    # min/max chooses its backward scatter on a graph that outlived a step: two steps
-    for _ in range(2 if family == "sr" else 1):
+    fresh = _graph(family)  # a fresh graph: the first one's matrix keeps its algorithm
+    for _ in range(STEPS.get(family, 1)):
         got = _grads(family, fresh)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
