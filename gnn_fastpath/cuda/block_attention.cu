@@ -160,6 +160,52 @@ __device__ __forceinline__ void ba_accumulate(float (&acc)[D / 8][4], const floa
     }
 }
 
+// float16's de. The gradient products take de as two float16 parts, whose range (65504) a
+// large grad_out exceeds (a GradScaler multiplies the loss by up to 2**16), where bfloat16 has
+// float32's. So under float16 each window row r keeps a power-of-two divisor scl[r] of its de,
+// as small as the row's largest |de| so far allows (the parts stay below 2**15): when a block's
+// de needs a larger one, the row's accumulator, which holds sums at the old divisor, is scaled
+// down to the new one (exact: powers of two), and the store multiplies scl back. A non-finite
+// de leaves the divisor alone (its row is non-finite whatever the divisor). bfloat16: nothing.
+template <typename T>
+struct BaScalesDe {
+    static constexpr bool value = false;
+};
+template <>
+struct BaScalesDe<gf_half> {
+    static constexpr bool value = true;
+};
+
+template <typename T, int NT>
+__device__ __forceinline__ void ba_scale_de(float (&de)[2][4], float (&acc)[NT][4], float (&scl)[2]) {
+    if constexpr (BaScalesDe<T>::value) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(fabsf(de[0][2 * r]), fabsf(de[0][2 * r + 1])),
+                             fmaxf(fabsf(de[1][2 * r]), fabsf(de[1][2 * r + 1])));
+            mx = fmaxf(mx, __shfl_xor_sync(GF_FULL_MASK, mx, 1));  // the 4 lanes of row g + 8 r
+            mx = fmaxf(mx, __shfl_xor_sync(GF_FULL_MASK, mx, 2));
+            if (mx >= 32768.f * scl[r] && mx <= 3.402823466e38f) {
+                const int e = (__float_as_int(mx) >> 23) - 127;                // mx < 2**(e + 1)
+                const float grown = __int_as_float((e - 14 + 127) << 23);       // 2**(e - 14)
+                const float shrink = scl[r] / grown;
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    acc[n][2 * r] *= shrink;
+                    acc[n][2 * r + 1] *= shrink;
+                }
+                scl[r] = grown;
+            }
+            const float inv = 1.f / scl[r];  // exact: a power of two
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                de[j][2 * r] *= inv;
+                de[j][2 * r + 1] *= inv;
+            }
+        }
+    }
+}
+
 // Whether the lane's cell (row g + 8 r, column j * 8 + 2 t + e) of a block has an edge.
 __device__ __forceinline__ bool ba_edge(const unsigned int (&mask)[2], int j, int r, int e, int t) {
     return (mask[r] >> (j * 8 + 2 * t + e)) & 1u;
@@ -483,6 +529,7 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
     float acc[S::NT][4];
 #pragma unroll
     for (int n = 0; n < S::NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float scl[2] = {1.f, 1.f};  // float16: the rows' divisors of de (ba_scale_de)
     const float c = scale * BA_LOG2E;
     const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
@@ -511,10 +558,11 @@ __global__ void __launch_bounds__(BA_WARPS * 32)
                     // de; exactly 0 off the edges, whatever dp or delta (a non-finite one stays in its row)
                     s[j][2 * r + e] = a != 0.f ? a * (mult * dp[j][2 * r + e] - dl[r]) : 0.f;
                 }
+        ba_scale_de<T>(s, acc, scl);
         ba_accumulate<T, D>(acc, s, stage[warp][buf][0], g, t);
         __syncwarp();
     }
-    const float factor[2] = {scale, scale};
+    const float factor[2] = {scale * scl[0], scale * scl[1]};
     if (b.base < 0) {
         ba_store_rows<T, D>(dq, acc, factor, row0, n_rows, H, h, g, t);
     } else {
@@ -556,6 +604,7 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
         ak[n][0] = ak[n][1] = ak[n][2] = ak[n][3] = 0.f;
         av[n][0] = av[n][1] = av[n][2] = av[n][3] = 0.f;
     }
+    float scl[2] = {1.f, 1.f};  // float16: the rows' divisors of de (ba_scale_de)
     const float c = scale * BA_LOG2E;
     const float kept_scale = keep_bits != nullptr ? 1.f / (1.f - p) : 1.f;
 
@@ -595,13 +644,14 @@ __global__ void __launch_bounds__(BA_SRC_WARPS * 32, ba_shape<D>::SRC_MIN_BLOCKS
                     dp[j][2 * r + e] = a != 0.f ? a * (mult * dp[j][2 * r + e] - dl[j][e]) : 0.f;  // de
                 }
         ba_accumulate<T, D>(av, s, stage[warp][buf][1], g, t);
+        ba_scale_de<T>(dp, ak, scl);
         ba_accumulate<T, D>(ak, dp, stage[warp][buf][0], g, t);
         __syncwarp();
     }
     if (first >= last) {  // no block: the window's copies are still to be waited for
         gf_cp_async_wait<0>();
     }
-    const float factor_k[2] = {scale, scale}, one[2] = {1.f, 1.f};
+    const float factor_k[2] = {scale * scl[0], scale * scl[1]}, one[2] = {1.f, 1.f};
     if (b.base < 0) {
         ba_store_rows<T, D>(dk, ak, factor_k, row0, n_src, H, h, g, t);
         ba_store_rows<T, D>(dv, av, one, row0, n_src, H, h, g, t);

@@ -125,12 +125,13 @@ def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
     (:func:`block_attention.unsupported`; ``attention``: alpha is returned), an eager graph
     that outlived a training step (``forced``: whether or not) and that its layout holds
     (:func:`block_attention.usable`: with dropout, no parallel edges); dropout keyed by host
-    integers (``seed``), not an rng tensor. The ``backward`` takes bfloat16 only: its de =
-    alpha (dalpha - delta) enters the products as float16 parts, whose range (65504) a
-    GradScaler-scaled grad_out can exceed where the CSR kernels' float32 does not."""
+    integers (``seed``), not an rng tensor. A float16 ``backward`` takes float16 results only:
+    a float32 grad_out enters its products rounded to float16, whose range (65504) a
+    GradScaler-scaled gradient can exceed (bfloat16 has float32's range; de, which the
+    float16 kernels scale per row, block_attention.cu's ba_scale_de)."""
     if graph.static or block_attention.unsupported(q, k, v, edge_term, attention, out_dtype) is not None:
         return False
-    if backward and q.dtype == torch.float16:
+    if backward and q.dtype == torch.float16 and out_dtype not in (None, torch.float16):
         return False
     if p > 0 and isinstance(seed, Tensor):
         return False

@@ -43,9 +43,12 @@ Design
   gradients split hi + lo so that results are rounded once as here); it saves the same ``lse``
   (and computes the same ``delta``), so either backward follows either forward. Chosen by the
   tuner, or by the rule wherever offered (``GNN_FASTPATH_DOT_FWD`` / ``_DOT_BWD`` force it).
-  Its backward takes bfloat16 only (float16 parts of de lack float32's range), and a float32
-  grad_out (``out_dtype=torch.float32``) enters its products rounded once to bfloat16: one
-  more rounding of the gradients, which are returned in bfloat16 anyway.
+  A float32 grad_out (``out_dtype=torch.float32``) enters its backward's products rounded
+  once to bfloat16: one more rounding of the gradients, which are returned in bfloat16 anyway
+  (float16 with float32 results takes the CSR backward: the rounded grad_out could leave
+  float16's range). In float16, de, which the products take as two float16 parts, is divided
+  per row by a power of two that keeps it in float16's range (multiplied back at the store),
+  so a GradScaler-scaled gradient runs there too.
 - Dropout: inverted dropout on alpha, multiplier from Philox keyed by (seed, offset, caller
   edge id, head); seed and offset come from torch's CPU generator (no GPU sync) and are kept
   in ctx, so the backward regenerates the forward's mask exactly.

@@ -86,8 +86,9 @@ def _compare(g, H, D, dtype, seed=0, scale=None):
 
 @pytest.fixture
 def block(monkeypatch, dtype):
-    """Both passes forced onto the block kernels; asserts they ran (the backward in bfloat16
-    only: float16's de would not have float32's range, block_offered)."""
+    """Both passes forced onto the block kernels; asserts they ran (a test with float16
+    inputs and float32 results appends "csr backward" to the list it yields: that backward
+    runs the CSR kernels, block_offered)."""
     monkeypatch.setenv("GNN_FASTPATH_DOT_FWD", "block")
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "block")
     ran = []
@@ -100,8 +101,9 @@ def block(monkeypatch, dtype):
 
         monkeypatch.setattr(block_attention, name, spy)
     yield ran
-    want = ["forward", "backward"] if dtype == torch.bfloat16 else ["forward"]
-    assert ran[:len(want)] == want and ("backward" in ran) == (dtype == torch.bfloat16), f"the block kernels ran {ran}"
+    csr_backward = "csr backward" in ran
+    want = ["forward"] if csr_backward else ["forward", "backward"]
+    assert ran[:len(want)] == want and ("backward" in ran) != csr_backward, f"the block kernels ran {ran}"
 
 
 @pytest.mark.parametrize("chunk", [32, 2], ids=["chunks32", "chunks2"])
@@ -263,6 +265,8 @@ def test_float32_results(block, dtype):
     rounded to 16 bits (the float32 bound); the float32 grad_out enters the products rounded to
     T (one more rounding of the gradients: u = 2 u_T)."""
     g = _graph("super")
+    if dtype == torch.float16:
+        block.append("csr backward")  # the float32 grad_out rounded to float16 could overflow
     xs = inputs(g, 2, 64, dtype, edge_term=False, seed=3)
     out, _, grads = run(fused, g, xs, None, False, torch.float32)
     want_out, _, want_grads = run(reference.dot_attention, g, xs, None, False, torch.float32, upcast=True)
@@ -272,3 +276,35 @@ def test_float32_results(block, dtype):
     for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
         assert got.dtype == dtype
         assert_half_close(name, got, want, 2 * u, u_saved=EPS32_ACC)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", ["homo", "undirected", "clustered"])
+def test_gradients_beyond_float16_range(block, name, dtype):
+    """de = alpha (dalpha - delta) past float16's 65504 while every gradient stays inside it
+    (a GradScaler-scaled grad_out, 2**13 here, with v 16 x and q, k 1/16 x the unit scale):
+    float16 rows divide de by powers of two (ba_scale_de); every gradient is finite and within
+    the bound, as bfloat16's are."""
+    g = _graph(name)
+    H, D = 2, 64
+    q, k, v = inputs(g, H, D, dtype, edge_term=False, seed=8)[:3]
+    xs = [q * 2.0**-4, k * 2.0**-4, v * 2.0**4]  # exact: powers of two
+    leaves = [x.detach().requires_grad_() for x in xs]
+    refs = [x.detach().double().requires_grad_() for x in xs]
+    out = fused(g, *leaves)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    g_out = (torch.randn(out.shape, device="cuda", generator=gen) * 2.0**13).to(dtype)
+    (out.double() * g_out.double()).sum().backward()
+    want_out, alpha = reference.dot_attention(g, *refs, None, None, True)
+    (want_out * g_out.double()).sum().backward()
+    with torch.no_grad():  # what makes the case: de past float16's range, the gradients inside it
+        src, dst = g.indices, g.dst_index()
+        dp = (g_out.double()[dst] * refs[2][src]).sum(-1)
+        delta = (g_out.double() * want_out).sum(-1)
+        de = alpha[g.perm] * (dp - delta[dst])
+        assert de.abs().max() > 2 * 65504
+        assert max(float(x.grad.abs().max()) for x in refs) < 65504 / 2
+    u = UNIT_ROUNDOFF[dtype]
+    for grad_name, got, want in zip(("dq", "dk", "dv"), (x.grad for x in leaves), (x.grad for x in refs)):
+        assert got.dtype == dtype
+        assert_half_close(f"{grad_name} ({dtype}, grad_out x 2**13)", got, want, u, u_saved=u + EPS32_ACC)
