@@ -102,8 +102,9 @@ def block(monkeypatch, dtype):
         monkeypatch.setattr(block_attention, name, spy)
     yield ran
     csr_backward = "csr backward" in ran
+    kernels = [name for name in ran if name != "csr backward"]
     want = ["forward"] if csr_backward else ["forward", "backward"]
-    assert ran[:len(want)] == want and ("backward" in ran) != csr_backward, f"the block kernels ran {ran}"
+    assert kernels[:len(want)] == want and ("backward" in kernels) != csr_backward, f"the block kernels ran {ran}"
 
 
 @pytest.mark.parametrize("chunk", [32, 2], ids=["chunks32", "chunks2"])

@@ -351,8 +351,9 @@ def test_chunk_list_covers_every_edge_once():
     assert torch.equal(slot[: ch.n_slots], torch.arange(ch.n_slots, device="cuda"))
 
 
-def test_64bit_offsets():
-    """Rows and edge terms beyond 2**31 floats: H * D = 2048, 1.1M sources and 1.1M edges."""
+def test_64bit_offsets(gpu_memory_lock):
+    """Rows and edge terms beyond 2**31 floats: H * D = 2048, 1.1M sources and 1.1M edges
+    (about 80 GB: other workers' subprocesses wait, gpu_memory_lock)."""
     free, _ = torch.cuda.mem_get_info()
     if free < 80 * 2**30:
         pytest.skip("needs about 80 GB of free GPU memory")

@@ -91,7 +91,7 @@ DECISIONS = {"dot": {"dot_attention.backward": {"atomic", "transposed"}},
 
 
 @pytest.mark.parametrize("family", list(DECISIONS))
-def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family):
+def test_tuned_variants_on_the_gpu(monkeypatch, tmp_path, family, gpu_memory_lock):
     """dot/GAT/GATv2 attention's backward variants, the min/max forward's feature chunks and its
     backward scatter, and the SpMM algorithm."""
     path = tmp_path / "tuning.json"
