@@ -274,6 +274,32 @@ __device__ __forceinline__ GfLane gf_lane(int H, int tile) {
     return r;
 }
 
+// One step of a row kernel's grid-stride loop over w = item * n_tiles + tile: the work
+// item's row, edge range [start, end) and chunk slot (< 0: a whole row, else the slot of a
+// split row's chunk), the head tile, and this lane's place in it (GfLane) with its head hc (0
+// for lanes without one) and that head's first column hoff.
+struct GfItem {
+    int row, start, end, slot, tile;
+    GfLane ln;
+    int hc, hoff;
+};
+
+template <int LH>
+__device__ __forceinline__ GfItem gf_item(const int4* __restrict__ items, long long w, int n_tiles, int H, int D) {
+    const long long item = w / n_tiles;
+    const int4 it = items[item];
+    GfItem r;
+    r.row = it.x;
+    r.start = it.y;
+    r.end = it.z;
+    r.slot = it.w;
+    r.tile = (int)(w - item * n_tiles);
+    r.ln = gf_lane<LH>(H, r.tile);
+    r.hc = r.ln.on ? r.ln.head : 0;
+    r.hoff = r.hc * D;
+    return r;
+}
+
 // Source lane of edge slot t for this lane's (head, column) position (clamped: only slot-0
 // lanes use what they receive, and for them the source is always inside the warp).
 __device__ __forceinline__ int gf_slot_src(const GfLane& ln, int t, int LH) {

@@ -70,14 +70,10 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hc = ln.on ? ln.head : 0;
-        const int hoff = hc * D;
         const float t = ln.on ? __ldg(score_dst + (long long)row * H + hc) : 0.f;
 
         float acc[KV];
@@ -116,7 +112,7 @@ gat_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
                 }
                 if (p > 0.f) {  // kernel-uniform
                     float ds[U];
-                    gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
+                    gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, wi.tile, p, ph.seed(), ph.offset());
 #pragma unroll
                     for (int u = 0; u < U; ++u) wm[u] *= ds[u];
                 }
@@ -218,14 +214,10 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hc = ln.on ? ln.head : 0;
-        const int hoff = hc * D;
         const long long rh = (long long)row * H + hc;
 
         float dO[KV];
@@ -267,7 +259,7 @@ gat_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                     ds[u] = 1.f;
                 }
-                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
+                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, wi.tile, p, ph.seed(), ph.offset());
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const float g = gf_group_sum<LH>(R::dot(dO, xs[u]));
@@ -345,14 +337,10 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hc = ln.on ? ln.head : 0;
-        const int hoff = hc * D;
 
         float xj[KV], acc[KV];
         R::load(xj, x_src + (long long)row * HD + hoff, l, D, ln.on);
@@ -393,7 +381,7 @@ gat_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
                     ga[u] = (grad_alpha != nullptr && v[u]) ? gf_ldg(grad_alpha + (long long)pe[u] * H + hc) : 0.f;
                     ds[u] = 1.f;
                 }
-                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, tile, p, ph.seed(), ph.offset());
+                if (p > 0.f) gf_step_dropout<U, LH>(ds, ln, my_pe, r0, rounds, nb, H, wi.tile, p, ph.seed(), ph.offset());
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const float g = gf_group_sum<LH>(R::dot(dO[u], xj));

@@ -59,13 +59,10 @@ gatv2_fwd(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hoff = (ln.on ? ln.head : 0) * D;
 
         float xd[KV], a[KV], acc[KV];
         R::load(xd, x_dst + (long long)row * HD + hoff, l, D, ln.on);
@@ -246,14 +243,11 @@ gatv2_bwd_dst(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hoff = (ln.on ? ln.head : 0) * D;
-        const long long rh = (long long)row * H + (ln.on ? ln.head : 0);
+        const long long rh = (long long)row * H + hc;
 
         float xd[KV], a[KV], dO[KV], gd[KV], gt[KV];
         float delta;
@@ -374,14 +368,10 @@ gatv2_bwd_src(const int4* __restrict__ items, long long n_work, int n_tiles,
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hc = ln.on ? ln.head : 0;
-        const int hoff = hc * D;
 
         float xs[KV], a[KV], acc[KV];
         R::load(xs, x_src + (long long)row * HD + hoff, l, D, ln.on);
@@ -483,14 +473,10 @@ gatv2_bwd_undirected(const int4* __restrict__ items, long long n_work, int n_til
 
     const long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n_work; w += n_warps) {
-        const long long item = w / n_tiles;
-        const int tile = (int)(w - item * n_tiles);
-        const int4 it = items[item];
-        const int row = it.x, start = it.y, end = it.z, slot = it.w;
-        const GfLane ln = gf_lane<LH>(H, tile);
+        const GfItem wi = gf_item<LH>(items, w, n_tiles, H, D);
+        const int row = wi.row, start = wi.start, end = wi.end, slot = wi.slot, hc = wi.hc, hoff = wi.hoff;
+        const GfLane ln = wi.ln;
         const int l = ln.l, s = ln.s, ES = ln.ES;
-        const int hc = ln.on ? ln.head : 0;
-        const int hoff = hc * D;
         const long long rh = (long long)row * H + hc;
 
         // the row's own: as destination (xd, dO, L_i, delta_i) and as source (xs)

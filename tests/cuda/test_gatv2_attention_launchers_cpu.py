@@ -56,18 +56,25 @@ def _leaf(*shape, dtype, offset=0):
     return torch.randn(n + offset).to(dtype)[offset:].view(*shape).requires_grad_()
 
 
+#: The backward kernels of each variant (the rest of BACKWARD_KERNELS must not run).
+BACKWARD_KERNELS = {"atomic": {"gatv2_bwd_dst"}, "transposed": {"gatv2_bwd_dst", "gatv2_bwd_src"},
+                    "fused": {"gatv2_delta", "gatv2_bwd_undirected"}}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("out_fp32", [False, True])
 @pytest.mark.parametrize("H,D,offset,vw", [(2, 64, 0, 8), (4, 32, 0, 8), (1, 256, 0, 8), (2, 128, 0, 8),
                                            (2, 8, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4), (1, 6, 0, 2),
                                            (2, 7, 0, 1)])
-@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+@pytest.mark.parametrize("variant", list(BACKWARD_KERNELS))
 @pytest.mark.parametrize("vec16", ["16", "8"])
 def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, variant, vec16):
+    """Split rows both ways (the float32 accumulators of chunked rows): a bipartite graph, and
+    for the one-pass backward an undirected one."""
     monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", variant)
     monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)  # 8: at most 4 halves per access (float32 layout)
     vw = vw if vec16 == "16" else min(vw, 4)
-    g = graph(True, True)  # split rows both ways: the float32 accumulators of chunked rows
+    g = undirected_graph(True) if variant == "fused" else graph(True, True)
     xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
     xd, et = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.num_edges, H, D, dtype=dtype)
     att = _leaf(H, D, dtype=torch.float32 if out_fp32 else dtype)
@@ -76,33 +83,9 @@ def test_gatv2_attention_launches_16bit(launches, monkeypatch, dtype, out_fp32, 
     out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, True, 0.1, 7, 9, out_dtype)
     assert out.dtype == alpha.dtype == out_dtype
     (out.float().sum() + alpha.float().sum()).backward()
-    assert {"gatv2_fwd", "gatv2_fwd_merge", "gatv2_alpha_from_logits", "gatv2_delta_alpha",
-            "gatv2_bwd_dst"} <= set(launches)
-    assert ("gatv2_bwd_src" in launches) == (variant == "transposed")
-    for t in (xs, xd, att, et):
-        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("out_fp32", [False, True])
-@pytest.mark.parametrize("H,D,offset,vw", [(2, 64, 0, 8), (1, 256, 0, 8), (3, 100, 0, 4), (2, 64, 4, 4),
-                                           (1, 6, 0, 2), (2, 7, 0, 1)])
-@pytest.mark.parametrize("vec16", ["16", "8"])
-def test_fused_backward_launches_16bit(launches, monkeypatch, dtype, out_fp32, H, D, offset, vw, vec16):
-    """The one-pass undirected backward over the 16-bit layouts, split rows (float32
-    accumulators of both gradients) included."""
-    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", "fused")
-    monkeypatch.setenv("GNN_FASTPATH_VEC16", vec16)
-    vw = vw if vec16 == "16" else min(vw, 4)
-    g = undirected_graph(True)
-    xs = _leaf(g.n_src, H, D, dtype=dtype, offset=offset)
-    xd, et = _leaf(g.n_dst, H, D, dtype=dtype), _leaf(g.num_edges, H, D, dtype=dtype)
-    att = _leaf(H, D, dtype=torch.float32 if out_fp32 else dtype)
-    out_dtype = torch.float32 if out_fp32 else dtype
-    assert kernels._config(D, xs.detach(), xd, att.detach().float(), et).vw == vw
-    out, alpha = GATv2AttentionFunction.apply(xs, xd, att, et, g, 0.2, True, 0.1, 7, 9, out_dtype)
-    (out.float().sum() + alpha.float().sum()).backward()
-    assert {"gatv2_delta", "gatv2_bwd_undirected"} <= set(launches) and "gatv2_bwd_dst" not in launches
+    bwd = BACKWARD_KERNELS[variant]
+    assert {"gatv2_fwd", "gatv2_fwd_merge", "gatv2_alpha_from_logits", "gatv2_delta_alpha"} | bwd <= set(launches)
+    assert not (set().union(*BACKWARD_KERNELS.values()) - bwd) & set(launches)
     for t in (xs, xd, att, et):
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
 
