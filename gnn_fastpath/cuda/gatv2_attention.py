@@ -214,10 +214,8 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     f32 = dict(dtype=torch.float32, device=dev)
     need_src, need_dst, need_att, need_et = needs
     need_et = need_et and edge_term is not None
-    reverse = None
     if need_src and n_dst and M:
         forced = config.setting("GNN_FASTPATH_GATV2_BWD")
-        reverse = reverse_ids(graph, detect=(mode or forced) == "fused")
         if mode is None:
             mode = forced or "atomic"
             # only graphs used again weigh variants: a transpose or the symmetry detection pays
@@ -227,15 +225,16 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                     return backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
                                     alpha_dropped, slope, p, *given_stream, needs, variant)
 
-                undirected = reverse is not None
+                undirected = reverse_ids(graph) is not None
                 mode = tuning.choose_on_graph(graph, ("gatv2_attention.backward", H * D, T, undirected),
                                               lambda: backward_class(graph, H * D, T, undirected), dev, run,
                                               BACKWARDS if undirected else BACKWARDS[:2], mode)
-        if mode == "fused" and reverse is None:
+        if mode == "fused":
+            reverse = reverse_ids(graph, detect=True)
+            if reverse is not None:
+                return _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
+                                       alpha_dropped, slope, p, seed, offset, rng, needs, reverse)
             mode = "transposed"
-    if mode == "fused":
-        return _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
-                               alpha_dropped, slope, p, seed, offset, rng, needs, reverse)
     transposed = mode == "transposed"
 
     dx_src = dx_src_acc = None  # acc: what the atomic variant adds into (float32)

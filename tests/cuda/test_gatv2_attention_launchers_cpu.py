@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dry_launch import GRAPHS, graph, leaf, undirected_graph
+from gnn_fastpath import Graph
 from gnn_fastpath.cuda import gatv2_attention as kernels
 from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
@@ -46,6 +47,20 @@ def test_fused_backward_launches(launches, monkeypatch, super_node, H, D):
         assert bwd | {"gatv2_delta_alpha"} <= set(launches)
         assert not ({"gatv2_delta", "gatv2_bwd_undirected", "gatv2_bwd_dst", "gatv2_bwd_src"} - bwd) & set(launches)
         assert xs.grad.shape == xs.shape and xd.grad.shape == xd.shape and et.grad.shape == et.shape
+
+
+def test_untuned_backward_leaves_symmetry_unread(launches, monkeypatch):
+    """Without tuning the backward stays atomic on a graph used again, and never pays the
+    symmetry detection (host reads) that only the fused variant needs."""
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
+    base = graph(True)
+    ei = torch.stack([base.indices, base.dst_index()])
+    g = Graph.from_edge_index(torch.cat([ei, ei.flip(0)], 1), base.n_dst)  # symmetric, not yet known
+    xs, xd, att = leaf(g.n_src, 2, 64), leaf(g.n_dst, 2, 64), leaf(2, 64)
+    for _ in range(2):  # the second step: the graph outlived one
+        GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.0, 7, 9).sum().backward()
+    assert g.outlived_a_step() and "reverse_edges" not in g._memo
+    assert "gatv2_bwd_dst" in launches and "gatv2_bwd_undirected" not in launches
 
 
 def _leaf(*shape, dtype, offset=0):
