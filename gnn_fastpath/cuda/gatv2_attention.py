@@ -119,13 +119,32 @@ def backward_class(graph, width: int, dtype: torch.dtype, undirected: bool) -> s
 def reverse_ids(graph, detect: bool = False) -> Optional[Tensor]:
     """int32 [M]: the caller id of each CSR edge's reverse, for an undirected graph whose
     symmetry is known or cheap to know (:meth:`~gnn_fastpath.graph.Graph.reverse_edges_if_cheap`;
-    ``detect``: pay the detection now); None otherwise. Cached with the graph."""
-    if graph.static:
+    ``detect``: pay the detection now); None otherwise. That is the source-major CSR's caller
+    ids where the graph walks its forward CSR as its transpose (the transposed variant uses
+    them too); only a transpose sorted before the symmetry was known takes a copy of its own."""
+    if graph.static or graph.reverse_edges_if_cheap(detect) is None:
         return None
-    reverse = graph.reverse_edges_if_cheap(detect)
-    if reverse is None:
-        return None
-    return graph.memo("gatv2_reverse_ids", lambda: graph.perm[reverse].to(torch.int32))
+    scsr = graph.kernel_source_csr()
+    if scsr.indices is graph.kernel_csr().indices:
+        return scsr.perm
+    return graph.memo("gatv2_reverse_ids", lambda: graph.perm[graph.reverse_edges()].to(torch.int32))
+
+
+def _delta_alpha(work: worklist.RowChunks, kc, alpha: Tensor, grad_alpha: Tensor, n_dst: int, H: int) -> Tensor:
+    """delta_alpha [n_dst, H] float32: each row's softmax-gradient term from the gradient of the
+    returned attention (gatv2_delta_alpha)."""
+    delta_alpha = torch.zeros(n_dst, H, dtype=torch.float32, device=alpha.device)
+    k = KERNELS.kernel(alpha.device, "gatv2_delta_alpha", launch.ctype(alpha.dtype))
+    k.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, alpha=alpha,
+             grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
+    return delta_alpha
+
+
+def _datt_shared_bytes(need_att: bool, H: int, D: int, rng: Optional[Tensor]) -> int:
+    """Dynamic shared memory of a backward pass for att's gradient (0: it adds into global
+    memory): 48 KiB at most without an opt-in, the device key's static bytes included."""
+    fits = H * D * 4 + (0 if rng is None else row_attention.RNG_SHARED_BYTES) <= 48 * 1024
+    return H * D * 4 if need_att and fits else 0
 
 
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
@@ -225,7 +244,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                     return backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
                                     alpha_dropped, slope, p, *given_stream, needs, variant)
 
-                undirected = reverse_ids(graph) is not None
+                undirected = graph.reverse_edges_if_cheap() is not None
                 mode = tuning.choose_on_graph(graph, ("gatv2_attention.backward", H * D, T, undirected),
                                               lambda: backward_class(graph, H * D, T, undirected), dev, run,
                                               BACKWARDS if undirected else BACKWARDS[:2], mode)
@@ -262,18 +281,11 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     n_tiles = cfg.n_tiles(H)
     stream = KERNELS if rng is None else KERNELS_RNG
 
-    delta_alpha = None
-    if grad_alpha is not None and M:
-        delta_alpha = torch.zeros(n_dst, H, **f32)
-        k = KERNELS.kernel(dev, "gatv2_delta_alpha", to)
-        k.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, alpha=alpha,
-                 grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
+    delta_alpha = _delta_alpha(work, kc, alpha, grad_alpha, n_dst, H) if grad_alpha is not None and M else None
     dx_dst_acc, dst_index = _accumulator(dx_dst, graph, work, source_major=False)
     delta = torch.empty(n_dst, H, **f32) if transposed else None
 
-    # 48 KiB of shared memory without an opt-in, static (the device key) and dynamic together
-    use_smem = need_att and H * D * 4 + (0 if rng is None else row_attention.RNG_SHARED_BYTES) <= 48 * 1024
-    smem = H * D * 4 if use_smem else 0
+    smem = _datt_shared_bytes(need_att, H, D, rng)
     n_work = work.n_items * n_tiles
     bwd = stream.kernel(dev, "gatv2_bwd_dst", ti, to, *cfg.args(has_et))
     bwd.launch(_grid(bwd, n_work, smem, always_persistent=True), THREADS, shared_mem=smem,
@@ -282,7 +294,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
                lse=lse, delta_alpha=delta_alpha, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), H=H,
                D_rt=D, slope=slope, p=p, seed=seed, offset=offset, rng=rng, dx_src=dx_src_acc, dx_dst=dx_dst,
                dx_dst_acc=dx_dst_acc, acc_index=dst_index, d_edge_term=d_edge_term, datt=datt,
-               datt_smem=int(use_smem), delta_out=delta)
+               datt_smem=int(smem > 0), delta_out=delta)
     _finish_accumulator(dx_dst, dx_dst_acc, work)
     if need_src and not transposed and dx_src is None:
         dx_src = dx_src_acc.to(T)  # the one cast of the float32 atomic sums
@@ -322,12 +334,7 @@ def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alp
     n_tiles = cfg.n_tiles(H)
     stream = KERNELS if rng is None else KERNELS_RNG
 
-    delta_alpha = None
-    if grad_alpha is not None:
-        delta_alpha = torch.zeros(n, H, **f32)
-        k = KERNELS.kernel(dev, "gatv2_delta_alpha", to)
-        k.launch(_blocks(work.n_items), THREADS, items=work.items, n_items=work.n_items, perm=kc.perm, alpha=alpha,
-                 grad_alpha=grad_alpha, H=H, delta_alpha=delta_alpha)
+    delta_alpha = _delta_alpha(work, kc, alpha, grad_alpha, n, H) if grad_alpha is not None else None
     delta = torch.empty(n, H, **f32)
     n_rows = n * n_tiles
     dk = KERNELS.kernel(dev, "gatv2_delta", to, cfg.vw, cfg.lh, cfg.k, cfg.dc)
@@ -340,8 +347,7 @@ def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alp
     d_edge_term = torch.empty(M, H, D, dtype=T, device=dev) if need_et else None
     src_acc, acc_index = _accumulator(dx_src, graph, work, source_major=False)
     dst_acc, _ = _accumulator(dx_dst, graph, work, source_major=False)
-    use_smem = need_att and H * D * 4 + (0 if rng is None else row_attention.RNG_SHARED_BYTES) <= 48 * 1024
-    smem = H * D * 4 if use_smem else 0
+    smem = _datt_shared_bytes(need_att, H, D, rng)
     n_work = work.n_items * n_tiles
     fused = stream.kernel(dev, "gatv2_bwd_undirected", ti, to, *fused_config(cfg).args(edge_term is not None))
     fused.launch(_grid(fused, n_work, smem, always_persistent=True), THREADS, shared_mem=smem,
@@ -350,7 +356,7 @@ def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alp
                  lse=lse, delta=delta, grad_alpha=grad_alpha, grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D,
                  slope=slope, p=p, seed=seed, offset=offset, rng=rng, dx_src=dx_src, dx_src_acc=src_acc,
                  dx_dst=dx_dst, dx_dst_acc=dst_acc, acc_index=acc_index, d_edge_term=d_edge_term, datt=datt,
-                 datt_smem=int(use_smem))
+                 datt_smem=int(smem > 0))
     _finish_accumulator(dx_src, src_acc, work)
     _finish_accumulator(dx_dst, dst_acc, work)
     return dx_src, dx_dst, datt, d_edge_term

@@ -49,6 +49,25 @@ def test_fused_backward_launches(launches, monkeypatch, super_node, H, D):
         assert xs.grad.shape == xs.shape and xd.grad.shape == xd.shape and et.grad.shape == et.shape
 
 
+def test_reverse_ids_with_either_transpose():
+    """The fused variant's reverse caller ids: the source-major CSR's own where the graph walks
+    its forward CSR as its transpose; a copy of the same ids where a transpose was sorted before
+    the symmetry was known."""
+    base = graph(True)
+    ei = torch.stack([base.indices, base.dst_index()])
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    known = Graph.from_edge_index(ei, base.n_dst)
+    assert known.is_symmetric()
+    ids = kernels.reverse_ids(known)
+    assert ids is known.kernel_source_csr().perm
+    sorted_first = Graph.from_edge_index(ei, base.n_dst)
+    scsr = sorted_first.kernel_source_csr()  # symmetry unknown: a sorted transpose
+    assert sorted_first.is_symmetric() and scsr.indices is not sorted_first.kernel_csr().indices
+    copy = kernels.reverse_ids(sorted_first)
+    assert copy is not scsr.perm and copy.dtype == torch.int32
+    assert torch.equal(copy.long(), sorted_first.perm[sorted_first.reverse_edges()]) and torch.equal(copy, ids)
+
+
 def test_untuned_backward_leaves_symmetry_unread(launches, monkeypatch):
     """Without tuning the backward stays atomic on a graph used again, and never pays the
     symmetry detection (host reads) that only the fused variant needs."""
