@@ -137,7 +137,7 @@ SETTINGS = (
             "min/max backward (split/even): single winners' gradients by atomics, or a source-major pass without "
             "atomics (on a symmetric graph over the forward CSR)", _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_SR_CHUNKS", "",
-            "1, 2, 4 (empty: 1, or 2 below 4 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",
+            "1, 2, 4 (empty: 1, or 2 below 16 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",
             "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),
     Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
             "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "

@@ -30,9 +30,10 @@
 // tie (n = 0: empty row), or the extreme is NaN, or (zero_walks, the split rule) one edge
 // reaches exactly 0, and the backward re-walks the row's edges. So the scatter along single
 // winners never reads the output (torch's split rule halves a winner at 0: the walk does it).
-// After aux come the "walk all" flag, set when any message is -inf (torch's split rule then
-// sends a losing edge 0 * inf = NaN, which only the walk gives, so the backward walks every
-// element; inputs with infinities are rare, the flag keeps them exact), and one flag per row,
+// After aux come the "walk all" flag, set when any weighted message is -inf (torch's split
+// rule then sends a losing edge 0 * inf = NaN through the product w * x, which only the walk
+// gives, so the backward walks every element; inputs with infinities are rare, the flag keeps
+// them exact; unweighted messages are x itself, whose losers get an exact 0), and one flag per row,
 // set where a row holds a walking element (the walk skips the other rows at one read).
 //
 // Forward, degree-aware (the row-chunk work list of gnn_fastpath/cuda/worklist.py: the
@@ -130,25 +131,44 @@ __device__ __forceinline__ void sr_update(float& m, int& a, float v, int p) {
     }
 }
 
+// max with NaN propagation: one instruction (max.NaN, sm_80+) for the extreme of SR_KEEP.
+__device__ __forceinline__ float sr_max_nan(float m, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
+    return r;
+#else
+    return (v > m || v != v) ? v : m;
+#endif
+}
+
 // SR_MODE_COUNT and SR_MODE_VALUE, the rules of every training and inference step, with the
 // fewest instructions per message (the forward issues about as many instructions as it
 // moves bytes): raw products, no canonical form per message (float compares see -0 == +0;
-// the extreme is made canonical once, at the end). a is the saved state of the header: the
-// winner's caller id, or -1 - n (init -1: n = 0). A NaN stays in m (no later message
+// the extreme is made canonical once, at the end). A NaN stays in m (no later message
 // compares > or == with it), so under SR_KEEP the extreme is NaN as soon as one message is.
-// A -inf message tying with the initial -inf counts as a tie (n = 1, a = -2): the row walks,
-// which is exact, and a -inf message sets the "walk all" flag anyway.
+// SR_MODE_COUNT's running state is (a, t): a the CSR position of the edge that last raised
+// the extreme (-1 before any), t how many later edges tied with it (or, with a = -1, how many
+// -inf messages tied with the initial -inf: the row walks, which is exact); sr_count_aux
+// turns it into the saved form of the header. Per message: two compares, one max, two selects.
 template <int MODE, int NF>
-__device__ __forceinline__ void sr_update_fast(float& m, int& a, float v, int p) {
+__device__ __forceinline__ void sr_update_fast(float& m, int& a, int& t, float v, int p) {
     if (MODE == SR_MODE_COUNT) {
-        if (v > m) { m = v; a = p; }
-        else if (v == m) { a = a >= 0 ? -3 : a - 1; }
-        else if (v != v) { m = v; }
+        const bool gt = v > m, eq = v == m;
+        m = sr_max_nan(m, v);
+        a = gt ? p : a;
+        t = gt ? 0 : t + (eq ? 1 : 0);
     } else if (NF == SR_KEEP) {
-        m = (v > m || v != v) ? v : m;
+        m = sr_max_nan(m, v);
     } else {
         m = fmaxf(m, v);  // SR_DROP: NaN never wins
     }
+}
+
+// The saved form (header) of SR_MODE_COUNT's running state (a, t): the single winner, or
+// -1 - n for n = t + 1 tied edges (n = t without a winner).
+__device__ __forceinline__ int sr_count_aux(int a, int t) {
+    return a < 0 ? -1 - t : (t > 0 ? -2 - t : a);
 }
 
 template <int MODE>
@@ -178,16 +198,19 @@ __device__ __forceinline__ void sr_load_aux(int* r, const int* p) {
     }
 }
 
-// One message (weight sw, feature xv) into the running state; with SR_MODE_COUNT also notes
-// a -inf message (see the header: the "walk all" flag). Without weights (W false, sw = +-1)
-// the product is exact and TO is x's own type, so its rounding is skipped (for 16-bit x,
-// two conversions per message fewer).
-template <typename TO, int MODE, int NF, bool W>
-__device__ __forceinline__ void sr_take(float& m, int& a, bool& saw_neg_inf, float sw, float xv, int p) {
-    const float prod = W ? sr_product<TO>(sw, xv) : sw * xv;
+// One message (weight sw, feature xv) into the running state (t: SR_MODE_COUNT's tie count,
+// see sr_update_fast); with SR_MODE_COUNT and weights also notes a -inf message (see the
+// header: the "walk all" flag; without weights a losing message passes no product to
+// autograd, so nothing turns its zero gradient into NaN). Without weights (W false) the
+// message is x itself, negated for min (NEG: sign = -1; a negation is exact and costs no
+// instruction, so sw is not read), and TO is x's own type, so no rounding is needed (for
+// 16-bit x, two conversions per message fewer).
+template <typename TO, int MODE, int NF, bool W, bool NEG>
+__device__ __forceinline__ void sr_take(float& m, int& a, int& t, bool& saw_neg_inf, float sw, float xv, int p) {
+    const float prod = W ? sr_product<TO>(sw, xv) : (NEG ? -xv : xv);
     if constexpr (MODE == SR_MODE_COUNT || MODE == SR_MODE_VALUE) {
-        sr_update_fast<MODE, NF>(m, a, prod, p);
-        if (MODE == SR_MODE_COUNT) saw_neg_inf |= prod == GF_NEG_INF;
+        sr_update_fast<MODE, NF>(m, a, t, prod, p);
+        if (MODE == SR_MODE_COUNT && W) saw_neg_inf |= prod == GF_NEG_INF;
     } else {
         sr_update<MODE, NF>(m, a, sr_canonical<NF>(prod), p);
     }
@@ -196,14 +219,21 @@ __device__ __forceinline__ void sr_take(float& m, int& a, bool& saw_neg_inf, flo
 // Reduce CSR edges [start, end) into m/a for this lane's CH x VEC features (feature
 // f0 + c*T*VEC + j of chunk c). Edge metadata (source, caller id, signed weight) is loaded
 // T edges at a time, one per lane, then broadcast; rows are loaded U = LOADS/CH edges at a
-// time so LOADS loads of VEC features per lane are in flight together. W: w is not null.
-template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS, bool W>
+// time so LOADS loads of VEC features per lane are in flight together. W: w is not null;
+// NEG (unweighted only): sign = -1. m/a start from the initial state (GF_NEG_INF,
+// sr_init_aux); a leaves in its saved form.
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS, bool W, bool NEG>
 __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
                                                 int start, int end, int F, int f0, float sign,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     constexpr int U = CH >= LOADS ? 1 : LOADS / CH;
+    int tied[CH][VEC];  // SR_MODE_COUNT's tie counts (sr_update_fast)
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) tied[c][j] = 0;
     for (int e0 = start; e0 < end; e0 += T) {
         const int k = e0 + lane;
         int s = 0, p = 0;
@@ -237,7 +267,7 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
                     if (f0 + c * T * VEC < F)
 #pragma unroll
                         for (int j = 0; j < VEC; ++j)
-                            sr_take<TO, MODE, NF, W>(m[c][j], a[c][j], saw_neg_inf, ww[u], v[u][c][j], pp[u]);
+                            sr_take<TO, MODE, NF, W, NEG>(m[c][j], a[c][j], tied[c][j], saw_neg_inf, ww[u], v[u][c][j], pp[u]);
         }
         for (; t < nb; ++t) {
             const int s0 = __shfl_sync(mask, s, t, T);
@@ -250,14 +280,20 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
                     gf_load<VEC>(v0, x + (long long)s0 * F + f0 + c * T * VEC);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j)
-                        sr_take<TO, MODE, NF, W>(m[c][j], a[c][j], saw_neg_inf, w0, v0[j], p0);
+                        sr_take<TO, MODE, NF, W, NEG>(m[c][j], a[c][j], tied[c][j], saw_neg_inf, w0, v0[j], p0);
                 }
             }
         }
     }
+    if (MODE == SR_MODE_COUNT)
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a[c][j] = sr_count_aux(a[c][j], tied[c][j]);
 }
 
-// sr_reduce_edges with the weighted or the unweighted loop (one branch per call, not per edge).
+// sr_reduce_edges with the weighted loop, or the unweighted one for max or for min (one branch
+// per call, not per edge).
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
@@ -265,11 +301,43 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     if (w != nullptr)
-        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true>(indices, perm, x, w, start, end, F, f0, sign, mask,
-                                                                   lane, m, a, saw_neg_inf);
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true, false>(indices, perm, x, w, start, end, F, f0,
+                                                                          sign, mask, lane, m, a, saw_neg_inf);
+    else if (sign < 0.f)
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, true>(indices, perm, x, w, start, end, F, f0,
+                                                                          sign, mask, lane, m, a, saw_neg_inf);
     else
-        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false>(indices, perm, x, w, start, end, F, f0, sign, mask,
-                                                                    lane, m, a, saw_neg_inf);
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, false>(indices, perm, x, w, start, end, F, f0,
+                                                                           sign, mask, lane, m, a, saw_neg_inf);
+}
+
+// Writes VEC results of one row: out = sign * the extreme (0 for an empty row; under SR_DROP
+// 0 for a non-finite one) and, unless MODE is SR_MODE_VALUE, the saved state of the header
+// (first/last: the winner or -1; count: the winner, or -1 - n where the element walks).
+// Returns whether one of the elements walks (SR_MODE_COUNT).
+template <typename TO, int MODE, int NF, int VEC>
+__device__ __forceinline__ bool sr_store_result(const float (&m)[VEC], const int (&a)[VEC], bool empty, float sign,
+                                                int zero_walks, TO* __restrict__ out, int* __restrict__ aux) {
+    float r[VEC];
+    int q[VEC];
+    bool walks = false;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        r[j] = empty ? 0.f : sign * sr_canonical<NF>(m[j]);
+        int v = a[j];
+        const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
+        if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
+        if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
+        // a NaN extreme walks too, and with zero_walks an extreme of exactly 0
+        if (MODE == SR_MODE_COUNT && !empty && (v < 0 || no_winner || (zero_walks && r[j] == 0.f))) {
+            v = v < 0 ? v : -2;
+            walks = true;
+        }
+        q[j] = v;
+    }
+    gf_store<VEC>(out, r);
+    if (MODE != SR_MODE_VALUE) sr_store_aux<VEC>(aux, q);
+    return walks;
 }
 
 // Light rows: one group per row of `rows` (or row = group id when rows is null).
@@ -303,31 +371,13 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
                                                          m, a, saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
-    const bool empty = start == end;
     bool walks = false;
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int f = f0 + c * T * VEC;
         if (f < F) {
             const long long o = (long long)row * F + f;
-            float r[VEC];
-            int q[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                r[j] = empty ? 0.f : sign * sr_canonical<NF>(m[c][j]);
-                int v = a[c][j];
-                const bool no_winner = empty || (NF == SR_DROP ? !sr_finite(r[j]) : r[j] != r[j]);
-                if (NF == SR_DROP && !sr_finite(r[j])) r[j] = 0.f;
-                if (MODE != SR_MODE_COUNT && (no_winner || v == GF_INT_MAX)) v = -1;
-                // a NaN extreme walks too, and with zero_walks an extreme of exactly 0
-                if (MODE == SR_MODE_COUNT && !empty && (v < 0 || no_winner || (zero_walks && r[j] == 0.f))) {
-                    v = v < 0 ? v : -2;
-                    walks = true;
-                }
-                q[j] = v;
-            }
-            gf_store<VEC>(out + o, r);
-            if (MODE != SR_MODE_VALUE) sr_store_aux<VEC>(aux + o, q);
+            walks |= sr_store_result<TO, MODE, NF, VEC>(m[c], a[c], start == end, sign, zero_walks, out + o, aux + o);
         }
     }
     if (MODE == SR_MODE_COUNT && row_walks != nullptr && __any_sync(mask, walks) && lane == 0) row_walks[row] = 1;
@@ -458,8 +508,12 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
     const int a = __ldg(arg + idx);
     if (a < 0) return;
     const float g = gf_ldg(grad_out + idx);
+    const long long xo = (long long)__ldg(by_position ? indices + a : src_of + a) * F + f;
+    if (w == nullptr && dw == nullptr) {  // unweighted, x's gradient only (SAGE's max): no caller id needed
+        if (dx != nullptr) atomicAdd(dx + xo, g);
+        return;
+    }
     const int e = by_position ? __ldg(perm + a) : a;
-    const long long xo = (long long)__ldg(by_position ? indices + a : src_of + e) * F + f;
     if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
     if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
 }

@@ -50,9 +50,10 @@ SPLIT_FROM = 128
 CHUNK = 64
 #: Without GNN_FASTPATH_SR_CHUNKS or the tuner: one feature chunk of VEC features per lane
 #: where destinations have FEW_EDGES in-edges or more on average, else CHUNKS_FEW (H200, F =
-#: 512: one chunk is 4-19% faster on tolokers, arxiv-like and arxiv-skewdst, two are 19-21%
-#: faster on roads-like, whose rows have 2 edges).
-FEW_EDGES = 4
+#: 512 float32, forward: one chunk is 11% faster on tolokers (88 in-edges per row), two are
+#: 6-9% faster on arxiv-like and arxiv-skewdst (7) and 19-21% on roads-like (2);
+#: benchmarks/results/2026-11-26-h200-issue14-f).
+FEW_EDGES = 16
 CHUNKS_FEW = 2
 #: Row loads per lane in flight in the forward (8 was measured 10-40% slower on the H200: its
 #: registers cost occupancy).

@@ -11,8 +11,9 @@ scatters the gradient along. ``"first"``/``"last"`` always have one; for
 ``"split"``/``"even"`` an element reached by several tied edges (or whose extreme is NaN)
 saves ``-1 - n`` instead (``"split"`` also for a single winner at exactly 0, which torch's
 rule halves), and only the rows holding such an element (one flag per row) are
-re-walked in the backward to find the tied edges; one more flag, set when a message is
-``-inf``, re-walks every row (torch's split rule sends a losing edge ``0 * inf = NaN``).
+re-walked in the backward to find the tied edges; one more flag, set when a weighted
+message is ``-inf``, re-walks every row (torch's split rule sends a losing edge
+``0 * inf = NaN`` through the product ``w * x``).
 Nothing is saved when no input needs a gradient. For ``"split"``/``"even"`` the single
 winners' gradients are scattered by atomics, or source-major without atomics (each source sums
 the elements its out-edges won; ``GNN_FASTPATH_SR_BWD``, the tuner, or the rule on graphs

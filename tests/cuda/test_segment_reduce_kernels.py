@@ -294,22 +294,28 @@ def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
 
 
 @pytest.mark.parametrize("graph_name", ["random", "heavy_rows"])
-def test_negative_infinity_sets_walk_all(graph_name):
-    """A -inf message anywhere sets the flag (split's losing edge gets 0 * inf = NaN, which
-    only the walk gives); the gradients then match the reference, NaNs included."""
+@pytest.mark.parametrize("weighted", [True, False])
+def test_negative_infinity_sets_walk_all(graph_name, weighted):
+    """A weighted -inf message anywhere sets the flag (split's losing edge gets 0 * inf = NaN
+    through w * x, which only the walk gives); an unweighted one does not (a losing edge's
+    gradient is an exact 0, which the scatter along the winners gives). Either way the
+    gradients match the reference, NaNs included."""
     graph = _graph(graph_name)
     gen = torch.Generator(device="cuda").manual_seed(8)
     x = torch.randn(graph.n_src, 7, device="cuda", generator=gen)
-    w = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.5
+    w = torch.rand(graph.num_edges, device="cuda", generator=gen) + 0.5 if weighted else None
     x[5, 3] = float("-inf")
+    assert graph.out_degree()[5] > 0  # the -inf is a message
     _, _, walk_all, _ = _saved(graph, x, w, "split")
-    assert walk_all.item() == 1
+    assert walk_all.item() == int(weighted)
     grads = []
     for run in (segment_reduce, reference.segment_reduce):
-        xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        wr = None if w is None else w.clone().requires_grad_(True)
         run(graph, xr, "max", wr, "split").sum().backward()
-        grads.append((xr.grad, wr.grad))
-    assert grads[1][1].isnan().any()  # the case is real: torch's rule gives the losing edges NaN
+        grads.append((xr.grad,) + ((wr.grad,) if weighted else ()))
+    # the case is real: torch's rule gives weighted losing edges NaN, unweighted ones 0
+    assert grads[1][-1].isnan().any() == weighted
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
 
