@@ -649,7 +649,7 @@ __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const in
 
 // list [1 + n_items] zero-initialised: list[0] counts the items to walk, list[1 + k] is the
 // k-th of them (in any order): items with edges whose row walks (or every one under walk_all).
-__global__ void sr_walk_list(const int4* __restrict__ items, int n_items, const int* __restrict__ walk_all,
+extern "C" __global__ void sr_walk_list(const int4* __restrict__ items, int n_items, const int* __restrict__ walk_all,
                              const int* __restrict__ row_walks, int* __restrict__ list) {
     const int i = (int)(blockIdx.x * (long long)blockDim.x + threadIdx.x);
     if (i >= n_items) return;
