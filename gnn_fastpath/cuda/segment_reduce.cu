@@ -634,41 +634,33 @@ __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const in
 // Backward of the counting tie rules (non-finite rule SR_KEEP) for the elements that walk
 // (aux < 0, or every element when walk_all is set; the others went along their arg in
 // sr_bwd_arg), over the work items: items [n_items] = (row, edge start, edge end, tag),
-// every CSR edge in exactly one item (short rows whole, long rows in chunks). sr_walk_list
-// first lists the items of rows that walk (one thread per item); sr_bwd_ties then runs a
-// fixed grid of groups over (listed item, feature block) pairs, so a graph where nothing
-// walks (the common case) costs two short launches, not a group per item and feature block.
-// A group keeps its row's extreme and gradient share in registers, moves on at once when none
-// of its elements walks, else walks the item's edges (metadata T at a time, U = 4/CH rows'
-// loads in flight) and, for each message equal to the extreme, adds share * w to dx[src] and
-// share * x to dw (reduced over the group).
+// every CSR edge in exactly one item (short rows whole, long rows in chunks). A group keeps
+// its row's extreme and gradient share in registers, leaves at once when none of its
+// elements walks, else walks the item's edges (metadata T at a time, U = 4/CH rows' loads in
+// flight) and, for each message equal to the extreme, adds share * w to dx[src] and share * x
+// to dw (reduced over the group).
 // With count_zero_as_tie (torch's split rule) a losing message still passes torch's 0 * x to
 // dw and 0 * w to dx: NaN where x (or w) is not finite, as the reference's autograd gives.
 // x is read as TX, out and grad_out as TO; dx and dw are float (scratch buffers for 16-bit
 // tensors, see sr_bwd_arg).
-
-// list [1 + n_items] zero-initialised: list[0] counts the items to walk, list[1 + k] is the
-// k-th of them (in any order): items with edges whose row walks (or every one under walk_all).
-extern "C" __global__ void sr_walk_list(const int4* __restrict__ items, int n_items, const int* __restrict__ walk_all,
-                             const int* __restrict__ row_walks, int* __restrict__ list) {
-    const int i = (int)(blockIdx.x * (long long)blockDim.x + threadIdx.x);
-    if (i >= n_items) return;
-    const int4 it = __ldg(items + i);
-    if (it.y == it.z) return;  // a row without edges has no gradient to route
-    if (__ldg(walk_all) == 0 && __ldg(row_walks + it.x) == 0) return;  // every element went along its arg
-    list[1 + atomicAdd(list, 1)] = i;
-}
-
-// One listed item's feature block (features f0 + c * T * VEC + j) on one group.
 template <typename TX, typename TO, int VEC, int T, int CH>
-__device__ __forceinline__ void sr_walk_item(int4 it, int f0, int lane, unsigned int mask, bool all,
-                                             const int* __restrict__ indices, const int* __restrict__ perm,
-                                             const TX* __restrict__ x, const float* __restrict__ w, int F,
-                                             float sign, int count_zero_as_tie, const TO* __restrict__ out,
-                                             const int* __restrict__ aux, const TO* __restrict__ grad_out,
-                                             float* __restrict__ dx, float* __restrict__ dw) {
+__global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
+                            const int* __restrict__ perm, const TX* __restrict__ x,
+                            const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
+                            const TO* __restrict__ out, const int* __restrict__ aux,
+                            const int* __restrict__ walk_all, const int* __restrict__ row_walks,
+                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
+    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
+    const int lane = threadIdx.x % T;
+    if (gid >= n_items) return;
+    const unsigned int mask = gf_group_mask<T>();
+    const int4 it = __ldg(items + gid);
     const int row = it.x, start = it.y, end = it.z;
+    if (start == end) return;  // a row without edges has no gradient to route (whole groups leave)
+    const bool all = __ldg(walk_all) != 0;
+    if (!all && __ldg(row_walks + row) == 0) return;  // every element of the row went along its arg
+    const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float mo[CH][VEC], share[CH][VEC];
     bool walks[CH][VEC], lane_walks[CH], any = false;  // lane_walks[c]: this lane loads chunk c's rows
@@ -762,27 +754,5 @@ __device__ __forceinline__ void sr_walk_item(int4 it, int f0, int lane, unsigned
                 }
             }
         }
-    }
-}
-
-// grid: a fixed number of blocks (at most what is resident at once); groups stride over the
-// list's (item, feature block) pairs, fblocks feature blocks per item. list: sr_walk_list's.
-template <typename TX, typename TO, int VEC, int T, int CH>
-__global__ void sr_bwd_ties(const int4* __restrict__ items, const int* __restrict__ list, int fblocks,
-                            const int* __restrict__ indices, const int* __restrict__ perm, const TX* __restrict__ x,
-                            const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
-                            const TO* __restrict__ out, const int* __restrict__ aux,
-                            const int* __restrict__ walk_all, const TO* __restrict__ grad_out,
-                            float* __restrict__ dx, float* __restrict__ dw) {
-    const long long groups = gridDim.x * (long long)blockDim.x / T;
-    const int lane = threadIdx.x % T;
-    const unsigned int mask = gf_group_mask<T>();
-    const bool all = __ldg(walk_all) != 0;
-    const long long work = (long long)__ldg(list) * fblocks;
-    for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / T; i < work; i += groups) {
-        const int4 it = __ldg(items + __ldg(list + 1 + i / fblocks));
-        const int f0 = (int)(i % fblocks) * (T * VEC * CH) + lane * VEC;
-        sr_walk_item<TX, TO, VEC, T, CH>(it, f0, lane, mask, all, indices, perm, x, w, F, sign, count_zero_as_tie,
-                                         out, aux, grad_out, dx, dw);
     }
 }

@@ -58,10 +58,6 @@ CHUNKS_FEW = 2
 #: Row loads per lane in flight in the forward (8 was measured 10-40% slower on the H200: its
 #: registers cost occupancy).
 LOADS = 4
-#: Grid of the tie walk, in multiples of the blocks resident at once (H200, F = 512: 4 costs
-#: tolokers float32, where nothing walks, no more than 1, and is 5% faster than 1 where
-#: bfloat16 ties make most rows walk; benchmarks/results/2026-11-26-h200-issue14-f).
-WALK_WAVES = 4
 
 
 def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
@@ -378,16 +374,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
-    if not n_items:
-        return
-    # the items to walk, listed on the GPU; then a grid no larger than what is resident at once
-    # strides over them (without a walk, which is the common case, it finds an empty list)
-    walk = torch.zeros(1 + n_items, dtype=torch.int32, device=device)
-    KERNELS.kernel(device, "sr_walk_list").launch(launch.cdiv(n_items, 256), 256, items=items, n_items=n_items,
-                                                  walk_all=walk_all, row_walks=row_walks, list=walk)
-    k = KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3])
-    blocks = min(WALK_WAVES * launch.resident_blocks(k, THREADS),
-                 launch.group_grid(n_items * fblocks, lanes, 1, THREADS)[0])
-    k.launch(blocks, THREADS, items=items, list=walk, fblocks=fblocks, indices=kc.indices, perm=kc.perm, x=x, w=w,
-             F=F, sign=sign, count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all,
-             grad_out=grad_out, dx=dx, dw=dw)
+    KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
+        launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
+        indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
+        count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all, row_walks=row_walks,
+        grad_out=grad_out, dx=dx, dw=dw)
