@@ -16,9 +16,9 @@ MAX_BLOCKS = 1024
 KERNELS = launch.Family(SOURCE)
 
 _LL_MAX = 2**63 - 1
-#: facts[0..7] before the passes: min/max source id, min/max target id, unsorted pairs,
-#: self loops, max in-degree, max out-degree.
-_FACTS_START = (_LL_MAX, -_LL_MAX - 1, _LL_MAX, -_LL_MAX - 1, 0, 0, 0, 0)
+#: facts[0..8] before the passes: min/max source id, min/max target id, unsorted pairs,
+#: self loops, max in-degree, max out-degree, pairs of one target whose sources descend.
+_FACTS_START = (_LL_MAX, -_LL_MAX - 1, _LL_MAX, -_LL_MAX - 1, 0, 0, 0, 0, 0)
 _facts_start: Dict[torch.device, Tensor] = {}
 
 
@@ -43,11 +43,12 @@ def _start(device: torch.device) -> Tensor:
 
 
 def edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """(facts int64 [8], in_degree int32 [n_dst], out_degree int32 [n_src]) of CUDA int64
+    """(facts int64 [9], in_degree int32 [n_dst], out_degree int32 [n_src]) of CUDA int64
     edge ids ``src``/``dst`` [M] (M >= 1), enqueued without a host sync.
 
     ``facts``: min and max source id, min and max target id, the number of adjacent pairs
-    out of target order (0: grouped by target), self loops, max in-degree, max out-degree.
+    out of target order (0: grouped by target), self loops, max in-degree, max out-degree,
+    the number of adjacent pairs of one target whose sources descend (0: sorted within rows).
     Ids outside ``[0, n)`` are not counted in the degrees (the caller raises on them).
     """
     src, dst = src.contiguous(), dst.contiguous()

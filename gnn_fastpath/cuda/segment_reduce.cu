@@ -26,7 +26,10 @@
 // What SR_MODE_COUNT saves (one int32 per output element, so the common case needs no
 // re-walk): aux >= 0 is the CSR position of the one edge reaching a finite or infinite
 // extreme (the backward scatters along it like first/last, reading the source and caller id
-// from the CSR, so no per-graph source table is built); aux < 0 means "walk": n = -1 - aux edges
+// from the CSR, so no per-graph source table is built), or, unweighted on rows whose sources
+// ascend (dup_ties), of the first of several duplicate edges that alone reach a non-zero
+// extreme: their shares all reach that one source, so a multigraph's duplicates do not make
+// its rows walk; aux < 0 means "walk": n = -1 - aux edges
 // tie (n = 0: empty row), or the extreme is NaN, or (zero_walks, the split rule) one edge
 // reaches exactly 0, and the backward re-walks the row's edges. So the scatter along single
 // winners never reads the output (torch's split rule halves a winner at 0: the walk does it).
@@ -48,13 +51,16 @@
 //     first/last/value: atomicMax on (order key << 32 | tie-break bits), tie-break bits = ~edge id
 //                (first: smallest id wins) or edge id (last) or 0;
 //     count:      a CAS loop on (order key << 32 | winner or tie count, sr_merge_count):
-//                larger key replaces, equal key adds the counts;
+//                larger key replaces, equal key adds the counts (with dup_ties the chunks are
+//                cut at changes of source, so a winner's duplicates are all in its chunk);
 //   then sr_fwd_unpack writes out/aux of the heavy rows.
 // Backward: first/last, and count's single-winner elements, scatter along the saved arg
 // (sr_bwd_arg, float atomics), or for count source-major without atomics on dx (sr_bwd_src:
 // each source sums the elements whose saved winner is one of its out-edges; on a symmetric
-// graph over the forward CSR itself); count's walk elements are found by walking the CSR edges in ranges
-// (sr_bwd_ties, whose groups leave at once where no element of theirs walks): it recomputes
+// graph over the forward CSR itself). Then count's walk (sr_bwd_ties) finds the walking
+// elements by walking the CSR edges in
+// ranges (groups of lanes take a batch of items each and skip, at one read, those of rows
+// where no element walks): it recomputes
 // each message and, where it equals the saved extreme, adds g / (n + [count_zero_as_tie &&
 // out == 0]) (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts
 // the untouched zero of the output as one more tie; a single winner at 0, which the forward
@@ -171,6 +177,20 @@ __device__ __forceinline__ int sr_count_aux(int a, int t) {
     return a < 0 ? -1 - t : (t > 0 ? -2 - t : a);
 }
 
+// sr_count_aux of the extreme m, where with dup_ties (unweighted, each row's sources ascend)
+// duplicates of the winner that alone tie with it count as one edge: the same source sends the
+// same message, so they tie, and their shares of the gradient all reach that one source. The t
+// ties are exactly the duplicates when the edge t positions after the winner has its source
+// (sorted rows hold equal sources together); they then go along the winner like a single edge,
+// without the walk (a multigraph's duplicates would make most of its rows walk). Not at an
+// extreme of 0, where torch's split rule counts one more tie, nor at NaN: both walk. (Chunks
+// of long rows are cut at changes of source, so a source's duplicates meet in one chunk.)
+__device__ __forceinline__ int sr_count_aux_dups(const int* __restrict__ indices, float m, int a, int t,
+                                                 int dup_ties) {
+    if (dup_ties && t > 0 && a >= 0 && m != 0.f && m == m && __ldg(indices + a + t) == __ldg(indices + a)) t = 0;
+    return sr_count_aux(a, t);
+}
+
 template <int MODE>
 __device__ __forceinline__ int sr_init_aux() {
     return MODE == SR_MODE_FIRST ? GF_INT_MAX : -1;
@@ -221,15 +241,19 @@ __device__ __forceinline__ void sr_take(float& m, int& a, int& t, bool& saw_neg_
 // T edges at a time, one per lane, then broadcast; rows are loaded U = LOADS/CH edges at a
 // time so LOADS loads of VEC features per lane are in flight together. W: w is not null;
 // NEG (unweighted only): sign = -1. m/a start from the initial state (GF_NEG_INF,
-// sr_init_aux); a leaves in its saved form.
+// sr_init_aux); a leaves in its saved form (SR_MODE_COUNT: sr_count_aux_dups).
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS, bool W, bool NEG>
 __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
-                                                int start, int end, int F, int f0, float sign,
+                                                int start, int end, int F, int f0, float sign, int dup_ties,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     constexpr int U = CH >= LOADS ? 1 : LOADS / CH;
     int tied[CH][VEC];  // SR_MODE_COUNT's tie counts (sr_update_fast)
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) tied[c][j] = 0;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
@@ -285,11 +309,22 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
             }
         }
     }
-    if (MODE == SR_MODE_COUNT)
+    if (MODE == SR_MODE_COUNT) {
+        // the saved form: a itself where no element of the lane tied (the common case, one
+        // test per lane), else sr_count_aux_dups per element
+        int any = 0;
 #pragma unroll
         for (int c = 0; c < CH; ++c)
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) a[c][j] = sr_count_aux(a[c][j], tied[c][j]);
+            for (int j = 0; j < VEC; ++j) any |= tied[c][j];
+        if (any != 0) {
+#pragma unroll
+            for (int c = 0; c < CH; ++c)
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    a[c][j] = sr_count_aux_dups(indices, m[c][j], a[c][j], tied[c][j], dup_ties);
+        }
+    }
 }
 
 // sr_reduce_edges with the weighted loop, or the unweighted one for max or for min (one branch
@@ -297,18 +332,18 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
-                                                int start, int end, int F, int f0, float sign,
+                                                int start, int end, int F, int f0, float sign, int dup_ties,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     if (w != nullptr)
         sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true, false>(indices, perm, x, w, start, end, F, f0,
-                                                                          sign, mask, lane, m, a, saw_neg_inf);
+                                                                          sign, dup_ties, mask, lane, m, a, saw_neg_inf);
     else if (sign < 0.f)
         sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, true>(indices, perm, x, w, start, end, F, f0,
-                                                                          sign, mask, lane, m, a, saw_neg_inf);
+                                                                          sign, dup_ties, mask, lane, m, a, saw_neg_inf);
     else
         sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, false>(indices, perm, x, w, start, end, F, f0,
-                                                                           sign, mask, lane, m, a, saw_neg_inf);
+                                                                           sign, dup_ties, mask, lane, m, a, saw_neg_inf);
 }
 
 // Writes VEC results of one row: out = sign * the extreme (0 for an empty row; under SR_DROP
@@ -349,7 +384,8 @@ template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, in
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, int zero_walks, TO* __restrict__ out, int* __restrict__ aux,
+                            int F, float sign, int dup_ties, int zero_walks, TO* __restrict__ out,
+                            int* __restrict__ aux,
                             int* __restrict__ walk_all, int* __restrict__ row_walks) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -367,8 +403,8 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign, mask, lane,
-                                                         m, a, saw_neg_inf);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign,
+                                                         dup_ties, mask, lane, m, a, saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
     bool walks = false;
@@ -392,13 +428,29 @@ __device__ __forceinline__ unsigned int sr_tie_count(unsigned int low) {
     return (low & SR_TIES) ? (low & ~SR_TIES) : 1u;
 }
 
-__device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigned int key, unsigned int low) {
+// The edges a chunk's low word stands for when it merges with an equal key: n for SR_TIES | n;
+// for one position p, one edge, or with dup_ties the run of p's source from p on (the chunks
+// were cut at changes of source, sr_align_chunks, so a source's edges all reach the extreme
+// in the one chunk that reported it: that chunk counted them as duplicates of its winner).
+__device__ __forceinline__ unsigned int sr_merge_tie_count(unsigned int low, const int* __restrict__ indices,
+                                                           int row_end, int dup_ties) {
+    if ((low & SR_TIES) || !dup_ties) return sr_tie_count(low);
+    const int p = (int)low, s = __ldg(indices + p);
+    int q = p + 1;
+    while (q < row_end && __ldg(indices + q) == s) ++q;
+    return (unsigned int)(q - p);
+}
+
+__device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigned int key, unsigned int low,
+                                               const int* __restrict__ indices, int row_end, int dup_ties) {
     unsigned long long old = *((volatile unsigned long long*)addr);
     while (true) {
         const unsigned int old_key = (unsigned int)(old >> 32);
         if (old_key > key) return;
         const unsigned int next_low =
-            old_key == key ? (SR_TIES | (sr_tie_count((unsigned int)old) + sr_tie_count(low))) : low;
+            old_key == key ? (SR_TIES | (sr_merge_tie_count((unsigned int)old, indices, row_end, dup_ties) +
+                                         sr_merge_tie_count(low, indices, row_end, dup_ties)))
+                           : low;
         const unsigned long long next = ((unsigned long long)key << 32) | (unsigned long long)next_low;
         const unsigned long long prev = atomicCAS(addr, old, next);
         if (prev == old) return;
@@ -407,12 +459,14 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 }
 
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
-// (gnn_fastpath/cuda/worklist.py, tag "split_row"); packed [n_split, F] zero-initialised.
-// MODE 3 merges like MODE 2. walk_all: as in sr_fwd_rows.
+// (gnn_fastpath/cuda/worklist.py, tag "split_row"; with dup_ties cut at changes of source,
+// sr_align_chunks); packed [n_split, F] zero-initialised. MODE 3 merges like MODE 2.
+// walk_all: as in sr_fwd_rows.
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
-__global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __restrict__ perm,
+__global__ void sr_fwd_chunks(const int* __restrict__ indptr, const int* __restrict__ indices,
+                              const int* __restrict__ perm,
                               const TX* __restrict__ x, const float* __restrict__ w,
-                              const int4* __restrict__ items, int n_items, int F, float sign,
+                              const int4* __restrict__ items, int n_items, int F, float sign, int dup_ties,
                               unsigned long long* __restrict__ packed, int* __restrict__ walk_all) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -420,6 +474,7 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
     const unsigned int mask = gf_group_mask<T>();
     const int4 it = __ldg(items + gid);
     const int start = it.y, end = it.z, slot = it.w;
+    const int row_end = dup_ties ? __ldg(indptr + it.x + 1) : 0;
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];
@@ -430,8 +485,8 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { m[c][j] = GF_NEG_INF; a[c][j] = sr_init_aux<MODE>(); }
 
-    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign, mask, lane,
-                                                         m, a, saw_neg_inf);
+    sr_reduce_range<TX, TO, VEC, T, CH, MODE, NF, LOADS>(indices, perm, x, w, start, end, F, f0, sign,
+                                                         dup_ties, mask, lane, m, a, saw_neg_inf);
     if (MODE == SR_MODE_COUNT && saw_neg_inf) *walk_all = 1;
 
 #pragma unroll
@@ -444,7 +499,8 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
                 const unsigned int key = sr_order_key(sr_canonical<NF>(m[c][j]));
                 if (MODE == SR_MODE_COUNT) {
                     const int e = a[c][j];
-                    sr_merge_count(prow + j, key, e >= 0 ? (unsigned int)e : SR_TIES | (unsigned int)(-1 - e));
+                    sr_merge_count(prow + j, key, e >= 0 ? (unsigned int)e : SR_TIES | (unsigned int)(-1 - e),
+                                   indices, row_end, dup_ties);
                 } else {
                     const unsigned int low =
                         MODE == SR_MODE_FIRST ? ~(unsigned int)a[c][j] : (MODE == SR_MODE_LAST ? (unsigned int)a[c][j] : 0u);
@@ -453,6 +509,27 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indices, const int* __rest
             }
         }
     }
+}
+
+// Moves a chunk bound b of a row forward to the next change of source (rows whose sources
+// ascend), so that all the edges of one source fall in one chunk (what dup_ties needs of the
+// chunks: sr_merge_tie_count). A chunk may come out empty, which merges nothing.
+__device__ __forceinline__ int sr_source_bound(const int* __restrict__ indices, int b, int row_start, int row_end) {
+    while (b > row_start && b < row_end && __ldg(indices + b) == __ldg(indices + b - 1)) ++b;
+    return b;
+}
+
+// items [n_items] = (row, begin, end, tag) of split rows' chunks, aligned in place (the
+// launcher's own copy): each bound moves the same way from both chunks it separates.
+extern "C" __global__ void sr_align_chunks(int4* __restrict__ items, int n_items, const int* __restrict__ indptr,
+                                           const int* __restrict__ indices) {
+    const int i = (int)(blockIdx.x * (long long)blockDim.x + threadIdx.x);
+    if (i >= n_items) return;
+    int4 it = items[i];
+    const int row_start = __ldg(indptr + it.x), row_end = __ldg(indptr + it.x + 1);
+    it.y = sr_source_bound(indices, it.y, row_start, row_end);
+    it.z = sr_source_bound(indices, it.z, row_start, row_end);
+    items[i] = it;
 }
 
 // Writes out/aux of the split rows (split[h] = (row, first chunk, chunks, 0)) from packed.
@@ -484,30 +561,23 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
     }
 }
 
-// Backward along the saved arg: n_dst * F elements; arg [n_dst, F] caller edge ids, or with
-// by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for SR_MODE_COUNT an
-// element sr_bwd_ties walks). src_of [M] source id per caller edge (null with by_position:
+// Backward along the saved arg, n_dst * F elements: arg [n_dst, F] caller edge ids, or
+// with by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for SR_MODE_COUNT
+// an element the walk does). src_of [M] source id per caller edge (null with by_position:
 // indices and perm of the CSR give source and caller id). dx [n_src, F] and dw [M] are
 // zero-initialised float accumulators (either may be null; for 16-bit x or weights they are
 // float scratch buffers the launcher casts once: atomics into 16-bit memory would round at
-// every add). grad_out is read as TO (the output's type), x as TX. walk_all (non-null, set)
-// means sr_bwd_ties does every element.
+// every add). grad_out is read as TO (the output's type), x as TX.
 // One thread per element, row-major: the concurrent atomics spread over whole rows (ordering
 // the threads by narrow feature slices, so that dx[:, slice] stays in L2, was measured 1.4x
 // slower on arxiv-like: its hub sources' few columns then take every concurrent atomic).
 template <typename TX, typename TO>
-__global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
-                           const int* __restrict__ src_of, const int* __restrict__ indices,
-                           const int* __restrict__ perm, int by_position, const float* __restrict__ w,
-                           const TX* __restrict__ x, long long total, int F,
-                           const int* __restrict__ walk_all, float* __restrict__ dx, float* __restrict__ dw) {
-    const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    if (walk_all != nullptr && __ldg(walk_all) != 0) return;
-    const int f = (int)(idx % F);
-    const int a = __ldg(arg + idx);
+__device__ __forceinline__ void sr_scatter_one(int a, float g, int f, const int* __restrict__ src_of,
+                                               const int* __restrict__ indices, const int* __restrict__ perm,
+                                               int by_position, const float* __restrict__ w,
+                                               const TX* __restrict__ x, int F, float* __restrict__ dx,
+                                               float* __restrict__ dw) {
     if (a < 0) return;
-    const float g = gf_ldg(grad_out + idx);
     const long long xo = (long long)__ldg(by_position ? indices + a : src_of + a) * F + f;
     if (w == nullptr && dw == nullptr) {  // unweighted, x's gradient only (SAGE's max): no caller id needed
         if (dx != nullptr) atomicAdd(dx + xo, g);
@@ -518,6 +588,21 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
     if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
 }
 
+// One thread per element (row-major: see above). walk_all (non-null, set): the walk does
+// every element.
+template <typename TX, typename TO>
+__global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
+                           const int* __restrict__ src_of, const int* __restrict__ indices,
+                           const int* __restrict__ perm, int by_position, const float* __restrict__ w,
+                           const TX* __restrict__ x, long long total, int F,
+                           const int* __restrict__ walk_all, float* __restrict__ dx, float* __restrict__ dw) {
+    const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    if (walk_all != nullptr && __ldg(walk_all) != 0) return;
+    sr_scatter_one<TX, TO>(__ldg(arg + idx), gf_ldg(grad_out + idx), (int)(idx % F), src_of, indices, perm,
+                           by_position, w, x, F, dx, dw);
+}
+
 // The same scatter done source-major, with no atomics on dx (the "transposed" backward of
 // split/even): items [n_items] = (source row, begin, end, tag) over the out-edges of each
 // source (tag -1: the whole row in one item, else a chunk of a long row); for out-edge k,
@@ -526,7 +611,7 @@ __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ g
 // reverse edge's position, so no transpose is built). Element (dst, f) goes to the source of
 // the edge at aux[dst, f], so a source row sums g[dst, f] over its out-edges k with
 // aux[dst[k], f] == pos[k]: reading aux costs 4 bytes per edge and feature, against one
-// scattered atomic per element for sr_bwd_arg, which wins where out-degrees are small and
+// scattered atomic per element for the atomic scatter, which wins where out-degrees are small and
 // atomics contend or miss the L2. A whole row stores its sum (dx is zero-initialised and the
 // tie walk adds after), a chunk adds it. walk_all set: nothing here (the walk does all).
 // perm: caller id of a CSR position (weights and dw); x is read for dw only.
@@ -632,8 +717,8 @@ __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const in
 }
 
 // Backward of the counting tie rules (non-finite rule SR_KEEP) for the elements that walk
-// (aux < 0, or every element when walk_all is set; the others went along their arg in
-// sr_bwd_arg), over the work items: items [n_items] = (row, edge start, edge end, tag),
+// (aux < 0, or every element when walk_all is set; the others went along their arg), over the
+// work items: items [n_items] = (row, edge start, edge end, tag),
 // every CSR edge in exactly one item (short rows whole, long rows in chunks). A group keeps
 // its row's extreme and gradient share in registers, leaves at once when none of its
 // elements walks, else walks the item's edges (metadata T at a time, U = 4/CH rows' loads in
@@ -642,24 +727,17 @@ __global__ void sr_bwd_src(const int4* __restrict__ items, int n_items, const in
 // With count_zero_as_tie (torch's split rule) a losing message still passes torch's 0 * x to
 // dw and 0 * w to dx: NaN where x (or w) is not finite, as the reference's autograd gives.
 // x is read as TX, out and grad_out as TO; dx and dw are float (scratch buffers for 16-bit
-// tensors, see sr_bwd_arg).
+// tensors, see sr_bwd_arg). This is one item's walk (row, start, end), by the whole
+// group (uniform control flow); sr_bwd_ties below hands out the items.
 template <typename TX, typename TO, int VEC, int T, int CH>
-__global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
-                            const int* __restrict__ perm, const TX* __restrict__ x,
-                            const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
-                            const TO* __restrict__ out, const int* __restrict__ aux,
-                            const int* __restrict__ walk_all, const int* __restrict__ row_walks,
-                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
+__device__ __forceinline__ void sr_walk_item(int4 it, bool all, unsigned int mask, int lane,
+                                             const int* __restrict__ indices, const int* __restrict__ perm,
+                                             const TX* __restrict__ x, const float* __restrict__ w, int F,
+                                             float sign, int count_zero_as_tie, const TO* __restrict__ out,
+                                             const int* __restrict__ aux, const TO* __restrict__ grad_out,
+                                             float* __restrict__ dx, float* __restrict__ dw) {
     constexpr int U = CH >= 4 ? 1 : 4 / CH;
-    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
-    const int lane = threadIdx.x % T;
-    if (gid >= n_items) return;
-    const unsigned int mask = gf_group_mask<T>();
-    const int4 it = __ldg(items + gid);
     const int row = it.x, start = it.y, end = it.z;
-    if (start == end) return;  // a row without edges has no gradient to route (whole groups leave)
-    const bool all = __ldg(walk_all) != 0;
-    if (!all && __ldg(row_walks + row) == 0) return;  // every element of the row went along its arg
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float mo[CH][VEC], share[CH][VEC];
@@ -754,5 +832,45 @@ __global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, const i
                 }
             }
         }
+    }
+}
+
+// The walk: group gid of n_groups (grid: groups, feature blocks) takes up to `batch` items
+// (batch <= T): gid, gid + n_groups, gid + 2 n_groups, ... (strided: the walking items of a
+// few long rows, or of the rows with 16-bit ties, sit together in the list and would otherwise
+// fall to a few groups). One lane reads one item's row flag and the group walks only the
+// items whose row walks (every non-empty one when walk_all is set). Most items walk nowhere on
+// most steps: batching lets a few threads skip them where one group per item cost a whole
+// grid of exits (the launcher picks batch so that the grid still fills the GPU several times
+// over when every row walks).
+template <typename TX, typename TO, int VEC, int T, int CH>
+__global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, int batch,
+                            const int* __restrict__ indices, const int* __restrict__ perm, const TX* __restrict__ x,
+                            const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
+                            const TO* __restrict__ out, const int* __restrict__ aux,
+                            const int* __restrict__ walk_all, const int* __restrict__ row_walks,
+                            const TO* __restrict__ grad_out, float* __restrict__ dx, float* __restrict__ dw) {
+    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
+    const int n_groups = (n_items + batch - 1) / batch;
+    const int lane = threadIdx.x % T;
+    if (gid >= n_groups) return;  // whole groups leave together
+    const unsigned int mask = gf_group_mask<T>();
+    const bool all = __ldg(walk_all) != 0;
+    bool walks = false;
+    // lane < batch: gid + lane * n_groups < n_groups * batch < n_items + batch, an int
+    if (lane < batch && gid + lane * n_groups < n_items) {
+        const int4 it = __ldg(items + gid + lane * n_groups);
+        // a row without edges has no gradient to route; a row without a walking element
+        // sent every element along its arg
+        walks = it.y != it.z && (all || __ldg(row_walks + it.x) != 0);
+    }
+    // the group's bits of the warp's ballot, lane i's at bit i
+    unsigned int todo = __ballot_sync(mask, walks) >> ((threadIdx.x & 31u) & ~(unsigned int)(T - 1));
+    if constexpr (T < 32) todo &= (1u << T) - 1u;
+    while (todo != 0u) {
+        const int i = __ffs(todo) - 1;
+        todo &= todo - 1u;
+        sr_walk_item<TX, TO, VEC, T, CH>(__ldg(items + gid + i * n_groups), all, mask, lane, indices, perm, x, w,
+                                         F, sign, count_zero_as_tie, out, aux, grad_out, dx, dw);
     }
 }

@@ -28,6 +28,10 @@ from . import launch, worklist
 
 SOURCE = "segment_reduce.cu"
 THREADS = 128
+#: Threads per block of the atomic scatter (one thread per element; a thread per 4 elements
+#: was measured 1.5x slower on arxiv-like, H200: a warp's atomics then span 4 lines of each
+#: winning source instead of one, benchmarks/results/2026-11-27-h200-issue14-g).
+ARG_THREADS = 256
 #: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
 #: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
 #: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
@@ -102,6 +106,8 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     count = mode == MODE_COUNT
     flag, rows_flag = (walk_all, row_walks) if count else (None, None)
     zero_walks = int(count and tie_break == "split")  # the backward's scatter then never reads out
+    # duplicate edges tying alone go along their first (unweighted, sorted rows: see the .cu)
+    dup_ties = int(count and w is None and graph.sources_sorted)
     if _pieces(graph, non_finite):
         _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, flag, rows_flag)
         return state
@@ -111,18 +117,36 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_rows:
         KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, zero_walks=zero_walks, out=out,
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties, zero_walks=zero_walks,
+            out=out,
             aux=aux, walk_all=flag, row_walks=rows_flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
+        items = _source_aligned_chunks(graph) if dup_ties else work.items
         KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
-            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, items=work.items, n_items=work.n_split_items, F=F, sign=sign, packed=packed,
-            walk_all=flag)
+            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr,
+            indices=kc.indices, perm=kc.perm, x=x, w=w, items=items, n_items=work.n_split_items, F=F, sign=sign,
+            dup_ties=dup_ties, packed=packed, walk_all=flag)
         KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, zero_walks=zero_walks, out=out, aux=aux, row_walks=rows_flag)
     return state
+
+
+def _source_aligned_chunks(graph) -> torch.Tensor:
+    """The forward's chunk items of split rows (the first ``n_split_items`` of
+    :func:`row_chunks`) with every bound moved to the next change of source, once per graph:
+    with ``dup_ties`` the chunks' merge counts a source's duplicates from the one chunk that
+    holds them all (``sr_align_chunks``)."""
+    def build():
+        work, kc = row_chunks(graph), graph.kernel_csr()
+        items = work.items[:work.n_split_items].clone()
+        KERNELS.kernel(items.device, "sr_align_chunks").launch(
+            launch.cdiv(work.n_split_items, 256), 256, items=items, n_items=work.n_split_items, indptr=kc.indptr,
+            indices=kc.indices)
+        return items
+
+    return graph.memo(("segment_reduce", "source_aligned_chunks"), build)
 
 
 def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
@@ -211,7 +235,7 @@ def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, wal
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
                        nf, LOADS).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
+                                  dup_ties=0, zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
@@ -341,9 +365,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     kc = graph.kernel_csr()
     count = MODES[tie_break] == MODE_COUNT
-    count_zero_as_tie = int(tie_break == "split")
-    # every element with one winning edge (first/last: all of them): scatter along it (split/even
-    # saved its CSR position, first/last its caller id, whose source needs a per-graph table)
+    # first/last saved caller ids, whose source needs a per-graph table (split/even saved CSR
+    # positions: the CSR gives the source)
     src_of = None if count else graph.memo(("segment_reduce", "caller_src_int32"),
                                            lambda: graph.caller_coo()[0].to(torch.int32))
     fcfg = launch.lane_groups(F, x, out, grad_out, aux,
@@ -360,8 +383,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         total = aux.numel()
         KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
-            launch.cdiv(total, 256), 256, arg=aux, grad_out=grad_out, src_of=src_of, indices=kc.indices,
-            perm=kc.perm, by_position=int(count), w=w, x=x, total=total, F=F,
+            launch.cdiv(total, ARG_THREADS), ARG_THREADS, arg=aux, grad_out=grad_out, src_of=src_of,
+            indices=kc.indices, perm=kc.perm, by_position=int(count), w=w, x=x, total=total, F=F,
             walk_all=walk_all if count else None, dx=dx, dw=dw)
     if not count:
         return
@@ -374,8 +397,31 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     else:
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
-    KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3]).launch(
-        launch.group_grid(n_items, lanes, fblocks, THREADS), THREADS, items=items, n_items=n_items,
-        indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
-        count_zero_as_tie=count_zero_as_tie, out=out, aux=aux, walk_all=walk_all, row_walks=row_walks,
-        grad_out=grad_out, dx=dx, dw=dw)
+    walk = KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3])
+    batch = _walk_batch(walk, n_items, lanes, fblocks)
+    walk.launch(launch.group_grid(launch.cdiv(n_items, batch), lanes, fblocks, THREADS), THREADS, items=items,
+                n_items=n_items, batch=batch, indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
+                count_zero_as_tie=int(tie_break == "split"), out=out, aux=aux, walk_all=walk_all,
+                row_walks=row_walks, grad_out=grad_out, dx=dx, dw=dw)
+
+
+def _walk_batch(kernel, n_items: int, lanes: int, fblocks: int) -> int:
+    """:func:`walk_batch` for ``kernel``'s occupancy."""
+    return walk_batch(n_items, lanes, fblocks, launch.resident_blocks(kernel, THREADS) * THREADS // lanes)
+
+
+#: The walk's grid fills the GPU at least this many times over when every row walks
+#: (training's ReLU features tie at 0 in most rows, 16-bit features in most rows on tolokers;
+#: a grid of one or two waves was measured 25-35% slower there,
+#: benchmarks/results/2026-11-26-h200-issue14-f; 8 waves were measured best of 4, 8, 16 and
+#: 64 on tolokers, arxiv-like and arxiv-skewdst, benchmarks/results/2026-11-27-h200-issue14-g).
+WALK_WAVES = 8
+
+
+def walk_batch(n_items: int, lanes: int, feature_blocks: int, resident_groups: int) -> int:
+    """Items per lane group of the tie walk (``sr_bwd_ties``): as many as keep
+    :data:`WALK_WAVES` waves of groups when every item walks, at most one per lane. Where
+    nothing walks (most steps on most graphs) the groups then only read one flag per item,
+    with ``batch`` times fewer threads launched."""
+    batch = n_items * feature_blocks // max(WALK_WAVES * resident_groups, 1)
+    return max(1, min(lanes, batch))

@@ -132,12 +132,14 @@ class EdgeFacts:
         id_range: ((min, max) source id, (min, max) target id); (0, -1) for no edges.
         grouped: whether the edges come grouped by target in ascending order (then the CSR
             keeps the caller's order and needs no sort).
+        sources_sorted: whether, moreover, the sources ascend within each target's group.
         num_self_loops: edges with source == target.
         max_in_degree, max_out_degree: the longest destination and source rows.
     """
 
     id_range: Tuple[Tuple[int, int], Tuple[int, int]]
     grouped: bool
+    sources_sorted: bool
     num_self_loops: int
     max_in_degree: int
     max_out_degree: int
@@ -164,11 +166,11 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
 
         if cuda.available():
             facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
-            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out = facts_t.tolist()  # the one sync
+            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out, unsorted_src = facts_t.tolist()  # the one sync
             _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
             _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
-            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, loops, max_in, max_out),
-                    in_degree, out_degree)
+            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, unsorted == 0 and unsorted_src == 0,
+                              loops, max_in, max_out), in_degree, out_degree)
     check_readable(src, f"{name} (source row)")
     (s_lo, d_lo), (s_hi, d_hi) = (t.tolist() for t in torch.aminmax(torch.stack([src, dst]), dim=1))
     _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
@@ -176,10 +178,12 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
     in_degree = torch.bincount(dst, minlength=n_dst)
     out_degree = torch.bincount(src, minlength=n_src)
     grouped = bool((dst[1:] >= dst[:-1]).all())
+    sources_sorted = grouped and not bool(((dst[1:] == dst[:-1]) & (src[1:] < src[:-1])).any())
     loops = int((src == dst).sum())
     max_in = int(in_degree.max()) if n_dst else 0
     max_out = int(out_degree.max()) if n_src else 0
-    return EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, loops, max_in, max_out), in_degree, out_degree
+    return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, sources_sorted, loops, max_in, max_out),
+            in_degree, out_degree)
 
 
 def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
@@ -258,9 +262,19 @@ class Graph:
         self._degree_bounds: Tuple[Optional[int], Optional[int]] = (None, None)
         self._bounds_exact = False
         self._num_self_loops: Optional[int] = None
+        # Whether each row's sources ascend (see sources_sorted); set by the builders.
+        self._sources_sorted = False
         # Static: built from tensors inside a custom operator (graph.tensors.as_graph);
         # launch geometry from shapes only, nothing read back to the host.
         self._static = False
+
+    @property
+    def sources_sorted(self) -> bool:
+        """Whether the source ids ascend within each destination row: the CSR was sorted by
+        (destination, source) here, or the edges came in that order. Duplicate edges then sit
+        next to each other, which the min/max kernels use (see ``segment_reduce.cu``). False
+        where not known (a framework's own CSR, the static graphs of the compiled path)."""
+        return self._sources_sorted
 
     @property
     def static(self) -> bool:
@@ -301,6 +315,7 @@ class Graph:
             if not validate or src.numel() == 0:
                 indptr, indices, perm = _sort_into_csr(dst, src, n_dst, n_src)
                 graph = cls(indptr, indices, perm, n_src, n_dst)
+                graph._sources_sorted = True
                 if src.numel() == 0:
                     graph._set_facts(0, 0, 0)
                 elif degree_bounds is not None:
@@ -316,6 +331,7 @@ class Graph:
             else:
                 _, indices, perm = _sort_into_csr(dst, src, n_dst, n_src, indptr=indptr)
             graph = cls(indptr, indices, perm, n_src, n_dst)
+            graph._sources_sorted = facts.sources_sorted or not facts.grouped  # else sorted above
             graph._set_facts(facts.max_in_degree, facts.max_out_degree, facts.num_self_loops)
             graph._memo["out_degree"] = out_degree.to(torch.int64)
         return graph
@@ -644,6 +660,7 @@ class Graph:
                 copy = Graph(*(_copy_to(t, device) for t in (self.indptr, self.indices, self.perm)),
                              self.n_src, self.n_dst)
             copy._stats = self._stats
+            copy._sources_sorted = self._sources_sorted
             copy._set_facts(*self._degree_bounds, self._num_self_loops, exact=self._bounds_exact)
             self._device_copies[device] = copy
         return copy

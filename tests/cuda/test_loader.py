@@ -242,6 +242,19 @@ def _assert_same_graph(a: Graph, b: Graph):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("sources", ["ascending", "descending"])
+def test_cuda_build_knows_whether_grouped_sources_ascend(sources):
+    """Edges grouped by target keep their order; the edge_facts kernel tells whether the
+    sources ascend within each target (one descending pair is enough to say no)."""
+    ei, _ = random_edges(300, 300, 3000, seed=1)
+    sign = 1 if sources == "ascending" else -1
+    ei = ei[:, torch.sort(ei[1] * 1000 + sign * ei[0]).indices]
+    cpu, gpu = Graph.from_edge_index(ei, 300), Graph.from_edge_index(ei.cuda(), 300)
+    assert torch.equal(gpu.perm.cpu(), torch.arange(ei.size(1)))  # kept as it came
+    assert gpu.sources_sorted == cpu.sources_sorted == (sources == "ascending")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(_GRAPH_CASES))
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_graph_build_on_cuda_matches_cpu(name, dtype, monkeypatch):
@@ -258,8 +271,8 @@ def test_graph_build_on_cuda_matches_cpu(name, dtype, monkeypatch):
     if ei.size(1):
         assert calls, "the CUDA build did not gather its facts with the edge_facts kernel"
         # the same host facts as the CPU build
-        assert (gpu.degree_bound(), gpu.degree_bound(True), gpu.num_self_loops()) == (
-            cpu.degree_bound(), cpu.degree_bound(True), cpu.num_self_loops())
+        assert (gpu.degree_bound(), gpu.degree_bound(True), gpu.num_self_loops(), gpu.sources_sorted) == (
+            cpu.degree_bound(), cpu.degree_bound(True), cpu.num_self_loops(), cpu.sources_sorted)
     # derived data agrees too
     assert torch.equal(gpu.dst_index().cpu(), cpu.dst_index())
     sg, sc = gpu.source_csr(), cpu.source_csr()

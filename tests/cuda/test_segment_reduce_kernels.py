@@ -293,6 +293,89 @@ def test_counting_rules_save_the_winner(graph_name, tie_break, reduce, ties):
         assert (aux < -1).any() and (aux >= 0).any()
 
 
+def _tied_sources(graph, x, reduce):
+    """Per (row, feature) of the unweighted messages: (smallest, largest) source among the
+    edges reaching the extreme (equal: they are all duplicates of one edge)."""
+    src, dst = graph.caller_coo()
+    msg = x.double()[src] * (-1.0 if reduce == "min" else 1.0)
+    best = torch.full((graph.n_dst, x.size(1)), float("-inf"), dtype=torch.float64, device=x.device)
+    best = best.scatter_reduce(0, dst[:, None].expand_as(msg), msg, "amax")
+    tied = msg == best[dst]
+    index, ids = dst[:, None].expand_as(msg), src[:, None].expand_as(msg)
+    big = torch.iinfo(torch.int64).max
+    lo = torch.full_like(best, big, dtype=torch.int64).scatter_reduce(0, index, torch.where(tied, ids, big), "amin")
+    hi = torch.full_like(best, -1, dtype=torch.int64).scatter_reduce(0, index, torch.where(tied, ids, -1), "amax")
+    return lo, hi
+
+
+@pytest.mark.parametrize("graph_name", ["random", "super", "heavy_rows"])
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_duplicate_edges_tying_alone_go_along_one_winner(graph_name, tie_break, reduce, ties):
+    """Unweighted, on rows whose sources ascend: where the only edges reaching a non-zero
+    extreme are duplicates of one edge, the forward saves one of them as the single winner
+    (their gradient shares all reach that one source), so the row does not walk; every other
+    element keeps the counting rule's state. A light row collapses every such element; a long
+    row's chunks may meet duplicates across a boundary, which merge as a tie and walk. The
+    gradients against the reference: test_ties and test_matches_reference (these graphs all
+    hold duplicate edges)."""
+    graph = _graph(graph_name)
+    assert graph.sources_sorted
+    x, _, _ = _inputs(graph, 64, False, ties, seed=5)
+    out, aux, walk_all, row_walks = _saved(graph, x, None, tie_break, reduce)
+    n, _ = _winners(graph, x, None, reduce)
+    lo, hi = _tied_sources(graph, x, reduce)
+    src = graph.caller_coo()[0]
+    zero_walks = (out == 0) if tie_break == "split" else torch.zeros_like(out, dtype=torch.bool)
+    single = (n == 1) & ~zero_walks
+    dups = (n > 1) & (lo == hi) & (out != 0)
+    light = (graph.in_degree() < sr_kernels.SPLIT_FROM)[:, None].expand_as(n)
+    assert dups[light].any() if not ties else True, "the graph should have duplicate edges winning alone"
+    saved_src = src[aux.clamp(min=0).long()]
+    # a saved single winner: one edge, or duplicates of it, reach the extreme
+    assert torch.equal(saved_src[aux >= 0], lo[aux >= 0])
+    assert bool((single | dups)[aux >= 0].all())
+    assert bool((aux[single] >= 0).all())
+    assert bool((aux[dups & light] >= 0).all())
+    # elsewhere the tie count (long rows: duplicates split across chunks count as ties)
+    walk = ~(single | dups) & (n > 0)
+    assert torch.equal(aux[walk & (n > 1)], (-1 - n[walk & (n > 1)]).to(torch.int32))
+    heavy_dups = dups & ~light & (aux < 0)
+    assert torch.equal(aux[heavy_dups], (-1 - n[heavy_dups]).to(torch.int32))
+    assert walk_all.item() == 0
+    assert torch.equal(row_walks.bool(), ((aux < 0) & (n > 0)).any(1))
+
+
+def test_unsorted_rows_keep_duplicate_ties():
+    """A graph whose rows came grouped but with descending sources (kept as they came) does
+    not know its duplicates sit together: their ties are counted and walked."""
+    edge_index, (n_src, n_dst) = _GRAPHS["random"]()
+    order = torch.sort(edge_index[1] * n_src + (n_src - 1 - edge_index[0])).indices
+    graph = Graph.from_edge_index(edge_index[:, order].cuda(), (n_src, n_dst))
+    assert not graph.sources_sorted
+    assert torch.equal(graph.kernel_csr().indices.cpu(), edge_index[0, order].to(torch.int32))
+    x, _, g = _inputs(graph, 64, False, False, seed=5)
+    _, aux, _, _ = _saved(graph, x, None, "split", "max")
+    n, _ = _winners(graph, x, None, "max")
+    assert (n > 1).any()
+    assert torch.equal(aux[n > 1], (-1 - n[n > 1]).to(torch.int32))
+    _check(graph, 64, "max", False, "split", ties=False, seed=5)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("graph_name", ["random", "super", "heavy_rows"])
+@pytest.mark.parametrize("F", (7, 64, 512))
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_tie_walk_batches_items(monkeypatch, batch, graph_name, F, tie_break, weighted):
+    """The walk's groups take several items each (batch, at most one per lane): every walking
+    item is walked once, whatever the batch (the launcher's own choice is 1 on these small
+    graphs)."""
+    monkeypatch.setattr(sr_kernels, "walk_batch", lambda n_items, lanes, fblocks, resident: min(lanes, batch))
+    _check(_graph(graph_name), F, "max", weighted, tie_break, ties=True, seed=2)
+
+
 @pytest.mark.parametrize("graph_name", ["random", "heavy_rows"])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_negative_infinity_sets_walk_all(graph_name, weighted):

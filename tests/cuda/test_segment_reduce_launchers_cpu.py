@@ -114,3 +114,31 @@ def test_no_sources_scatter_nothing(launches, monkeypatch):
     out = SegmentReduceFunction.apply(x, None, g, "max", "split", "keep")
     out.sum().backward()
     assert out.shape == (5, 8) and x.grad.shape == (0, 8) and "sr_bwd_src" not in launches
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_unweighted_long_rows_cut_chunks_at_source_changes(launches, graph_name, weighted):
+    """Unweighted counting rules on sorted rows collapse duplicate ties, which needs the
+    long rows' chunks aligned to changes of source (sr_align_chunks, once per graph); weighted
+    messages of duplicate edges differ, so they never collapse and never align."""
+    g = graph(*GRAPHS[graph_name])
+    assert g.sources_sorted
+    x, w = leaf(g.n_src, 64), (leaf(g.num_edges) if weighted else None)
+    SegmentReduceFunction.apply(x, w, g, "max", "split", "keep").sum().backward()
+    assert ("sr_fwd_chunks" in launches) == (graph_name != "plain")
+    assert ("sr_align_chunks" in launches) == (graph_name != "plain" and not weighted)
+
+
+def test_walk_batch_keeps_waves_and_lanes():
+    """Items per walking group: 1 while the grid is at most WALK_WAVES waves of groups, else
+    as many as keep WALK_WAVES waves, at most one item per lane."""
+    from gnn_fastpath.cuda.segment_reduce import WALK_WAVES, walk_batch
+
+    resident = 8448
+    assert walk_batch(1000, 32, 4, resident) == 1
+    assert walk_batch(WALK_WAVES * resident * 10, 32, 1, resident) == 10
+    assert walk_batch(169_343, 32, 2, resident) == 169_343 * 2 // (WALK_WAVES * resident)
+    assert walk_batch(10**8, 32, 4, resident) == 32
+    assert walk_batch(10**8, 8, 4, resident) == 8
+    assert walk_batch(0, 32, 4, resident) == 1

@@ -137,3 +137,21 @@ def test_for_graph_uses_the_graphs_bound():
     g = Graph.from_edge_index(_grouped(m=900), 60)
     work = worklist.for_graph(g, 4, g.degree_bound() + 1, source_major=False)
     assert work.n_split == 0 and work.n_items == 60
+
+
+def test_sources_sorted_is_known_from_the_build():
+    """Whether each row's sources ascend (the min/max kernels then find duplicate edges next
+    to each other): true where the build sorted the rows, or the edges came so; false for
+    grouped edges in another order and for a framework's own CSR (not checked)."""
+    ei, _ = random_edges(60, 60, 400, seed=2)
+    assert Graph.from_edge_index(ei, 60).sources_sorted  # sorted here
+    assert Graph.from_coo(ei[0], ei[1], 60, 60, validate=False).sources_sorted
+    order = torch.sort(ei[1] * 60 + ei[0]).indices
+    g = Graph.from_edge_index(ei[:, order], 60)  # grouped and sorted: kept as it came
+    assert torch.equal(g.perm, torch.arange(ei.size(1))) and g.sources_sorted
+    grouped = _grouped()
+    assert bool(((grouped[1][1:] == grouped[1][:-1]) & (grouped[0][1:] < grouped[0][:-1])).any())
+    g = Graph.from_edge_index(grouped, 60)  # grouped, sources in no order: kept, not sorted
+    assert torch.equal(g.perm, torch.arange(grouped.size(1))) and not g.sources_sorted
+    assert not Graph.from_csr(g.indptr, g.indices, g.perm, 60, 60).sources_sorted
+    assert Graph.from_edge_index(ei, 60).to("cpu").sources_sorted
