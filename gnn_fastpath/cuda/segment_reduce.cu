@@ -177,8 +177,9 @@ __device__ __forceinline__ int sr_count_aux(int a, int t) {
     return a < 0 ? -1 - t : (t > 0 ? -2 - t : a);
 }
 
-// sr_count_aux of the extreme m, where with dup_ties (unweighted, each row's sources ascend)
-// duplicates of the winner that alone tie with it count as one edge: the same source sends the
+// sr_count_aux of the extreme m, where with dup_ties (non-null: unweighted, each row's sources
+// ascend; *dup_ties: the graph holds a duplicate edge, so on simple graphs the lanes with ties
+// load no indices) duplicates of the winner that alone tie with it count as one edge: the same source sends the
 // same message, so they tie, and their shares of the gradient all reach that one source. The t
 // ties are exactly the duplicates when the edge t positions after the winner has its source
 // (sorted rows hold equal sources together); they then go along the winner like a single edge,
@@ -186,8 +187,10 @@ __device__ __forceinline__ int sr_count_aux(int a, int t) {
 // extreme of 0, where torch's split rule counts one more tie, nor at NaN: both walk. (Chunks
 // of long rows are cut at changes of source, so a source's duplicates meet in one chunk.)
 __device__ __forceinline__ int sr_count_aux_dups(const int* __restrict__ indices, float m, int a, int t,
-                                                 int dup_ties) {
-    if (dup_ties && t > 0 && a >= 0 && m != 0.f && m == m && __ldg(indices + a + t) == __ldg(indices + a)) t = 0;
+                                                 const int* __restrict__ dup_ties) {
+    if (dup_ties != nullptr && t > 0 && a >= 0 && m != 0.f && m == m && __ldg(dup_ties) != 0 &&
+        __ldg(indices + a + t) == __ldg(indices + a))
+        t = 0;
     return sr_count_aux(a, t);
 }
 
@@ -245,7 +248,8 @@ __device__ __forceinline__ void sr_take(float& m, int& a, int& t, bool& saw_neg_
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS, bool W, bool NEG>
 __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
-                                                int start, int end, int F, int f0, float sign, int dup_ties,
+                                                int start, int end, int F, int f0, float sign,
+                                                const int* __restrict__ dup_ties,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     constexpr int U = CH >= LOADS ? 1 : LOADS / CH;
@@ -332,7 +336,8 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
 __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices, const int* __restrict__ perm,
                                                 const TX* __restrict__ x, const float* __restrict__ w,
-                                                int start, int end, int F, int f0, float sign, int dup_ties,
+                                                int start, int end, int F, int f0, float sign,
+                                                const int* __restrict__ dup_ties,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     if (w != nullptr)
@@ -384,7 +389,8 @@ template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, in
 __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, int dup_ties, int zero_walks, TO* __restrict__ out,
+                            int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
+                            TO* __restrict__ out,
                             int* __restrict__ aux,
                             int* __restrict__ walk_all, int* __restrict__ row_walks) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
@@ -433,8 +439,8 @@ __device__ __forceinline__ unsigned int sr_tie_count(unsigned int low) {
 // were cut at changes of source, sr_align_chunks, so a source's edges all reach the extreme
 // in the one chunk that reported it: that chunk counted them as duplicates of its winner).
 __device__ __forceinline__ unsigned int sr_merge_tie_count(unsigned int low, const int* __restrict__ indices,
-                                                           int row_end, int dup_ties) {
-    if ((low & SR_TIES) || !dup_ties) return sr_tie_count(low);
+                                                           int row_end, const int* __restrict__ dup_ties) {
+    if ((low & SR_TIES) || dup_ties == nullptr) return sr_tie_count(low);
     const int p = (int)low, s = __ldg(indices + p);
     int q = p + 1;
     while (q < row_end && __ldg(indices + q) == s) ++q;
@@ -442,7 +448,8 @@ __device__ __forceinline__ unsigned int sr_merge_tie_count(unsigned int low, con
 }
 
 __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigned int key, unsigned int low,
-                                               const int* __restrict__ indices, int row_end, int dup_ties) {
+                                               const int* __restrict__ indices, int row_end,
+                                               const int* __restrict__ dup_ties) {
     unsigned long long old = *((volatile unsigned long long*)addr);
     while (true) {
         const unsigned int old_key = (unsigned int)(old >> 32);
@@ -466,7 +473,8 @@ template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, in
 __global__ void sr_fwd_chunks(const int* __restrict__ indptr, const int* __restrict__ indices,
                               const int* __restrict__ perm,
                               const TX* __restrict__ x, const float* __restrict__ w,
-                              const int4* __restrict__ items, int n_items, int F, float sign, int dup_ties,
+                              const int4* __restrict__ items, int n_items, int F, float sign,
+                              const int* __restrict__ dup_ties,
                               unsigned long long* __restrict__ packed, int* __restrict__ walk_all) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
@@ -474,7 +482,7 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indptr, const int* __restr
     const unsigned int mask = gf_group_mask<T>();
     const int4 it = __ldg(items + gid);
     const int start = it.y, end = it.z, slot = it.w;
-    const int row_end = dup_ties ? __ldg(indptr + it.x + 1) : 0;
+    const int row_end = dup_ties != nullptr ? __ldg(indptr + it.x + 1) : 0;
     const int f0 = blockIdx.y * (T * VEC * CH) + lane * VEC;
 
     float m[CH][VEC];

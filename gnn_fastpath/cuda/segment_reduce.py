@@ -107,7 +107,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     flag, rows_flag = (walk_all, row_walks) if count else (None, None)
     zero_walks = int(count and tie_break == "split")  # the backward's scatter then never reads out
     # duplicate edges tying alone go along their first (unweighted, sorted rows: see the .cu)
-    dup_ties = int(count and w is None and graph.sources_sorted)
+    dup_ties = _duplicates(graph) if count and w is None and graph.sources_sorted else None
     if _pieces(graph, non_finite):
         _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, flag, rows_flag)
         return state
@@ -122,7 +122,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             aux=aux, walk_all=flag, row_walks=rows_flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        items = _source_aligned_chunks(graph) if dup_ties else work.items
+        items = _source_aligned_chunks(graph) if dup_ties is not None else work.items
         KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr,
             indices=kc.indices, perm=kc.perm, x=x, w=w, items=items, n_items=work.n_split_items, F=F, sign=sign,
@@ -131,6 +131,23 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
             sign=sign, mode=mode, non_finite=nf, zero_walks=zero_walks, out=out, aux=aux, row_walks=rows_flag)
     return state
+
+
+def _duplicates(graph) -> torch.Tensor:
+    """int32 [1] on the device, once per graph whose rows' sources ascend: 1 when a row holds
+    one source twice (two neighbouring CSR entries of a row share it), else 0. No host read:
+    the forward's lanes with ties read it before they look for duplicates."""
+    def build():
+        kc = graph.kernel_csr()
+        m = kc.indices.numel()
+        if m < 2:
+            return torch.zeros(1, dtype=torch.int32, device=kc.indices.device)
+        first = torch.zeros(m, dtype=torch.bool, device=kc.indices.device)  # a row's first entry
+        first.index_fill_(0, kc.indptr[:-1].clamp(max=m - 1).long(), True)  # (a clamped end only hides a pair)
+        same = (kc.indices[1:] == kc.indices[:-1]) & ~first[1:]
+        return same.any().to(torch.int32).reshape(1)
+
+    return graph.memo(("segment_reduce", "duplicates"), build)
 
 
 def _source_aligned_chunks(graph) -> torch.Tensor:
@@ -235,7 +252,7 @@ def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, wal
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
                        nf, LOADS).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  dup_ties=0, zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
+                                  dup_ties=None, zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,

@@ -142,3 +142,28 @@ def test_walk_batch_keeps_waves_and_lanes():
     assert walk_batch(10**8, 32, 4, resident) == 32
     assert walk_batch(10**8, 8, 4, resident) == 8
     assert walk_batch(0, 32, 4, resident) == 1
+
+
+def test_duplicates_flag_says_whether_a_row_repeats_a_source():
+    """The forward's lanes with ties look for duplicate edges only where the graph has any:
+    the per-graph flag (on the device, no host read) is 1 exactly when some row holds one
+    source twice; sources repeated across rows, or at a row's end and the next row's start,
+    do not count."""
+    from gnn_fastpath.cuda.segment_reduce import _duplicates
+
+    def flag(src, dst, n=4):  # a build that sorts each row's sources
+        g = Graph.from_coo(torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64), n, n,
+                           validate=False)
+        assert g.sources_sorted
+        return int(_duplicates(g))
+
+    assert flag([0, 1, 2, 1], [0, 0, 1, 2]) == 0  # source 1 in two rows
+    assert flag([1, 1, 2, 1], [0, 1, 1, 1]) == 1  # row 1: 1, 1, 2 after sorting
+    assert flag([3, 3], [0, 1]) == 0  # row 0 ends with 3, row 1 starts with 3
+    assert flag([2, 0, 2], [3, 3, 3]) == 1  # the last row
+    assert flag([], []) == 0
+    ei, nn = random_edges(60, 60, 400, seed=2)  # duplicates=True
+    assert int(_duplicates(Graph.from_edge_index(ei, nn))) == 1
+    ei, nn = random_edges(60, 60, 400, seed=2, duplicates=False, self_loops=False)
+    simple = torch.unique(ei[1] * 60 + ei[0])
+    assert int(_duplicates(Graph.from_edge_index(torch.stack([simple % 60, simple // 60]), nn))) == 0
