@@ -74,6 +74,9 @@
 #if !defined(SR_KEEP) || !defined(SR_DROP)
 #error "the non-finite rules SR_KEEP and SR_DROP must be defined by the launcher"
 #endif
+#if !defined(SR_THREADS)
+#error "SR_THREADS, the launcher's threads per block, must be defined by the launcher"
+#endif
 
 // Order-preserving 32-bit key of a float: a < b (as floats, -0 == +0 after canonicalisation
 // by the caller) iff key(a) < key(b). Key 0 is below every real value.
@@ -851,8 +854,17 @@ __device__ __forceinline__ void sr_walk_item(int4 it, bool all, unsigned int mas
 // most steps: batching lets a few threads skip them where one group per item cost a whole
 // grid of exits (the launcher picks batch so that the grid still fills the GPU several times
 // over when every row walks).
+// Launch bounds: the occupancy of the one-item-per-group walk this replaced (7 blocks of 128
+// threads per SM with one feature chunk per lane, 5 with two), which the batch's few extra
+// live values would otherwise cost with 16-lane groups (F = 64: 76 registers, 6 blocks).
+template <int CH>
+struct sr_walk_shape {
+    static constexpr int MIN_BLOCKS = CH == 1 ? 7 : CH == 2 ? 5 : 3;
+};
+
 template <typename TX, typename TO, int VEC, int T, int CH>
-__global__ void sr_bwd_ties(const int4* __restrict__ items, int n_items, int batch,
+__global__ void __launch_bounds__(SR_THREADS, sr_walk_shape<CH>::MIN_BLOCKS)
+sr_bwd_ties(const int4* __restrict__ items, int n_items, int batch,
                             const int* __restrict__ indices, const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, int F, float sign, int count_zero_as_tie,
                             const TO* __restrict__ out, const int* __restrict__ aux,

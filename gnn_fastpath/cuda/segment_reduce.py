@@ -44,7 +44,7 @@ KEEP, DROP = 0, 1
 NON_FINITE = {"keep": KEEP, "drop": DROP}
 KERNELS = launch.Family(SOURCE, {"SR_MODE_COUNT": MODE_COUNT, "SR_MODE_FIRST": MODE_FIRST,
                                  "SR_MODE_LAST": MODE_LAST, "SR_MODE_VALUE": MODE_VALUE,
-                                 "SR_KEEP": KEEP, "SR_DROP": DROP})
+                                 "SR_KEEP": KEEP, "SR_DROP": DROP, "SR_THREADS": THREADS})
 #: Tie rule of the public op -> what the forward saves and the backward does.
 MODES = {"split": MODE_COUNT, "even": MODE_COUNT, "first": MODE_FIRST, "last": MODE_LAST}
 #: Rows with at least this many in-edges are cut into chunks: a group walks its row's edges
