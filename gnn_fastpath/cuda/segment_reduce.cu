@@ -344,14 +344,14 @@ __device__ __forceinline__ void sr_reduce_range(const int* __restrict__ indices,
                                                 unsigned int mask, int lane, float (&m)[CH][VEC], int (&a)[CH][VEC],
                                                 bool& saw_neg_inf) {
     if (w != nullptr)
-        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true, false>(indices, perm, x, w, start, end, F, f0,
-                                                                          sign, dup_ties, mask, lane, m, a, saw_neg_inf);
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, true, false>(
+            indices, perm, x, w, start, end, F, f0, sign, dup_ties, mask, lane, m, a, saw_neg_inf);
     else if (sign < 0.f)
-        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, true>(indices, perm, x, w, start, end, F, f0,
-                                                                          sign, dup_ties, mask, lane, m, a, saw_neg_inf);
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, true>(
+            indices, perm, x, w, start, end, F, f0, sign, dup_ties, mask, lane, m, a, saw_neg_inf);
     else
-        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, false>(indices, perm, x, w, start, end, F, f0,
-                                                                           sign, dup_ties, mask, lane, m, a, saw_neg_inf);
+        sr_reduce_edges<TX, TO, VEC, T, CH, MODE, NF, LOADS, false, false>(
+            indices, perm, x, w, start, end, F, f0, sign, dup_ties, mask, lane, m, a, saw_neg_inf);
 }
 
 // Writes VEC results of one row: out = sign * the extreme (0 for an empty row; under SR_DROP

@@ -117,9 +117,8 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_rows:
         KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties, zero_walks=zero_walks,
-            out=out,
-            aux=aux, walk_all=flag, row_walks=rows_flag)
+            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties,
+            zero_walks=zero_walks, out=out, aux=aux, walk_all=flag, row_walks=rows_flag)
     if work.n_split:
         packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
         items = _source_aligned_chunks(graph) if dup_ties is not None else work.items
@@ -252,7 +251,8 @@ def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, wal
         KERNELS.kernel(device, "sr_fwd_rows", launch.ctype(x.dtype), launch.ctype(out.dtype), *fcfg[:3], mode,
                        nf, LOADS).launch(launch.group_grid(cap, lanes, fblocks, THREADS), THREADS, indptr=vindptr,
                                   indices=kc.indices, perm=kc.perm, x=x, w=w, rows=None, n_rows=cap, F=F, sign=sign,
-                                  dup_ties=None, zero_walks=zero_walks, out=piece_out, aux=piece_aux, walk_all=walk_all, row_walks=None)
+                                  dup_ties=None, zero_walks=zero_walks, out=piece_out, aux=piece_aux,
+                                  walk_all=walk_all, row_walks=None)
     index = owner.unsqueeze(1).expand(cap, F)
     # float32 combine, exact for every output dtype (16-bit values widen and narrow exactly):
     # torch's 16-bit amax/amin atomics read the whole aligned 32-bit word around an element,
@@ -415,16 +415,11 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
         work = row_chunks(graph)
         items, n_items = work.items, work.n_items
     walk = KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3])
-    batch = _walk_batch(walk, n_items, lanes, fblocks)
+    batch = walk_batch(n_items, lanes, fblocks, launch.resident_blocks(walk, THREADS) * THREADS // lanes)
     walk.launch(launch.group_grid(launch.cdiv(n_items, batch), lanes, fblocks, THREADS), THREADS, items=items,
                 n_items=n_items, batch=batch, indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
                 count_zero_as_tie=int(tie_break == "split"), out=out, aux=aux, walk_all=walk_all,
                 row_walks=row_walks, grad_out=grad_out, dx=dx, dw=dw)
-
-
-def _walk_batch(kernel, n_items: int, lanes: int, fblocks: int) -> int:
-    """:func:`walk_batch` for ``kernel``'s occupancy."""
-    return walk_batch(n_items, lanes, fblocks, launch.resident_blocks(kernel, THREADS) * THREADS // lanes)
 
 
 #: The walk's grid fills the GPU at least this many times over when every row walks
