@@ -64,6 +64,23 @@ CHUNKS_FEW = 2
 LOADS = 4
 
 
+#: Edges per item of the tie walk (rows from this many in-edges are cut): a group walks its
+#: item's edges one after another, and one walking row anywhere keeps the whole kernel as
+#: long as that chain, so the walk's items are shorter than the forward's where that is free:
+#: where the walk's grid is at its wave cap (batch > 1), more items add no group. H200, fp32
+#: F = 512 fwd+bwd: tolokers 0.423 -> 0.408 ms, bf16 1.118 -> 1.056; at F = 64, below the
+#: cap, tolokers took 3% longer (benchmarks/results/2026-11-27-h200-issue14-g).
+WALK_CHUNK = 32
+
+
+def walk_chunks(graph) -> worklist.RowChunks:
+    """The tie walk's work list: every destination row, rows of :data:`WALK_CHUNK` or more
+    in-edges cut into chunks of that many (built once per graph). Only for graphs that
+    outlived a training step: on a sampled batch's graph, whose fan-out bounds its rows, the
+    forward's list costs no host read, where this one could (fan-outs of 32 or more)."""
+    return worklist.for_graph(graph, WALK_CHUNK, WALK_CHUNK, tag="split_row")
+
+
 def row_chunks(graph, source_major: bool = False) -> worklist.RowChunks:
     """The degree-aware work list of ``graph``'s destination rows (or source rows); the own
     SpMM kernel walks the same list."""
@@ -406,6 +423,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
+    walk = KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3])
+    resident = launch.resident_blocks(walk, THREADS) * THREADS // lanes
     if graph.static:  # the pieces of the forward as work items, each naming its real row
         vindptr, owner = _virtual(graph)
         items = torch.stack([owner.clamp(max=max(graph.n_dst - 1, 0)), vindptr[:-1].to(torch.int64),
@@ -413,9 +432,12 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
         n_items = owner.numel()
     else:
         work = row_chunks(graph)
+        if graph.outlived_a_step():  # shorter items where they are free: the grid is at its wave cap
+            fine = walk_chunks(graph)
+            if walk_batch(fine.n_items, lanes, fblocks, resident) > 1:
+                work = fine
         items, n_items = work.items, work.n_items
-    walk = KERNELS.kernel(device, "sr_bwd_ties", tx, to, *fcfg[:3])
-    batch = walk_batch(n_items, lanes, fblocks, launch.resident_blocks(walk, THREADS) * THREADS // lanes)
+    batch = walk_batch(n_items, lanes, fblocks, resident)
     walk.launch(launch.group_grid(launch.cdiv(n_items, batch), lanes, fblocks, THREADS), THREADS, items=items,
                 n_items=n_items, batch=batch, indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
                 count_zero_as_tie=int(tie_break == "split"), out=out, aux=aux, walk_all=walk_all,

@@ -347,6 +347,32 @@ def test_duplicate_edges_tying_alone_go_along_one_winner(graph_name, tie_break, 
     assert torch.equal(row_walks.bool(), ((aux < 0) & (n > 0)).any(1))
 
 
+@pytest.mark.parametrize("graph_name", ["super", "heavy_rows"])
+@pytest.mark.parametrize("tie_break", ["split", "even"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_walk_takes_shorter_items_once_the_graph_outlived_a_step(monkeypatch, graph_name, tie_break, weighted):
+    """The walk's own work list (rows cut every WALK_CHUNK edges) is built for a graph that
+    outlived a training step, and taken where the walk's grid is at its wave cap (batch > 1;
+    forced here, these graphs are small); before that the walk takes the forward's list. Both
+    walk every tie."""
+    monkeypatch.setattr(sr_kernels, "walk_batch", lambda n_items, lanes, fblocks, resident: min(lanes, 4))
+    edge_index, sizes = _GRAPHS[graph_name]()
+    graph = Graph.from_edge_index(edge_index.cuda(), sizes)
+
+    def walk_list_built():
+        return any(isinstance(k, tuple) and k[:4] == ("row_chunks", False, sr_kernels.WALK_CHUNK,
+                                                      sr_kernels.WALK_CHUNK) for k in graph._memo)
+
+    _check(graph, 64, "max", weighted, tie_break, ties=True, seed=4)  # the first step
+    assert not graph.outlived_a_step() and not walk_list_built()
+    _check(graph, 64, "min", weighted, tie_break, ties=True, seed=5)  # the next step's forward
+    assert graph.outlived_a_step() and walk_list_built()
+    work = sr_kernels.walk_chunks(graph)
+    lengths = work.items[:, 2] - work.items[:, 1]
+    assert int(lengths.max()) <= sr_kernels.WALK_CHUNK < sr_kernels.CHUNK
+    assert int(lengths.sum()) == graph.num_edges
+
+
 def test_unsorted_rows_keep_duplicate_ties():
     """A graph whose rows came grouped but with descending sources (kept as they came) does
     not know its duplicates sit together: their ties are counted and walked."""
