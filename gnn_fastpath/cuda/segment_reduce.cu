@@ -58,13 +58,12 @@
 // (sr_bwd_arg, float atomics), or for count source-major without atomics on dx (sr_bwd_src:
 // each source sums the elements whose saved winner is one of its out-edges; on a symmetric
 // graph over the forward CSR itself). Then count's walk (sr_bwd_ties) finds the walking
-// elements by walking the CSR edges in
-// ranges (groups of lanes take a batch of items each and skip, at one read, those of rows
-// where no element walks): it recomputes
-// each message and, where it equals the saved extreme, adds g / (n + [count_zero_as_tie &&
-// out == 0]) (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts
-// the untouched zero of the output as one more tie; a single winner at 0, which the forward
-// made walk, gets g / 2).
+// elements by walking the CSR edges in ranges (groups of lanes take a batch of items each and
+// skip, at one read, those of rows where no element walks): it recomputes each message and,
+// where it equals the saved extreme, adds g / (n + [count_zero_as_tie && out == 0])
+// (count_zero_as_tie: torch scatter_reduce's include_self=False rule, which counts the
+// untouched zero of the output as one more tie; a single winner at 0, which the forward made
+// walk, gets g / 2).
 #include "common.cuh"
 
 // Tie-rule codes come from the launcher (-D defines), so Python and CUDA agree on them.
@@ -182,13 +181,14 @@ __device__ __forceinline__ int sr_count_aux(int a, int t) {
 
 // sr_count_aux of the extreme m, where with dup_ties (non-null: unweighted, each row's sources
 // ascend; *dup_ties: the graph holds a duplicate edge, so on simple graphs the lanes with ties
-// load no indices) duplicates of the winner that alone tie with it count as one edge: the same source sends the
-// same message, so they tie, and their shares of the gradient all reach that one source. The t
-// ties are exactly the duplicates when the edge t positions after the winner has its source
-// (sorted rows hold equal sources together); they then go along the winner like a single edge,
-// without the walk (a multigraph's duplicates would make most of its rows walk). Not at an
-// extreme of 0, where torch's split rule counts one more tie, nor at NaN: both walk. (Chunks
-// of long rows are cut at changes of source, so a source's duplicates meet in one chunk.)
+// load no indices) duplicates of the winner that alone tie with it count as one edge: the same
+// source sends the same message, so they tie, and their shares of the gradient all reach that
+// one source. The t ties are exactly the duplicates when the edge t positions after the winner
+// has its source (sorted rows hold equal sources together); they then go along the winner like
+// a single edge, without the walk (a multigraph's duplicates would make most of its rows walk).
+// Not at an extreme of 0, where torch's split rule counts one more tie, nor at NaN: both walk.
+// (Chunks of long rows are cut at changes of source, so a source's duplicates meet in one
+// chunk.)
 __device__ __forceinline__ int sr_count_aux_dups(const int* __restrict__ indices, float m, int a, int t,
                                                  const int* __restrict__ dup_ties) {
     if (dup_ties != nullptr && t > 0 && a >= 0 && m != 0.f && m == m && __ldg(dup_ties) != 0 &&
@@ -257,10 +257,6 @@ __device__ __forceinline__ void sr_reduce_edges(const int* __restrict__ indices,
                                                 bool& saw_neg_inf) {
     constexpr int U = CH >= LOADS ? 1 : LOADS / CH;
     int tied[CH][VEC];  // SR_MODE_COUNT's tie counts (sr_update_fast)
-#pragma unroll
-    for (int c = 0; c < CH; ++c)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) tied[c][j] = 0;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
@@ -393,9 +389,8 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
                             const int* __restrict__ perm, const TX* __restrict__ x,
                             const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
                             int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
-                            TO* __restrict__ out,
-                            int* __restrict__ aux,
-                            int* __restrict__ walk_all, int* __restrict__ row_walks) {
+                            TO* __restrict__ out, int* __restrict__ aux, int* __restrict__ walk_all,
+                            int* __restrict__ row_walks) {
     const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
