@@ -337,6 +337,16 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def l2_bytes(device: torch.device) -> int:
+    """The L2 cache size of ``device`` in bytes."""
+    return _l2_bytes(_device_index(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
 def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
     """Blocks of ``threads`` threads of ``k`` that fit on the whole GPU at once (cached on ``k``)."""
     key = (threads, shared_mem)

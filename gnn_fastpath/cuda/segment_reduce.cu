@@ -569,44 +569,83 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
 
 // Backward along the saved arg, n_dst * F elements: arg [n_dst, F] caller edge ids, or
 // with by_position (SR_MODE_COUNT) CSR positions (< 0: no winning edge, or for SR_MODE_COUNT
-// an element the walk does). src_of [M] source id per caller edge (null with by_position:
-// indices and perm of the CSR give source and caller id). dx [n_src, F] and dw [M] are
-// zero-initialised float accumulators (either may be null; for 16-bit x or weights they are
-// float scratch buffers the launcher casts once: atomics into 16-bit memory would round at
-// every add). grad_out is read as TO (the output's type), x as TX.
-// One thread per element, row-major: the concurrent atomics spread over whole rows (ordering
-// the threads by narrow feature slices, so that dx[:, slice] stays in L2, was measured 1.4x
-// slower on arxiv-like: its hub sources' few columns then take every concurrent atomic).
+// an element the walk does). src [M] the scatter target of an arg: its source (the CSR's
+// indices with by_position, else the source per caller edge), or -1 - h for hub h (below);
+// perm gives a CSR position's caller id. dx [n_src, F] and dw [M] are zero-initialised float
+// accumulators (either may be null; for 16-bit x or weights they are float scratch buffers the
+// launcher casts once: atomics into 16-bit memory would round at every add). grad_out is read
+// as TO (the output's type), x as TX.
+//
+// Thread order (slice): 0 = row-major, one thread per element, so the concurrent atomics
+// spread over whole rows; else feature slices of `slice` columns, every row of one slice
+// before the next, so that dx[:, slice] stays in the L2 (the launcher takes it where dx does
+// not fit there). The sources with the most out-edges (hubs) would then take every concurrent
+// atomic on the one line of their slice (measured 2.2x slower than row-major on arxiv-like,
+// whose top source wins 4% of all elements): their elements go to `replicas` copies of the hub
+// rows instead, rep [replicas, n_hubs, F] (copy = the element's row mod replicas), which
+// sr_hub_sum adds into dx (hub_src: the source of each hub). Row-major passes no hubs.
 template <typename TX, typename TO>
-__device__ __forceinline__ void sr_scatter_one(int a, float g, int f, const int* __restrict__ src_of,
-                                               const int* __restrict__ indices, const int* __restrict__ perm,
-                                               int by_position, const float* __restrict__ w,
-                                               const TX* __restrict__ x, int F, float* __restrict__ dx,
-                                               float* __restrict__ dw) {
+__device__ __forceinline__ void sr_scatter_one(int a, float g, long long el, int F, const int* __restrict__ src,
+                                               const int* __restrict__ perm, int by_position,
+                                               const float* __restrict__ w, const TX* __restrict__ x,
+                                               float* __restrict__ dx, float* __restrict__ dw,
+                                               float* __restrict__ rep, const int* __restrict__ hub_src,
+                                               int n_hubs, int replicas) {
     if (a < 0) return;
-    const long long xo = (long long)__ldg(by_position ? indices + a : src_of + a) * F + f;
+    const int f = (int)(el % F);
+    int s = __ldg(src + a);
+    float* target = dx;
+    if (s >= 0) {
+        if (dx != nullptr) target = dx + (long long)s * F + f;
+    } else {  // a hub: its row copy for this element's row
+        const int h = -1 - s;
+        target = rep + ((long long)((el / F) % replicas) * n_hubs + h) * F + f;
+        s = __ldg(hub_src + h);
+    }
     if (w == nullptr && dw == nullptr) {  // unweighted, x's gradient only (SAGE's max): no caller id needed
-        if (dx != nullptr) atomicAdd(dx + xo, g);
+        if (dx != nullptr) atomicAdd(target, g);
         return;
     }
     const int e = by_position ? __ldg(perm + a) : a;
-    if (dx != nullptr) atomicAdd(dx + xo, w != nullptr ? g * __ldg(w + e) : g);
-    if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + xo));
+    if (dx != nullptr) atomicAdd(target, w != nullptr ? g * __ldg(w + e) : g);
+    if (dw != nullptr) atomicAdd(dw + e, g * gf_ldg(x + (long long)s * F + f));
 }
 
-// One thread per element (row-major: see above). walk_all (non-null, set): the walk does
-// every element.
+// One thread per element (slice 0) or per (slice, row, column of the slice), the last slice
+// padded to `slice` columns: total = n_dst * F, or n_slices * n_dst * slice. walk_all
+// (non-null, set): the walk does every element.
 template <typename TX, typename TO>
 __global__ void sr_bwd_arg(const int* __restrict__ arg, const TO* __restrict__ grad_out,
-                           const int* __restrict__ src_of, const int* __restrict__ indices,
-                           const int* __restrict__ perm, int by_position, const float* __restrict__ w,
-                           const TX* __restrict__ x, long long total, int F,
-                           const int* __restrict__ walk_all, float* __restrict__ dx, float* __restrict__ dw) {
+                           const int* __restrict__ src, const int* __restrict__ perm, int by_position,
+                           const float* __restrict__ w, const TX* __restrict__ x, long long total, int n_dst,
+                           int F, int slice, const int* __restrict__ walk_all, float* __restrict__ dx,
+                           float* __restrict__ dw, float* __restrict__ rep, const int* __restrict__ hub_src,
+                           int n_hubs, int replicas) {
     const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (idx >= total) return;
     if (walk_all != nullptr && __ldg(walk_all) != 0) return;
-    sr_scatter_one<TX, TO>(__ldg(arg + idx), gf_ldg(grad_out + idx), (int)(idx % F), src_of, indices, perm,
-                           by_position, w, x, F, dx, dw);
+    long long el = idx;
+    if (slice != 0) {
+        const long long per = (long long)n_dst * slice;
+        const int part = (int)(idx / per);
+        const long long r = idx - part * per;
+        const int f = part * slice + (int)(r % slice);
+        if (f >= F) return;
+        el = (r / slice) * F + f;
+    }
+    sr_scatter_one<TX, TO>(__ldg(arg + el), gf_ldg(grad_out + el), el, F, src, perm, by_position, w, x, dx, dw,
+                           rep, hub_src, n_hubs, replicas);
+}
+
+// dx[hub_src[h], f] += sum over copies r of rep[r, h, f], one thread per (hub, feature).
+extern "C" __global__ void sr_hub_sum(const float* __restrict__ rep, const int* __restrict__ hub_src, int n_hubs,
+                                      int replicas, int F, float* __restrict__ dx) {
+    const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (idx >= (long long)n_hubs * F) return;
+    const int h = (int)(idx / F), f = (int)(idx % F);
+    float sum = 0.0f;
+    for (int r = 0; r < replicas; ++r) sum += rep[((long long)r * n_hubs + h) * F + f];
+    dx[(long long)__ldg(hub_src + h) * F + f] += sum;
 }
 
 // The same scatter done source-major, with no atomics on dx (the "transposed" backward of

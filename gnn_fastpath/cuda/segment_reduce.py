@@ -415,11 +415,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
                 n_items=swork.n_items, dst=s_dst, pos=s_pos, perm=kc.perm, w=w, x=x, F=F, aux=aux,
                 walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)
     else:
-        total = aux.numel()
-        KERNELS.kernel(device, "sr_bwd_arg", tx, to).launch(
-            launch.cdiv(total, ARG_THREADS), ARG_THREADS, arg=aux, grad_out=grad_out, src_of=src_of,
-            indices=kc.indices, perm=kc.perm, by_position=int(count), w=w, x=x, total=total, F=F,
-            walk_all=walk_all if count else None, dx=dx, dw=dw)
+        _scatter(graph, aux, grad_out, kc.indices if count else src_of, count, w, x, walk_all if count else None,
+                 dx, dw)
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
@@ -442,6 +439,73 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
                 n_items=n_items, batch=batch, indices=kc.indices, perm=kc.perm, x=x, w=w, F=F, sign=sign,
                 count_zero_as_tie=int(tie_break == "split"), out=out, aux=aux, walk_all=walk_all,
                 row_walks=row_walks, grad_out=grad_out, dx=dx, dw=dw)
+
+
+#: Feature columns per slice of the sliced scatter (dx[:, slice] of arxiv-like, 169k sources, is
+#: 22 MB, inside the H200's 50 MB L2; 64 columns measured within 5%).
+SCATTER_SLICE = 32
+#: Hub sources (most out-edges) whose elements the sliced scatter adds into row copies, and
+#: the copies per hub. H200, arxiv-like F = 512, scatter with dx's zero-fill: row-major 1.33
+#: ms; sliced 2.88 without hubs, 1.03 with 16, 0.95 with 64, 0.94 with 256 hubs of 32 copies;
+#: arxiv-skewdst (uniform sources) row-major 0.94, sliced 0.70-0.71 with or without hubs
+#: (benchmarks/results/2026-11-27-h200-issue14-h).
+SCATTER_HUBS = 64
+SCATTER_REPLICAS = 32
+
+
+def scatter_order(graph, F: int, device: torch.device) -> str:
+    """``"slices"`` or ``"rows"``: the thread order of the atomic scatter
+    (``GNN_FASTPATH_SR_SCATTER`` forces one). Feature slices where dx is larger than the L2
+    (row-major, each scattered atomic then misses it and costs a sector read and write-back
+    in DRAM), on graphs that outlived a training step (the hub list is a one-time cost, see
+    :func:`_hubs`) and are not static; row-major elsewhere."""
+    forced = config.setting("GNN_FASTPATH_SR_SCATTER")
+    if forced is not None:
+        return forced
+    if graph.static or not graph.outlived_a_step() or F < 2 * SCATTER_SLICE:
+        return "rows"
+    return "slices" if graph.n_src * F * 4 > launch.l2_bytes(device) else "rows"
+
+
+def _hubs(graph, lookup: Tensor, key: str) -> Tuple[Tensor, Tensor]:
+    """(target [len(lookup)] int32, hub_src [K] int32), once per graph and lookup table: the
+    :data:`SCATTER_HUBS` sources with the most out-edges (K = at most that many) are the hubs;
+    target is ``lookup`` (a source per CSR position or per caller edge) with each hub's
+    source replaced by -1 - its hub number. On the device, no host read."""
+    def build():
+        kc = graph.kernel_csr()
+        dev = lookup.device
+        out_deg = torch.zeros(graph.n_src, dtype=torch.float32, device=dev).index_add_(
+            0, kc.indices, torch.ones(kc.indices.numel(), dtype=torch.float32, device=dev))
+        hub_src = torch.topk(out_deg, min(SCATTER_HUBS, graph.n_src), sorted=False).indices
+        number = torch.full((graph.n_src,), -1, dtype=torch.int32, device=dev)
+        number[hub_src] = torch.arange(hub_src.numel(), dtype=torch.int32, device=dev)
+        hub_of = number[lookup.long()]
+        return torch.where(hub_of >= 0, -1 - hub_of, lookup).to(torch.int32), hub_src.to(torch.int32)
+
+    return graph.memo(("segment_reduce", "hubs", key), build)
+
+
+def _scatter(graph, aux, grad_out, lookup, by_position, w, x, walk_all, dx, dw) -> None:
+    """The atomic scatter of the single winners' gradients (``sr_bwd_arg``) in the order of
+    :func:`scatter_order`; the sliced order sends the hubs' elements to row copies and adds
+    them into dx after (``sr_hub_sum``)."""
+    n_dst, F = aux.shape
+    device = x.device
+    slice_, rep, hub_src, n_hubs, replicas = 0, None, None, 0, 1
+    if dx is not None and scatter_order(graph, F, device) == "slices":
+        slice_ = SCATTER_SLICE
+        lookup, hub_src = _hubs(graph, lookup, "position" if by_position else "caller")
+        n_hubs, replicas = hub_src.numel(), SCATTER_REPLICAS
+        rep = torch.zeros(replicas * n_hubs * F, dtype=torch.float32, device=device)
+    total = n_dst * F if slice_ == 0 else launch.cdiv(F, slice_) * n_dst * slice_
+    KERNELS.kernel(device, "sr_bwd_arg", launch.ctype(x.dtype), launch.ctype(grad_out.dtype)).launch(
+        launch.cdiv(total, ARG_THREADS), ARG_THREADS, arg=aux, grad_out=grad_out, src=lookup,
+        perm=graph.kernel_csr().perm, by_position=int(by_position), w=w, x=x, total=total, n_dst=n_dst, F=F,
+        slice=slice_, walk_all=walk_all, dx=dx, dw=dw, rep=rep, hub_src=hub_src, n_hubs=n_hubs, replicas=replicas)
+    if n_hubs:
+        KERNELS.kernel(device, "sr_hub_sum").launch(launch.cdiv(n_hubs * F, 256), 256, rep=rep, hub_src=hub_src,
+                                                    n_hubs=n_hubs, replicas=replicas, F=F, dx=dx)
 
 
 #: The walk's grid fills the GPU at least this many times over when every row walks

@@ -144,6 +144,22 @@ def test_ties(graphs, graph_name, F, dtype, tie_break, weight):
     _check(graphs[graph_name], F, dtype, "max" if F % 64 else "min", tie_break, weight, ties=True, seed=1)
 
 
+@pytest.mark.parametrize("graph_name", ["small", "big"])
+@pytest.mark.parametrize("F", [64, 100])
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("tie_break", TIE_BREAKS)
+@pytest.mark.parametrize("weight", [None, "pow2_f32", "rand"])
+def test_sliced_scatter(monkeypatch, graphs, graph_name, F, dtype, tie_break, weight):
+    """The scatter in feature slices with hub row copies (forced; by rule only where dx
+    outgrows the L2), 16-bit features and gradients, with and without ties."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "atomic")
+    monkeypatch.setattr(sr_kernels, "SCATTER_HUBS", 4)
+    monkeypatch.setattr(sr_kernels, "SCATTER_REPLICAS", 3)
+    for ties in (False, True):
+        _check(graphs[graph_name], F, dtype, "max", tie_break, weight, ties=ties and weight != "rand", seed=6)
+
+
 @pytest.mark.parametrize("F", [8, 100])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("tie_break,non_finite", [("split", "keep"), ("first", "keep"), ("last", "keep"),

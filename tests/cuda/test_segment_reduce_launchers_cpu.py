@@ -167,3 +167,68 @@ def test_duplicates_flag_says_whether_a_row_repeats_a_source():
     ei, nn = random_edges(60, 60, 400, seed=2, duplicates=False, self_loops=False)
     simple = torch.unique(ei[1] * 60 + ei[0])
     assert int(_duplicates(Graph.from_edge_index(torch.stack([simple % 60, simple // 60]), nn))) == 0
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+@pytest.mark.parametrize("F", [3, 64, 100, 512])
+@pytest.mark.parametrize("tie_break", ["split", "first"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sliced_scatter_launches(launches, monkeypatch, graph_name, F, tie_break, weighted, dtype):
+    """The scatter in feature slices (forced) reaches sr_bwd_arg with the hub targets and adds
+    the hub copies with sr_hub_sum, for CSR positions (split) and caller ids (first)."""
+    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "atomic")
+    g = graph(*GRAPHS[graph_name])
+    x = torch.randn(g.n_src, F, dtype=dtype).requires_grad_()
+    w = leaf(g.num_edges) if weighted else None
+    SegmentReduceFunction.apply(x, w, g, "max", tie_break, "keep").float().sum().backward()
+    assert "sr_bwd_arg" in launches and "sr_hub_sum" in launches
+    assert x.grad.shape == x.shape and x.grad.dtype == dtype
+
+
+def test_scatter_order_rule(monkeypatch):
+    """Feature slices where dx (n_src x F float32) outgrows the L2, on a graph that outlived a
+    training step, for at least two slices of columns; row-major before that, for narrow rows,
+    where dx fits and on static graphs; the setting forces either."""
+    from gnn_fastpath.cuda import launch
+    from gnn_fastpath.cuda import segment_reduce as kernels
+
+    monkeypatch.delenv("GNN_FASTPATH_SR_SCATTER", raising=False)
+    monkeypatch.setattr(launch, "l2_bytes", lambda device: 100 * 64 * 4 - 1)  # dx of F = 64 just outgrows it
+    ei, nn = random_edges(100, 100, 800, seed=5)
+    g = Graph.from_edge_index(ei, nn)
+    cpu = torch.device("cpu")
+    assert kernels.scatter_order(g, 64, cpu) == "rows"  # not yet used again
+    for event in ("forward", "backward", "forward"):
+        g.note_pass(event)
+    assert g.outlived_a_step()
+    assert kernels.scatter_order(g, 64, cpu) == "slices"
+    assert kernels.scatter_order(g, 2 * kernels.SCATTER_SLICE - 1, cpu) == "rows"  # one slice: nothing gained
+    monkeypatch.setattr(launch, "l2_bytes", lambda device: 100 * 64 * 4)
+    assert kernels.scatter_order(g, 64, cpu) == "rows"
+    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
+    assert kernels.scatter_order(Graph.from_edge_index(ei, nn), 8, cpu) == "slices"
+    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "rows")
+    monkeypatch.setattr(launch, "l2_bytes", lambda device: 0)
+    assert kernels.scatter_order(g, 64, cpu) == "rows"
+
+
+def test_hubs_are_the_sources_with_most_out_edges(monkeypatch):
+    """The sliced scatter's hubs: the SCATTER_HUBS sources with the most out-edges; each lookup
+    entry of a hub becomes -1 - its hub number, every other entry stays its source."""
+    from gnn_fastpath.cuda import segment_reduce as kernels
+
+    monkeypatch.setattr(kernels, "SCATTER_HUBS", 2)
+    src = torch.tensor([5, 5, 5, 2, 2, 7, 0, 1, 5, 2, 3])
+    dst = torch.tensor([0, 1, 2, 0, 3, 1, 2, 3, 3, 1, 0])
+    g = Graph.from_edge_index(torch.stack([src, dst]), 8)
+    lookup = g.kernel_csr().indices
+    target, hub_src = kernels._hubs(g, lookup, "position")
+    assert sorted(hub_src.tolist()) == [2, 5]
+    number = {int(s): h for h, s in enumerate(hub_src.tolist())}
+    want = [-1 - number[int(s)] if int(s) in number else int(s) for s in lookup]
+    assert target.dtype == torch.int32 and target.tolist() == want
+    assert kernels._hubs(g, lookup, "position")[0] is target  # once per graph
+    few = Graph.from_edge_index(torch.tensor([[0], [1]]), 2)  # fewer sources than hubs
+    assert sorted(kernels._hubs(few, few.kernel_csr().indices, "position")[1].tolist()) == [0, 1]
