@@ -42,10 +42,10 @@
 // Forward, degree-aware (the row-chunk work list of gnn_fastpath/cuda/worklist.py: the
 // launcher cuts every destination with >= 128 in-edges into chunks, so no group walks more
 // than that):
-// - light rows (sr_fwd_rows): a group of T lanes per (row, feature block), each lane
+// - light rows (sr_fwd_rows_at): a group of T lanes per (row, feature block), each lane
 //   VEC features (16-byte loads), running extreme + count/arg in registers, one pass over
 //   the row's edges, four rows' loads in flight per lane;
-// - heavy rows (sr_fwd_chunks): work items (slot, start, end) of a few dozen edges of one
+// - heavy rows (sr_fwd_chunks_at): work items (slot, start, end) of a few dozen edges of one
 //   heavy row; each item reduces its chunk in registers and merges with one 64-bit atomic
 //   per feature into packed[slot, f]:
 //     first/last/value: atomicMax on (order key << 32 | tie-break bits), tie-break bits = ~edge id
@@ -54,6 +54,7 @@
 //                larger key replaces, equal key adds the counts (with dup_ties the chunks are
 //                cut at changes of source, so a winner's duplicates are all in its chunk);
 //   then sr_fwd_unpack writes out/aux of the heavy rows.
+// sr_fwd_rows launches the light rows of a graph without heavy ones, sr_fwd_split both kinds.
 // Backward: first/last, and count's single-winner elements, scatter along the saved arg
 // (sr_bwd_arg, float atomics), or for count source-major without atomics on dx (sr_bwd_src:
 // each source sums the elements whose saved winner is one of its out-edges; on a symmetric
@@ -384,14 +385,15 @@ __device__ __forceinline__ bool sr_store_result(const float (&m)[VEC], const int
 // the single winner or -1 - n, see the header; -1 for empty rows), unused with MODE 3;
 // walk_all: the "walk all" flag, row_walks [n_dst]: set to 1 for a row with a walking
 // element (zero-initialised; SR_MODE_COUNT only, row_walks may be null).
+// bx: the block's index among the light rows' blocks (sr_fwd_split launches both kinds).
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
-__global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
-                            const int* __restrict__ perm, const TX* __restrict__ x,
-                            const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
-                            int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
-                            TO* __restrict__ out, int* __restrict__ aux, int* __restrict__ walk_all,
-                            int* __restrict__ row_walks) {
-    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
+__device__ __forceinline__ void sr_fwd_rows_at(int bx, const int* __restrict__ indptr, const int* __restrict__ indices,
+                                               const int* __restrict__ perm, const TX* __restrict__ x,
+                                               const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
+                                               int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
+                                               TO* __restrict__ out, int* __restrict__ aux, int* __restrict__ walk_all,
+                                               int* __restrict__ row_walks) {
+    const int gid = (int)((bx * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_rows) return;  // whole groups leave together
     const unsigned int mask = gf_group_mask<T>();
@@ -421,6 +423,17 @@ __global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restric
         }
     }
     if (MODE == SR_MODE_COUNT && row_walks != nullptr && __any_sync(mask, walks) && lane == 0) row_walks[row] = 1;
+}
+
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
+__global__ void sr_fwd_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
+                            const int* __restrict__ perm, const TX* __restrict__ x,
+                            const float* __restrict__ w, const int* __restrict__ rows, int n_rows,
+                            int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
+                            TO* __restrict__ out, int* __restrict__ aux, int* __restrict__ walk_all,
+                            int* __restrict__ row_walks) {
+    sr_fwd_rows_at<TX, TO, VEC, T, CH, MODE, NF, LOADS>(blockIdx.x, indptr, indices, perm, x, w, rows, n_rows, F, sign,
+                                                        dup_ties, zero_walks, out, aux, walk_all, row_walks);
 }
 
 // SR_MODE_COUNT's packed word: order key << 32 | low, low = the CSR position of the one tied
@@ -466,15 +479,15 @@ __device__ __forceinline__ void sr_merge_count(unsigned long long* addr, unsigne
 // Chunks of split rows: items [n_items] = (row, edge start, edge end, split row index)
 // (gnn_fastpath/cuda/worklist.py, tag "split_row"; with dup_ties cut at changes of source,
 // sr_align_chunks); packed [n_split, F] zero-initialised. MODE 3 merges like MODE 2.
-// walk_all: as in sr_fwd_rows.
+// walk_all: as in sr_fwd_rows. bx: the block's index among the chunks' blocks.
 template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
-__global__ void sr_fwd_chunks(const int* __restrict__ indptr, const int* __restrict__ indices,
-                              const int* __restrict__ perm,
-                              const TX* __restrict__ x, const float* __restrict__ w,
-                              const int4* __restrict__ items, int n_items, int F, float sign,
-                              const int* __restrict__ dup_ties,
-                              unsigned long long* __restrict__ packed, int* __restrict__ walk_all) {
-    const int gid = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / T);
+__device__ __forceinline__ void sr_fwd_chunks_at(int bx, const int* __restrict__ indptr,
+                                                 const int* __restrict__ indices, const int* __restrict__ perm,
+                                                 const TX* __restrict__ x, const float* __restrict__ w,
+                                                 const int4* __restrict__ items, int n_items, int F, float sign,
+                                                 const int* __restrict__ dup_ties,
+                                                 unsigned long long* __restrict__ packed, int* __restrict__ walk_all) {
+    const int gid = (int)((bx * (long long)blockDim.x + threadIdx.x) / T);
     const int lane = threadIdx.x % T;
     if (gid >= n_items) return;
     const unsigned int mask = gf_group_mask<T>();
@@ -515,6 +528,25 @@ __global__ void sr_fwd_chunks(const int* __restrict__ indptr, const int* __restr
             }
         }
     }
+}
+
+// Both in one launch: blocks [0, chunk_blocks) take the long rows' chunks (even work, a few
+// dozen edges each), the others the light rows, whose ragged lengths then fill the chunks'
+// last wave instead of leaving a tail of their own.
+template <typename TX, typename TO, int VEC, int T, int CH, int MODE, int NF, int LOADS>
+__global__ void sr_fwd_split(const int* __restrict__ indptr, const int* __restrict__ indices,
+                             const int* __restrict__ perm, const TX* __restrict__ x, const float* __restrict__ w,
+                             const int* __restrict__ rows, int n_rows, const int4* __restrict__ items, int n_items,
+                             int chunk_blocks, int F, float sign, const int* __restrict__ dup_ties, int zero_walks,
+                             TO* __restrict__ out, int* __restrict__ aux, unsigned long long* __restrict__ packed,
+                             int* __restrict__ walk_all, int* __restrict__ row_walks) {
+    if ((int)blockIdx.x < chunk_blocks)
+        sr_fwd_chunks_at<TX, TO, VEC, T, CH, MODE, NF, LOADS>(blockIdx.x, indptr, indices, perm, x, w, items, n_items,
+                                                              F, sign, dup_ties, packed, walk_all);
+    else
+        sr_fwd_rows_at<TX, TO, VEC, T, CH, MODE, NF, LOADS>(blockIdx.x - chunk_blocks, indptr, indices, perm, x, w,
+                                                            rows, n_rows, F, sign, dup_ties, zero_walks, out, aux,
+                                                            walk_all, row_walks);
 }
 
 // Moves a chunk bound b of a row forward to the next change of source (rows whose sources

@@ -129,23 +129,27 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
         _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, flag, rows_flag)
         return state
     work = row_chunks(graph)
-    rows = work.whole_rows if work.n_split else None  # None: every row is whole, row = group id
     n_rows = n_dst - work.n_split
-    if n_rows:
+    if not work.n_split:  # every row whole: row = group id
         KERNELS.kernel(device, "sr_fwd_rows", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
             launch.group_grid(n_rows, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr, indices=kc.indices,
-            perm=kc.perm, x=x, w=w, rows=rows, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties,
+            perm=kc.perm, x=x, w=w, rows=None, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties,
             zero_walks=zero_walks, out=out, aux=aux, walk_all=flag, row_walks=rows_flag)
-    if work.n_split:
-        packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
-        items = _source_aligned_chunks(graph) if dup_ties is not None else work.items
-        KERNELS.kernel(device, "sr_fwd_chunks", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
-            launch.group_grid(work.n_split_items, lanes, fblocks, THREADS), THREADS, indptr=kc.indptr,
-            indices=kc.indices, perm=kc.perm, x=x, w=w, items=items, n_items=work.n_split_items, F=F, sign=sign,
-            dup_ties=dup_ties, packed=packed, walk_all=flag)
-        KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
-            launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
-            sign=sign, mode=mode, non_finite=nf, zero_walks=zero_walks, out=out, aux=aux, row_walks=rows_flag)
+        return state
+    # long rows' chunks and the light rows in one launch (one tail instead of two: H200,
+    # tolokers F = 512 fp32 forward 0.316 -> 0.303 ms, benchmarks/results/2026-11-27-h200-issue14-h)
+    packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
+    items = _source_aligned_chunks(graph) if dup_ties is not None else work.items
+    chunk_blocks = launch.group_grid(work.n_split_items, lanes, fblocks, THREADS)[0]
+    row_blocks = launch.group_grid(n_rows, lanes, fblocks, THREADS)[0] if n_rows else 0
+    KERNELS.kernel(device, "sr_fwd_split", tx, to, *fcfg[:3], mode, nf, LOADS).launch(
+        (chunk_blocks + row_blocks, fblocks), THREADS, indptr=kc.indptr, indices=kc.indices, perm=kc.perm, x=x, w=w,
+        rows=work.whole_rows, n_rows=n_rows, items=items, n_items=work.n_split_items, chunk_blocks=chunk_blocks, F=F,
+        sign=sign, dup_ties=dup_ties, zero_walks=zero_walks, out=out, aux=aux, packed=packed, walk_all=flag,
+        row_walks=rows_flag)
+    KERNELS.kernel(device, "sr_fwd_unpack", to).launch(
+        launch.cdiv(work.n_split * F, 256), 256, packed=packed, split=work.split, n_split=work.n_split, F=F,
+        sign=sign, mode=mode, non_finite=nf, zero_walks=zero_walks, out=out, aux=aux, row_walks=rows_flag)
     return state
 
 
