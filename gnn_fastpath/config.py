@@ -138,7 +138,8 @@ SETTINGS = (
             "atomics (on a symmetric graph over the forward CSR)", _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_SR_SCATTER", "", "rows, slices (empty: by graph)",
             "min/max backward's atomic scatter: row-major, or feature slices with the hub sources' rows "
-            "copied (empty: slices where dx outgrows the L2, on graphs that outlived a training step)",
+            "copied (empty: slices where dx outgrows the L2 and F >= 64, on graphs that outlived a training "
+            "step)",
             _optional_choice("rows", "slices")),
     Setting("GNN_FASTPATH_SR_CHUNKS", "",
             "1, 2, 4 (empty: 1, or 2 below 16 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",

@@ -344,7 +344,12 @@ def l2_bytes(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _l2_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
+    size = getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", None)  # torch >= 2.5
+    if size is None:
+        import cupy
+
+        size = cupy.cuda.Device(device_index).attributes["L2CacheSize"]
+    return int(size)
 
 
 def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:

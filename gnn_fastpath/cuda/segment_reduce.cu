@@ -54,7 +54,8 @@
 //                larger key replaces, equal key adds the counts (with dup_ties the chunks are
 //                cut at changes of source, so a winner's duplicates are all in its chunk);
 //   then sr_fwd_unpack writes out/aux of the heavy rows.
-// sr_fwd_rows launches the light rows of a graph without heavy ones, sr_fwd_split both kinds.
+// sr_fwd_rows launches light rows alone (a graph without heavy rows, or the static path's row
+// pieces), sr_fwd_split both kinds.
 // Backward: first/last, and count's single-winner elements, scatter along the saved arg
 // (sr_bwd_arg, float atomics), or for count source-major without atomics on dx (sr_bwd_src:
 // each source sums the elements whose saved winner is one of its out-edges; on a symmetric

@@ -12,9 +12,11 @@ output ``out`` float32 or x's dtype (promote_types(x, w) as the op decides), wei
 directly when those are float32, else into float32 scratch buffers cast once at the end
 (adding into 16-bit memory would round at every atomic).
 
-Setting (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
+Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
 chunks of 4 floats per lane; empty: :func:`rule_chunks`, or with ``GNN_FASTPATH_TUNE=1`` the
-forward's count measured fastest per size class).
+forward's count measured fastest per size class), ``GNN_FASTPATH_SR_BWD`` (atomic or
+source-major backward, :func:`backward_mode`) and ``GNN_FASTPATH_SR_SCATTER`` (the atomic
+scatter's thread order, :func:`scatter_order`).
 """
 from __future__ import annotations
 
@@ -419,8 +421,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
                 n_items=swork.n_items, dst=s_dst, pos=s_pos, perm=kc.perm, w=w, x=x, F=F, aux=aux,
                 walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)
     else:
-        _scatter(graph, aux, grad_out, kc.indices if count else src_of, count, w, x, walk_all if count else None,
-                 dx, dw)
+        _scatter(graph, aux, grad_out, to, kc.indices if count else src_of, count, w, x,
+                 walk_all if count else None, dx, dw)
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
@@ -461,8 +463,8 @@ def scatter_order(graph, F: int, device: torch.device) -> str:
     """``"slices"`` or ``"rows"``: the thread order of the atomic scatter
     (``GNN_FASTPATH_SR_SCATTER`` forces one). Feature slices where dx is larger than the L2
     (row-major, each scattered atomic then misses it and costs a sector read and write-back
-    in DRAM), on graphs that outlived a training step (the hub list is a one-time cost, see
-    :func:`_hubs`) and are not static; row-major elsewhere."""
+    in DRAM) and F spans at least two slices, on graphs that outlived a training step (the
+    hub list is a one-time cost, see :func:`_hubs`) and are not static; row-major elsewhere."""
     forced = config.setting("GNN_FASTPATH_SR_SCATTER")
     if forced is not None:
         return forced
@@ -487,13 +489,13 @@ def _hubs(graph, lookup: Tensor, key: str) -> Tuple[Tensor, Tensor]:
         hub_of = number[lookup.long()]
         return torch.where(hub_of >= 0, -1 - hub_of, lookup).to(torch.int32), hub_src.to(torch.int32)
 
-    return graph.memo(("segment_reduce", "hubs", key), build)
+    return graph.memo(("segment_reduce", "hubs", key, SCATTER_HUBS), build)
 
 
-def _scatter(graph, aux, grad_out, lookup, by_position, w, x, walk_all, dx, dw) -> None:
-    """The atomic scatter of the single winners' gradients (``sr_bwd_arg``) in the order of
-    :func:`scatter_order`; the sliced order sends the hubs' elements to row copies and adds
-    them into dx after (``sr_hub_sum``)."""
+def _scatter(graph, aux, grad_out, to, lookup, by_position, w, x, walk_all, dx, dw) -> None:
+    """The atomic scatter of the single winners' gradients (``sr_bwd_arg``; ``to``: the C type
+    of the output and of grad_out) in the order of :func:`scatter_order`; the sliced order
+    sends the hubs' elements to row copies and adds them into dx after (``sr_hub_sum``)."""
     n_dst, F = aux.shape
     device = x.device
     slice_, rep, hub_src, n_hubs, replicas = 0, None, None, 0, 1
@@ -503,7 +505,7 @@ def _scatter(graph, aux, grad_out, lookup, by_position, w, x, walk_all, dx, dw) 
         n_hubs, replicas = hub_src.numel(), SCATTER_REPLICAS
         rep = torch.zeros(replicas * n_hubs * F, dtype=torch.float32, device=device)
     total = n_dst * F if slice_ == 0 else launch.cdiv(F, slice_) * n_dst * slice_
-    KERNELS.kernel(device, "sr_bwd_arg", launch.ctype(x.dtype), launch.ctype(grad_out.dtype)).launch(
+    KERNELS.kernel(device, "sr_bwd_arg", launch.ctype(x.dtype), to).launch(
         launch.cdiv(total, ARG_THREADS), ARG_THREADS, arg=aux, grad_out=grad_out, src=lookup,
         perm=graph.kernel_csr().perm, by_position=int(by_position), w=w, x=x, total=total, n_dst=n_dst, F=F,
         slice=slice_, walk_all=walk_all, dx=dx, dw=dw, rep=rep, hub_src=hub_src, n_hubs=n_hubs, replicas=replicas)

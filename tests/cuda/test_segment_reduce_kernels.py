@@ -478,7 +478,23 @@ def test_single_winner_at_zero(tie_break, share, long_row):
 
 
 # ------------------------------------------------------------ sliced scatter with hub copies
-@pytest.mark.parametrize("graph_name", ["random", "super", "heavy_rows", "bipartite"])
+def _hub_source():
+    """The "super" graph reversed: source 0 has 110k out-edges (a real hub)."""
+    return _GRAPHS["super"]()[0].flip(0), (2000, 2000)
+
+
+_SLICED_GRAPHS = {name: _GRAPHS[name] for name in ("random", "heavy_rows", "bipartite", "no_edges")}
+_SLICED_GRAPHS["hub_source"] = _hub_source
+
+
+def _force_slices(monkeypatch, hubs=5):
+    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
+    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "atomic")
+    monkeypatch.setattr(sr_kernels, "SCATTER_HUBS", hubs)
+    monkeypatch.setattr(sr_kernels, "SCATTER_REPLICAS", 3)
+
+
+@pytest.mark.parametrize("graph_name", list(_SLICED_GRAPHS))
 @pytest.mark.parametrize("F", (7, 64, 100, 512))
 @pytest.mark.parametrize("tie_break", TIE_BREAKS)
 @pytest.mark.parametrize("weighted", [False, True])
@@ -486,21 +502,41 @@ def test_single_winner_at_zero(tie_break, share, long_row):
 def test_sliced_scatter_matches_reference(monkeypatch, graph_name, F, tie_break, weighted, ties):
     """The atomic scatter in feature slices (GNN_FASTPATH_SR_SCATTER=slices; by rule only where
     dx outgrows the L2) with 5 hub sources of 3 row copies each, so that hub and plain sources
-    both scatter (the "super" graph's source 0 has 110k out-edges): every gradient against the
-    float64 reference, for F a multiple of the slice, below it and with a padded last slice."""
-    monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
-    monkeypatch.setenv("GNN_FASTPATH_SR_BWD", "atomic")
-    monkeypatch.setattr(sr_kernels, "SCATTER_HUBS", 5)
-    monkeypatch.setattr(sr_kernels, "SCATTER_REPLICAS", 3)
-    edge_index, sizes = _GRAPHS[graph_name]()
+    both scatter (on "hub_source" one hub has 110k out-edges; "no_edges" scatters nothing):
+    every gradient against the float64 reference, for F a multiple of the slice, below it and
+    with a padded last slice."""
+    _force_slices(monkeypatch)
+    edge_index, sizes = _SLICED_GRAPHS[graph_name]()
     graph = Graph.from_edge_index(edge_index.cuda(), sizes)
     for reduce in ("max", "min"):
         _check(graph, F, reduce, weighted, tie_break, ties=ties, seed=3)
+    if graph.num_edges == 0:
+        return
     key = "position" if tie_break in ("split", "even") else "caller"
-    target, hub_src = graph.memo_get(("segment_reduce", "hubs", key))
+    target, hub_src = graph.memo_get(("segment_reduce", "hubs", key, 5))
     out_deg = torch.bincount(graph.kernel_csr().indices.long(), minlength=graph.n_src)
     assert hub_src.numel() == 5 and int(out_deg[hub_src.long()].min()) >= int(out_deg.sort().values[-5])
     assert int((target < 0).sum()) == int(out_deg[hub_src.long()].sum())  # every hub edge goes to a copy
+
+
+@pytest.mark.parametrize("tie_break", TIE_BREAKS)
+def test_sliced_scatter_weight_gradient_only(monkeypatch, tie_break):
+    """Only the weights need a gradient (x does not): the scatter runs without dx, so without
+    hub copies, and dw matches the float64 reference. Then more hubs than sources (every
+    source of a 300-node graph a hub), dx and dw both."""
+    _force_slices(monkeypatch)
+    graph = Graph.from_edge_index(_hub_source()[0].cuda(), (2000, 2000))
+    x, w, g = _inputs(graph, 64, True, False, seed=8)
+    w_got, w_want = w.clone().requires_grad_(), w.double().requires_grad_()
+    segment_reduce(graph, x, "max", w_got, tie_break).backward(g)
+    reference.segment_reduce(graph, x.double(), "max", w_want, tie_break).backward(g.double())
+    assert_close(f"dw ({tie_break})", w_got.grad, w_want.grad)
+    assert not any(k[:2] == ("segment_reduce", "hubs") for k in graph._memo if isinstance(k, tuple))
+    _force_slices(monkeypatch, hubs=1000)
+    small = Graph.from_edge_index(_GRAPHS["random"]()[0].cuda(), (300, 300))
+    _check(small, 64, "max", True, tie_break, ties=False, seed=9)
+    key = "position" if tie_break in ("split", "even") else "caller"
+    assert small.memo_get(("segment_reduce", "hubs", key, 1000))[1].numel() == 300
 
 
 # ------------------------------------------------- source-major ("transposed") backward

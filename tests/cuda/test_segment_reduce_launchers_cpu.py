@@ -10,6 +10,7 @@ import torch
 from dry_launch import GRAPHS, graph, leaf
 from zoo import random_edges
 from gnn_fastpath import Graph
+from gnn_fastpath.graph.tensors import as_graph, of_graph
 from gnn_fastpath.ops.segment_reduce import SegmentReduceFunction
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -205,7 +206,13 @@ def test_scatter_order_rule(monkeypatch):
         g.note_pass(event)
     assert g.outlived_a_step()
     assert kernels.scatter_order(g, 64, cpu) == "slices"
+    monkeypatch.setattr(launch, "l2_bytes", lambda device: 0)
+    assert kernels.scatter_order(g, 512, cpu) == "slices"
     assert kernels.scatter_order(g, 2 * kernels.SCATTER_SLICE - 1, cpu) == "rows"  # one slice: nothing gained
+    static = as_graph(of_graph(g))
+    for event in ("forward", "backward", "forward"):
+        static.note_pass(event)
+    assert static.static and kernels.scatter_order(static, 512, cpu) == "rows"
     monkeypatch.setattr(launch, "l2_bytes", lambda device: 100 * 64 * 4)
     assert kernels.scatter_order(g, 64, cpu) == "rows"
     monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "slices")
@@ -213,6 +220,25 @@ def test_scatter_order_rule(monkeypatch):
     monkeypatch.setenv("GNN_FASTPATH_SR_SCATTER", "rows")
     monkeypatch.setattr(launch, "l2_bytes", lambda device: 0)
     assert kernels.scatter_order(g, 64, cpu) == "rows"
+
+
+def test_l2_size_without_torchs_property(monkeypatch):
+    """torch before 2.5 has no ``L2_cache_size`` device property: the size then comes from
+    CuPy's device attributes."""
+    import sys
+    import types
+
+    from gnn_fastpath.cuda import launch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace())
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda index: types.SimpleNamespace(attributes={"L2CacheSize": 1000 + index})))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    launch._l2_bytes.cache_clear()
+    try:
+        assert launch.l2_bytes(torch.device("cuda", 3)) == 1003
+    finally:
+        launch._l2_bytes.cache_clear()
 
 
 def test_hubs_are_the_sources_with_most_out_edges(monkeypatch):
