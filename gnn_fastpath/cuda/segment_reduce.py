@@ -448,7 +448,7 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
 
 
 #: Feature columns per slice of the sliced scatter (dx[:, slice] of arxiv-like, 169k sources, is
-#: 22 MB, inside the H200's 50 MB L2; 64 columns measured within 5%).
+#: 22 MB, inside the H200's 60 MB L2; 64 columns measured within 5%).
 SCATTER_SLICE = 32
 #: Hub sources (most out-edges) whose elements the sliced scatter adds into row copies, and
 #: the copies per hub. H200, arxiv-like F = 512, scatter with dx's zero-fill: row-major 1.33
