@@ -477,13 +477,11 @@ def _hubs(graph, lookup: Tensor, key: str) -> Tuple[Tensor, Tensor]:
     """(target [len(lookup)] int32, hub_src [K] int32), once per graph and lookup table: the
     :data:`SCATTER_HUBS` sources with the most out-edges (K = at most that many) are the hubs;
     target is ``lookup`` (a source per CSR position or per caller edge) with each hub's
-    source replaced by -1 - its hub number. On the device, no host read."""
+    source replaced by -1 - its hub number. On the device; the out-degrees are the Graph's
+    (:meth:`~gnn_fastpath.graph.Graph.out_degree`, known from the build here)."""
     def build():
-        kc = graph.kernel_csr()
         dev = lookup.device
-        out_deg = torch.zeros(graph.n_src, dtype=torch.float32, device=dev).index_add_(
-            0, kc.indices, torch.ones(kc.indices.numel(), dtype=torch.float32, device=dev))
-        hub_src = torch.topk(out_deg, min(SCATTER_HUBS, graph.n_src), sorted=False).indices
+        hub_src = torch.topk(graph.out_degree(), min(SCATTER_HUBS, graph.n_src), sorted=False).indices
         number = torch.full((graph.n_src,), -1, dtype=torch.int32, device=dev)
         number[hub_src] = torch.arange(hub_src.numel(), dtype=torch.int32, device=dev)
         hub_of = number[lookup.long()]
