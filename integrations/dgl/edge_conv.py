@@ -14,8 +14,9 @@ so the fused path runs ``theta``'s matmul on the nodes (its ``weight``/``bias`` 
 ``theta`` must be a plain ``nn.Linear`` without hooks), calls ``phi`` as a submodule on the
 destination features, and reduces ``P = W x_src`` [N_src, F] with one
 ``segment_reduce(min)``: no [M, F] edge tensor (stock forms three). DGL's max rules carry
-over: a tie's whole gradient goes to the *last* tied edge in DGL's edge order (measured for
-``copy_e`` + ``fn.max``, the form DGL runs ``e_add_v`` in), NaN messages never win, and a
+over: a tie's whole gradient goes to the first or the last tied edge in DGL's edge order, as
+the running DGL build does for ``copy_e`` + ``fn.max``, the form DGL runs ``e_add_v`` in
+(:func:`.ties.tie_break`), NaN messages never win, and a
 destination without in-edges gets 0 with no gradient (DGL writes its -inf as 0).
 
 Known differences (inherent to the reorganisation; see :mod:`..edge_conv`): values agree to
@@ -58,6 +59,7 @@ from torch import nn
 from ...ops.dispatch import require
 from .. import edge_conv
 from ..shim import Shim, Unsupported, autocast_dtype, check_like, has_module_hooks, linear_dtype
+from . import ties
 from .graph import check_call, check_zero_in_degree, features_of, graph_of, node_features
 
 
@@ -90,6 +92,7 @@ def fused_forward(module, backend, graph, feat):
         raise Unsupported("empty_graph", "a graph without edges (DGL 2.1's backward of its max indexes edge 0)")
     require("segment_reduce", x.device, x.dtype, G)  # before phi runs
 
+    tie = ties.tie_break(g.device, "copy_e")  # DGL runs e_add_v + max as copy_e + max
     theta = module.theta
     # stock's message dtype: gsddmm casts to A under CUDA autocast, else theta's output dtype
     message_dtype = (autocast_dtype("cuda") if x.is_cuda else None) or linear_dtype(feat_src, theta.weight)
@@ -97,7 +100,7 @@ def fused_forward(module, backend, graph, feat):
     u = edge_conv.linear(feat_dst, theta.weight, theta.bias, compute) + module.phi(feat_dst)
     p = edge_conv.linear(feat_src, theta.weight, None, compute)
     # max_j (U_i - P_j) = U_i - min_j P_j; every destination has an in-edge unless allowed
-    out = edge_conv.reduce_postponed(G, u, p, "max", tie_break="last", non_finite="drop", negate=True,
+    out = edge_conv.reduce_postponed(G, u, p, "max", tie_break=tie, non_finite="drop", negate=True,
                                      empty_rows=bool(module._allow_zero_in_degree))
     return out.to(message_dtype)
 

@@ -12,8 +12,8 @@ first ``num_dst_nodes`` rows, else the features themselves.
 - ``"mean"``: the sum divided by the structural in-degree clamped to >= 1 (``fn.mean``; the
   weights do not enter the count): ``spmm(norm="right")``;
 - ``"max"``: ``segment_reduce`` with DGL 2.1's rules (see :mod:`.sage_conv`): a tie's whole
-  gradient to the *last* tied edge in DGL's edge order with ``fn.copy_u``, to the *first*
-  with ``fn.u_mul_e`` and a per-edge scalar weight; NaN messages never win and a non-finite
+  gradient to the first or the last tied edge in DGL's edge order, as the running DGL build
+  does for this message (:func:`.ties.tie_break`); NaN messages never win and a non-finite
   maximum (a destination without in-edges included) is written as 0 with no gradient.
 
 ``edge_weight``: one scalar per edge, ``[M]`` or ``[M, 1]``; features ``[N, *]`` of at least 2
@@ -37,8 +37,9 @@ from torch import Tensor
 from ... import ops
 from ...ops.dispatch import require
 from ..shim import Shim, Unsupported, check_like
-from .graph import (apply_optional, check_call, features_of, graph_of, node_features, scalar_edge_weight,
-                    sparse_cast)
+from . import ties
+from .graph import (apply_optional, broadcasts, check_call, features_of, graph_of, node_features,
+                    scalar_edge_weight, sparse_cast)
 
 
 def op_for(module) -> str:
@@ -75,8 +76,8 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     aggr = module._aggregator_type
     h, w = sparse_cast(feat_src, weight)
     if aggr == "max":
-        neigh = ops.segment_reduce(G, h, "max", edge_weight=w, tie_break="last" if w is None else "first",
-                                   non_finite="drop")
+        tie = ties.tie_break(g.device, "copy_u" if w is None else "u_mul_e", broadcast=broadcasts(h, w))
+        neigh = ops.segment_reduce(G, h, "max", edge_weight=w, tie_break=tie, non_finite="drop")
     else:
         neigh = ops.spmm(G, h, edge_weight=w, norm="right" if aggr == "mean" else "none")
     rst = (1 + module.eps) * feat_dst + neigh

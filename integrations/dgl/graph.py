@@ -261,6 +261,13 @@ def scalar_edge_weight(g, edge_weight: Optional[Tensor], like: Tensor) -> Option
     return edge_weight.reshape(m)
 
 
+def broadcasts(x: Tensor, edge_weight: Optional[Tensor]) -> bool:
+    """Whether stock's ``fn.u_mul_e`` of the features ``x`` [N, *] by the scalar edge weight
+    broadcasts (DGL views an ``[M]`` weight as ``[M, 1]``: no broadcast only for ``[N, 1]``
+    features); it decides which of DGL's max kernels runs (:mod:`.ties`)."""
+    return edge_weight is not None and tuple(x.shape[1:]) != (1,)
+
+
 def apply_optional(rst: Tensor, *modules) -> Tensor:
     """``rst`` through each of ``modules`` that is not None, in order (stock's optional
     ``apply_func``, ``activation``, ``norm`` calls)."""

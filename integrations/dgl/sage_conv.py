@@ -17,9 +17,9 @@ Reproduces ``dgl.nn.pytorch.conv.SAGEConv.forward`` (DGL 2.1.0):
 - ``"pool"``: ``relu(fc_pool(feat_src))``, then the element-wise max over the in-edges (0
   without in-edges) by ``segment_reduce``, then ``fc_neigh``. The gradient of a maximum
   reached by several edges (duplicate edges, equal features; ties at the ReLU's zeros carry
-  no gradient back) goes, as in DGL 2.1 on the CPU, whole to one tied edge: the *last* one in DGL's edge order with ``fn.copy_u`` (no ``edge_weight``), the
-  *first* with ``fn.u_mul_e`` and a broadcast ``[M]`` or ``[M, 1]`` weight
-  (``tie_break="last"`` / ``"first"``); NaN messages never win and a non-finite maximum is
+  no gradient back) goes, as in DGL, whole to one tied edge: the first or the last in DGL's
+  edge order, whichever the running DGL build picks for ``fn.copy_u`` (no ``edge_weight``) or
+  ``fn.u_mul_e`` (:func:`.ties.tie_break`); NaN messages never win and a non-finite maximum is
   written as 0 with no gradient, as DGL's ``fn.max`` does (``non_finite="drop"``);
 - then ``fc_self(feat_dst) + h_neigh`` (not for ``"gcn"``), ``activation`` and ``norm``.
 
@@ -55,8 +55,9 @@ from ... import ops
 from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Shim, Unsupported, check_like
-from .graph import (apply_optional, check_call, features_of, graph_of, scalar_edge_weight, sparse_cast,
-                    split_feat)
+from . import ties
+from .graph import (apply_optional, broadcasts, check_call, features_of, graph_of, scalar_edge_weight,
+                    sparse_cast, split_feat)
 
 _AGGREGATORS = ("mean", "gcn", "pool")
 
@@ -110,6 +111,8 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     weight = _check_inputs(module, g, feat, edge_weight, n_src, n_dst, is_block)
     G = graph_of(g)
     require(op_for(module), x.device, x.dtype, G)  # before feat_drop or any fc runs
+    if module._aggre_type == "pool":  # fc_pool keeps the width: x tells whether DGL broadcasts the weight
+        tie = ties.tie_break(g.device, "copy_u" if weight is None else "u_mul_e", broadcast=broadcasts(x, weight))
 
     if isinstance(feat, tuple):
         feat_src = module.feat_drop(feat[0])
@@ -139,7 +142,6 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
             h_neigh = module.fc_neigh(h_neigh)
     else:  # pool
         h = F.relu(module.fc_pool(feat_src))
-        tie = "last" if weight is None else "first"
         h, pool_weight = sparse_cast(h, weight)
         h_neigh = module.fc_neigh(ops.segment_reduce(G, h, "max", edge_weight=pool_weight, tie_break=tie,
                                                      non_finite="drop"))

@@ -35,6 +35,19 @@ def _fresh_stats():
     gnn_fastpath.disable()
 
 
+# --------------------------------------------------------------------------- tie rules
+def dgl_rule(message: str, broadcast: bool = False) -> str:
+    """The tie rule the DGL build running these tests follows on the CPU (probed)."""
+    from gnn_fastpath.integrations.dgl import ties
+
+    return ties.tie_break(torch.device("cpu"), message, broadcast)
+
+
+def other_rule(rule: str) -> str:
+    """The other one-edge tie rule: forcing it must change the gradients of tied inputs."""
+    return {"first": "last", "last": "first"}[rule]
+
+
 # --------------------------------------------------------------------------- graphs
 def _split(edge_index, idtype):
     return edge_index[0].to(idtype), edge_index[1].to(idtype)
@@ -277,4 +290,4 @@ def h():
         assert_close=assert_close, graph_state=graph_state, same_graph_state=same_graph_state,
         fallback_case=fallback_case, fused=fused, fused_count=fused_count, cuda_copy=cuda_copy,
         check_cpu_graph_cuda_features=check_cpu_graph_cuda_features,
-        cora=cora, tolokers=tolokers, RTOL=RTOL)
+        cora=cora, tolokers=tolokers, RTOL=RTOL, dgl_rule=dgl_rule, other_rule=other_rule)

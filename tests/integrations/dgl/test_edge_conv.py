@@ -103,20 +103,23 @@ def test_one_node_level_reduction(dgl, h, monkeypatch):
     conv.phi.register_forward_hook(lambda m, i, o: phi_inputs.append(i[0].shape))
     with h.fused():
         conv(g, features(h, g, False))
-    assert calls == [((g.num_src_nodes(), F_OUT), "min", dict(tie_break="last", non_finite="drop"))]
+    assert calls == [((g.num_src_nodes(), F_OUT), "min", dict(tie_break=h.dgl_rule("copy_e"), non_finite="drop"))]
     assert phi_inputs == [(g.num_dst_nodes(), F_IN)]
 
 
-@pytest.mark.parametrize("wrong", ["first", "even"])
+@pytest.mark.parametrize("wrong", ["other", "even"])
 def test_wrong_tie_rule_would_fail(dgl, h, monkeypatch, wrong):
-    """Exact ties everywhere: DGL's rule (the last tied edge) is the one stock follows."""
+    """Exact ties everywhere: DGL's rule (the one the running build follows) is the one stock
+    follows; the other one-edge rule, or an even split, gives other gradients."""
+    if wrong == "other":
+        wrong = h.other_rule(h.dgl_rule("copy_e"))
     g = _graph(dgl, "to_block")
     conv, feat = build(exact=True), features(h, g, False, integer=True)
     h.compare(conv, g, feat)
     original = gnn_fastpath.ops.segment_reduce
     monkeypatch.setattr(gnn_fastpath.ops, "segment_reduce",
                         lambda graph, x, reduce, edge_weight=None, tie_break="split", non_finite="keep":
-                        original(graph, x, reduce, edge_weight, wrong, non_finite if wrong == "first" else "keep"))
+                        original(graph, x, reduce, edge_weight, wrong, non_finite if wrong != "even" else "keep"))
     with pytest.raises(AssertionError, match="grad of"):
         h.compare(conv, g, feat)
 

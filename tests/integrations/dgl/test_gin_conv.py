@@ -108,12 +108,15 @@ def test_ops_and_tie_rules_used(dgl, h, monkeypatch):
         build("max")(g, x, edge_weight=w)
         build("mean")(g, x, edge_weight=w)
         build("sum")(g, x)
-    assert calls == [("segment_reduce", "last", "drop", None), ("segment_reduce", "first", "drop", None),
+    assert calls == [("segment_reduce", h.dgl_rule("copy_u"), "drop", None),
+                     ("segment_reduce", h.dgl_rule("u_mul_e", broadcast=True), "drop", None),
                      ("spmm", None, None, "right"), ("spmm", None, None, "none")]
 
 
-@pytest.mark.parametrize("weight,wrong", [(None, "first"), (None, "split"), ((-1,), "last"), ((-1, 1), "even")])
+@pytest.mark.parametrize("weight,wrong", [(None, "other"), (None, "split"), ((-1,), "other"), ((-1, 1), "even")])
 def test_wrong_tie_rule_would_fail(dgl, h, monkeypatch, weight, wrong):
+    if wrong == "other":
+        wrong = h.other_rule(h.dgl_rule("copy_u" if weight is None else "u_mul_e", broadcast=weight is not None))
     g = _graph(dgl, "to_block")
     conv = build("max")
     feat, kwargs = tied_features(g, False), weight_of(g, weight)
