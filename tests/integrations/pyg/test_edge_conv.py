@@ -158,6 +158,14 @@ def test_known_difference_at_zero_extreme():
     features 1 the two tied messages into node 0 are not 0 and the gradients agree."""
     edge_index = torch.tensor([[1, 2, 0], [0, 0, 1]])  # target 0 has two sources, target 1 one
     conv = _conv(_linear("torch", bias=False))
+    # exact arithmetic on both paths (BLAS may round equal rows differently by their position),
+    # and no message of the "one" case is 0: [x_i, x_j - x_i] meets weights in Z + 1/4 and Z + 1/2
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        w = conv.nn.weight
+        w.copy_(torch.randint(-2, 3, w.shape, generator=gen).float())
+        w[:, :F_IN] += 0.25
+        w[:, F_IN:] += 0.5
     grads = {}
     for case in ("zero", "one"):
         x = torch.zeros(3, F_IN)
