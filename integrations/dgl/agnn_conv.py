@@ -22,18 +22,22 @@ autocast the layer runs stock (:func:`.graph.check_precision`).
 Falls back (Unsupported) for: heterographs with several edge types, features that are not
 at least 2-D or whose row counts do not match the graph, a pair whose two sides differ in
 trailing shape, one tensor on a non-block graph whose source and destination node types
-differ (stock fails: no destination ``norm_h``), and a ``beta`` of another dtype or device.
+differ (stock fails: no destination ``norm_h``), a feature pair on a graph with one node type
+that is not a block (stock's ``dstdata`` write replaces the source keys there:
+:func:`.graph.check_pair_frames`), and a ``beta`` of another dtype or device.
 """
 from __future__ import annotations
 
 from ...ops.dispatch import require
 from .. import agnn
 from ..shim import Shim, Unsupported, check_like
-from .graph import check_call, check_zero_in_degree, features_of, graph_of, sparse_cast, split_feat
+from .graph import (check_call, check_pair_frames, check_zero_in_degree, features_of, graph_of, sparse_cast,
+                    split_feat)
 
 
 def _check_features(g, feat, n_src: int, n_dst: int, is_block: bool):
     """(feat_src, feat_dst or None when the destination side is the source's first rows)."""
+    check_pair_frames(g, feat)
     src, dst = split_feat(feat)
     if dst is not None:
         if dst.shape[1:] != src.shape[1:]:

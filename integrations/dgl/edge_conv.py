@@ -49,7 +49,9 @@ twice the bytes of a 16-bit reduction). Under CPU autocast the layer runs stock
 
 Falls back (Unsupported) also for: heterographs with several edge types, features of fewer
 than 2 dimensions, of different trailing shapes on the two sides or whose row counts do not
-match the graph, a ``theta`` that is not a hook-free ``nn.Linear``, and a graph without edges
+match the graph, a feature pair on a graph with one node type that is not a block (stock's
+``dstdata`` write replaces the source features there: :func:`.graph.check_pair_frames`), a
+``theta`` that is not a hook-free ``nn.Linear``, and a graph without edges
 (DGL 2.1's backward of that max indexes edge 0, which does not exist: stock raises).
 """
 from __future__ import annotations
@@ -60,7 +62,7 @@ from ...ops.dispatch import require
 from .. import edge_conv
 from ..shim import Shim, Unsupported, autocast_dtype, check_like, has_module_hooks, linear_dtype
 from . import ties
-from .graph import check_call, check_zero_in_degree, features_of, graph_of, node_features
+from .graph import check_call, check_pair_frames, check_zero_in_degree, features_of, graph_of, node_features
 
 
 def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
@@ -72,6 +74,7 @@ def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
     if type(theta) is not nn.Linear or has_module_hooks(theta):
         what = "an nn.Linear with hooks" if type(theta) is nn.Linear else f"a {type(theta).__name__}"
         raise Unsupported("theta", f"theta is {what} (the fused path reads a plain nn.Linear's weight and bias)")
+    check_pair_frames(g, feat)
     feat_src, feat_dst = node_features(feat, n_src, n_dst, is_block, "[N, *, F]")
     if theta.weight.shape[1] != feat_src.shape[-1]:
         raise Unsupported("input", f"theta takes {theta.weight.shape[1]} features, the input has {feat_src.shape[-1]}")

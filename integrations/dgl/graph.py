@@ -248,6 +248,15 @@ def node_features(feat, n_src: int, n_dst: int, is_block: bool, layout: str) -> 
     return feat_src, feat_dst
 
 
+def check_pair_frames(g, feat) -> None:
+    """Unsupported for a feature pair on a graph whose ``srcdata`` and ``dstdata`` are one frame
+    (one node type, not a block): stock layers that write one key on both sides (SAGE's
+    ``"gcn"``, EdgeConv, AGNN) then read the destination features at the sources too."""
+    if isinstance(feat, tuple) and not g.is_block and len(g.ntypes) == 1:
+        raise Unsupported("input", "a feature pair on a graph with one node type (stock's dstdata write replaces "
+                                   "the source features: DGL's srcdata and dstdata are one frame there)")
+
+
 def scalar_edge_weight(g, edge_weight: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
     """``edge_weight`` as [M] (None stays None): one scalar per edge, ``[M]`` or ``[M, 1]``, like
     the features ``like`` (:func:`..shim.check_like`); Unsupported otherwise."""

@@ -28,7 +28,9 @@ when modules) are called as submodules, in stock's order.
 
 Falls back (Unsupported) for: ``"lstm"``, heterographs with several edge types, features that
 are not 2-D ``[N, F]`` or whose row counts do not match the graph (stock raises or
-broadcasts), a ``"gcn"`` pair of different widths (stock raises), ``edge_weight`` other than
+broadcasts), a ``"gcn"`` pair of different widths (stock raises) or on a graph with one node
+type that is not a block (stock's ``dstdata`` write replaces the source features there:
+:func:`.graph.check_pair_frames`), ``edge_weight`` other than
 one float per edge (``[M]`` or ``[M, 1]``), and ``"pool"`` on a graph without edges (DGL 2.1's
 max then returns zeros but sends every destination's gradient to source node 0; no rule to
 copy). ``"mean"``/``"gcn"`` on a graph without edges are fused (0 aggregated, as stock).
@@ -56,8 +58,8 @@ from ...ops.dispatch import require
 from ...graph import Graph
 from ..shim import Shim, Unsupported, check_like
 from . import ties
-from .graph import (apply_optional, broadcasts, check_call, features_of, graph_of, scalar_edge_weight,
-                    sparse_cast, split_feat)
+from .graph import (apply_optional, broadcasts, check_call, check_pair_frames, features_of, graph_of,
+                    scalar_edge_weight, sparse_cast, split_feat)
 
 _AGGREGATORS = ("mean", "gcn", "pool")
 
@@ -73,6 +75,8 @@ def _check_inputs(module, g, feat, edge_weight, n_src: int, n_dst: int, is_block
     if aggr not in _AGGREGATORS:
         raise Unsupported("aggregator_type", f"aggregator_type={aggr!r} (the fused path takes "
                                              f"{', '.join(_AGGREGATORS)})")
+    if aggr == "gcn":
+        check_pair_frames(g, feat)
     feat_src, feat_dst = split_feat(feat)
     if feat_dst is None:
         feat_dst = feat_src

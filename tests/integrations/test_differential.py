@@ -1,0 +1,106 @@
+"""Randomized differential tests: random graphs x random valid layer configurations, stock vs
+``enable()``d, in both frameworks (see :mod:`differential` for what a case draws and checks).
+
+Each case is one seed; its test id is the seed, and a failure prints the case and the command
+that replays it. How many cases, and from which seed:
+
+- ``GNN_FASTPATH_DIFF_CASES`` (default 300) and ``GNN_FASTPATH_DIFF_FIRST`` (default 0);
+- on the CPU the shims run on the reference ops (``cpu="reference"``), compiling few cases
+  (``aot_eager``: seconds each); with the CUDA kernels the ``cuda`` variant runs the same seeds
+  on the GPU (inductor for compiled cases, larger super nodes; the device run asks for
+  thousands).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from . import differential
+
+FIRST = int(os.environ.get("GNN_FASTPATH_DIFF_FIRST", "0"))
+CASES = int(os.environ.get("GNN_FASTPATH_DIFF_CASES", "300"))
+SEEDS = range(FIRST, FIRST + CASES)
+CPU_COMPILE_RATE = 0.03
+
+
+def _frameworks(pyg, dgl_or_none):
+    return ("pyg", "dgl") if dgl_or_none is not None else ("pyg",)
+
+
+@pytest.fixture(scope="module")
+def frameworks(pyg):
+    from frameworks import import_dgl
+
+    return _frameworks(pyg, import_dgl())
+
+
+@pytest.fixture(autouse=True)
+def _clean(clean_fastpath):
+    yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: thread hand-off would dominate
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cpu_reference(frameworks, seed):
+    case = differential.make_case(seed, frameworks=frameworks, device="cpu", compile_rate=CPU_COMPILE_RATE)
+    assert differential.check_case(case, "cpu") == "reference"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cuda(frameworks, seed, no_cpu_only_torch_sparse):
+    case = differential.make_case(seed, frameworks=frameworks, device="cuda")
+    assert differential.check_case(case, "cuda") == "cuda"
+
+
+def test_cases_cover_every_layer_dtype_and_mode(frameworks):
+    """The default case range draws every patched layer of each framework, every precision and
+    compiled cases: the harness cannot silently stop testing one."""
+    cases = [differential.make_case(s, frameworks=frameworks, compile_rate=CPU_COMPILE_RATE) for s in range(300)]
+    seen = {(c.framework, c.layer) for c in cases}
+    want = {("pyg", n) for n in differential.PYG_LAYERS}
+    if "dgl" in frameworks:
+        want |= {("dgl", n) for n in differential.DGL_LAYERS}
+    assert want <= seen, want - seen
+    assert {c.dtype for c in cases} == {"float32", "bfloat16", "float16"}
+    assert any(c.compiled for c in cases)
+    assert any(c.graph.bipartite for c in cases) and any(c.graph.symmetric for c in cases)
+    assert any(c.graph.m == 0 for c in cases) and any(c.graph.has_empty_rows() for c in cases)
+
+
+def test_case_is_a_function_of_its_seed(frameworks):
+    a = differential.make_case(123, frameworks=frameworks)
+    b = differential.make_case(123, frameworks=frameworks)
+    assert a.describe() == b.describe()
+    assert a.graph.edge_index.equal(b.graph.edge_index)
+
+
+def test_harness_catches_a_wrong_result(frameworks, monkeypatch):
+    """A fused op that is off by a little in one gradient is reported, with the case."""
+    import torch
+
+    import gnn_fastpath.ops as ops
+
+    original = ops.spmm
+
+    def skewed(graph, x, *args, **kwargs):
+        return original(graph, x * (1 + 1e-3), *args, **kwargs)
+
+    monkeypatch.setattr(ops, "spmm", skewed)
+    seed = next(s for s in range(1000) if differential.make_case(s, frameworks=("pyg",)).layer == "GCNConv"
+                and differential.make_case(s, frameworks=("pyg",)).dtype == "float32"
+                and differential.make_case(s, frameworks=("pyg",)).graph.m > 0)
+    case = differential.make_case(seed, frameworks=("pyg",))
+    with pytest.raises(differential.Mismatch, match=f"case {seed}: pyg GCNConv"):
+        differential.check_case(case, "cpu")
+    del torch
