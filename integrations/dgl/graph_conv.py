@@ -19,15 +19,26 @@ features, float32 from the user); ``matmul`` with W gives A; ``update_all`` (gsp
 features and ``edge_weight`` to A and aggregates into A; the destination scale of
 ``"right"``/``"both"`` is computed the same way from ``feat_dst`` (float32 for float32
 features; ``"right"`` on 16-bit features, e.g. a previous layer's output, gives A), so
-``rst * norm`` is float32 for float32 features; the float32 ``bias`` keeps float32. The op gets
-the features and the edge weight cast as DGL casts them (:func:`.graph.sparse_cast`) and
-writes stock's dtype: A for ``"none"``/``"left"``, float32 for ``"right"``/``"both"`` (when W
-comes after the aggregation, the op writes A, ``matmul`` gives A and the result is cast to
-stock's float32 once, where stock multiplies by the float32 scale). In a half module
-everything is the module's dtype. Under CPU autocast the layer runs stock
+``rst * norm`` is float32 for float32 features; the float32 ``bias`` keeps float32. In a half
+module everything is the module's dtype. Under CPU autocast the layer runs stock
 (:func:`.graph.check_precision`).
+
+The fused path returns stock's dtypes and rounds less. The op gets the edge weight (and,
+without W, the features) cast as DGL casts them (:func:`.graph.sparse_cast`). Where stock's
+``matmul`` with W gives 16 bits (a half module, autocast), its operands are cast to that
+dtype as stock's are, but the product, the aggregation, the degree scales and the ``bias``
+all stay float32 (:class:`_Float32Matmul`, the op's float32 result), and the result is
+rounded once to stock's dtype after the ``bias`` (above), before the ``activation``, which
+sees stock's dtype. Stock rounds the
+projected features before aggregating them (W first) or the aggregate before the product
+(W after), then the result before the ``bias``; where the next sum cancels (neighbours with
+opposite features, as on heterophilous graphs) those roundings of its larger terms dominate
+its error. The gradients of the features, W and the edge weights likewise come from float32
+products and sums, rounded once to their dtypes.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -83,6 +94,74 @@ def _right_scale(degs):
     return 1.0 / degs.clamp(min=1)
 
 
+def _matmul(a, b):
+    return torch.matmul(a, b)
+
+
+def _low_precision(a: torch.Tensor, w: torch.Tensor) -> Optional[torch.dtype]:
+    """The 16-bit dtype stock's ``torch.matmul(a, w)`` computes in here (a half module, or
+    CUDA autocast), or None (float32: the product is not rounded to 16 bits)."""
+    dtype = result_dtype(_matmul, a.device, a.dtype, w.dtype)[0]
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
+
+
+#: Elements per row block of the float32 copies a 16-bit operand is upcast to.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(n_rows: int, width: int):
+    step = max(1, _BLOCK_ELEMENTS // max(width, 1))
+    return [(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+class _Float32Matmul(torch.autograd.Function):
+    """``a @ w`` for 2-d operands of any floating dtype, with float32 products and sums and a
+    float32 result (torch's 16-bit matmul rounds its result to 16 bits). 16-bit rows are
+    upcast a block at a time and ``a`` is saved as given, so no float32 copy of it outlives
+    a block. The gradients are computed the same way and rounded once to the operands' dtypes."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, w)
+        with _no_autocast(a.device):
+            w32 = w.float()
+            if a.dtype == torch.float32:
+                return torch.mm(a, w32)
+            out = torch.empty(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)
+            for start, end in _row_blocks(a.shape[0], a.shape[1]):
+                out[start:end] = torch.mm(a[start:end].float(), w32)
+            return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, w = ctx.saved_tensors
+        grad_a = grad_w = None
+        with _no_autocast(a.device):
+            grad = grad.float()
+            w32 = w.float()
+            if ctx.needs_input_grad[0]:
+                grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+                for start, end in _row_blocks(a.shape[0], a.shape[1]):
+                    grad_a[start:end] = torch.mm(grad[start:end], w32.t())
+            if ctx.needs_input_grad[1]:
+                acc = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+                for start, end in _row_blocks(a.shape[0], a.shape[1]):
+                    acc.addmm_(a[start:end].t().float(), grad[start:end])
+                grad_w = acc.to(w.dtype)
+        return grad_a, grad_w
+
+
+def _project(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(a, w)`` for ``a`` [N, *, K] and ``w`` [K, F] as :class:`_Float32Matmul`
+    (a float32 result)."""
+    out = _Float32Matmul.apply(a.reshape(-1, a.shape[-1]), w)
+    return out.view(*a.shape[:-1], w.shape[1])
+
+
 def _stock_dtype(norm: str, aggregated: torch.dtype, like: torch.Tensor) -> torch.dtype:
     """The dtype of stock's result before ``bias``: the aggregate (after W where W comes
     after) times the destination scale, computed in the dtype of ``feat_dst`` (``like``)."""
@@ -106,23 +185,40 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
 
     norm = module._norm
     dst_like = feat[1] if isinstance(feat, tuple) else x  # stock's degree scale takes feat_dst's dtype
-    if module._in_feats > module._out_feats:
-        # multiply by W first to shrink the features that are aggregated (as stock)
-        if w is not None:
-            feat_src = torch.matmul(feat_src, w)
+    low = None  # the 16-bit dtype of stock's product with W, where the fused path keeps float32
+    if w is None:
         feat_src, edge_weight = sparse_cast(feat_src, edge_weight)
         out_dtype = out_dtype_of("GraphConv", feat_src.dtype, _stock_dtype(norm, feat_src.dtype, dst_like))
         rst = ops.spmm(G, feat_src, edge_weight, norm, out_dtype=out_dtype)
-    else:
-        feat_src, edge_weight = sparse_cast(feat_src, edge_weight)
-        if w is None:
+    elif module._in_feats > module._out_feats:
+        # multiply by W first to shrink the features that are aggregated (as stock)
+        low = _low_precision(feat_src, w)
+        if low is None:
+            feat_src, edge_weight = sparse_cast(torch.matmul(feat_src, w), edge_weight)
             out_dtype = out_dtype_of("GraphConv", feat_src.dtype, _stock_dtype(norm, feat_src.dtype, dst_like))
             rst = ops.spmm(G, feat_src, edge_weight, norm, out_dtype=out_dtype)
         else:
+            # stock rounds the projected features to 16 bits before aggregating them
+            (edge_weight,) = sparse_cast(edge_weight)
+            rst = ops.spmm(G, _project(feat_src.to(low), w.to(low)), edge_weight, norm, out_dtype=torch.float32)
+    else:
+        feat_src, edge_weight = sparse_cast(feat_src, edge_weight)
+        low = _low_precision(feat_src, w)
+        if low is None:
             rst = torch.matmul(ops.spmm(G, feat_src, edge_weight, norm), w)
-            rst = rst.to(_stock_dtype(norm, rst.dtype, dst_like))  # no-op unless autocast (see above)
-    if module.bias is not None:
-        rst = rst + module.bias
+        else:
+            # stock rounds the aggregate, then the product, to 16 bits
+            rst = _project(ops.spmm(G, feat_src, edge_weight, norm, out_dtype=torch.float32), w.to(low))
+    if low is None:
+        if module.bias is not None:
+            rst = rst + module.bias
+    else:
+        # float32 so far: one rounding to stock's dtype, after the bias (stock rounds before it too)
+        dtype = _stock_dtype(norm, low, dst_like)
+        if module.bias is not None:
+            dtype = torch.promote_types(dtype, module.bias.dtype)
+            rst = rst + module.bias
+        rst = rst.to(dtype)
     if module._activation is not None:
         rst = module._activation(rst)
     return rst

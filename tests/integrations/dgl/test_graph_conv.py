@@ -1,6 +1,8 @@
 """DGL GraphConv under gnn_fastpath.enable(): stock semantics, fallbacks, errors, devices."""
 from __future__ import annotations
 
+import contextlib
+import copy
 
 import pytest
 import torch
@@ -200,6 +202,120 @@ def test_fallback_several_edge_types(dgl, h):
     g = h.multi_etype(dgl)
     conv = build(5, 3, "both")
     h.fallback_case(conv, g, h.features(g, 5, False), "heterograph", KEY, expect_error=dgl.DGLError)
+
+
+# --------------------------------------------------------------------------- bfloat16 accuracy
+U_BF16 = 2.0 ** -8  # unit roundoff of bfloat16
+#: Bound of :func:`rounding_excess` for a result rounded once: 1, plus the float32 error of
+#: the value rounded (it can move a value next to a rounding midpoint to the other side).
+ONCE = 1.1
+
+
+def heterophilous(dgl, n=1500, m=15000, seed=0):
+    """A stand-in for chameleon / squirrel / actor: power-law in- and out-degrees (hubs with
+    hundreds of edges, most nodes with a few), duplicate edges, a self-loop on every node."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ends():
+        weights = (torch.arange(n) + 1.0).pow(-0.7)[torch.randperm(n, generator=gen)]
+        return torch.multinomial(weights, m, replacement=True, generator=gen)
+
+    src, dst = ends(), ends()
+    return dgl.add_self_loop(dgl.remove_self_loop(dgl.graph((src, dst), num_nodes=n)))
+
+
+def bf16_run(conv, g, x, edge_weight, grad_out, mode):
+    """One forward and backward of the bfloat16 ``conv`` (``mode``: None stock, "fused", or
+    "float64": the same module, inputs and output gradient upcast, stock code). Returns the
+    output and the gradients of x, the weight and the edge weights."""
+    dtype = torch.float64 if mode == "float64" else torch.bfloat16
+    conv = copy.deepcopy(conv).to(dtype)
+    x = x.to(dtype, copy=True).requires_grad_(True)
+    edge_weight = edge_weight.to(dtype, copy=True).requires_grad_(True)
+    switch = gnn_fastpath.enabled(frameworks="dgl", cpu="reference") if mode == "fused" else contextlib.nullcontext()
+    with switch:
+        out = conv(g, x, edge_weight=edge_weight)
+    out.backward(grad_out.to(dtype))
+    return {"out": out.detach(), "x.grad": x.grad, "weight.grad": conv.weight.grad,
+            "edge_weight.grad": edge_weight.grad}
+
+
+def bf16_inputs(g, in_feats, out_feats, seed=0):
+    """Dense real-valued features, positive edge weights and an output gradient, all bfloat16."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(g.num_nodes(), in_feats, generator=gen).bfloat16()
+    w = (torch.rand(g.num_edges(), generator=gen) * 2 + 0.1).bfloat16()
+    dy = torch.randn(g.num_nodes(), out_feats, generator=gen).bfloat16()
+    return x, w, dy
+
+
+def rounding_excess(actual, exact) -> float:
+    """The largest ``|actual - exact| / (u |exact| + 2**-16 max |exact|)``: at most 1 when every
+    entry is ``exact`` rounded once to bfloat16 (the small absolute term covers entries whose
+    float32 sums cancel almost completely); each extra rounding of a larger term before a
+    cancelling sum adds about its ratio to the result."""
+    a, e = actual.double(), exact.double()
+    return ((a - e).abs() / (U_BF16 * e.abs() + 2.0 ** -16 * e.abs().max())).max().item()
+
+
+def relative_error(actual, exact) -> float:
+    """``max |actual - exact| / max |exact|``, the measure of tests/integrations/test_autocast.py."""
+    a, e = actual.double(), exact.double()
+    return ((a - e).abs().max() / e.abs().max()).item()
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("in_feats,out_feats", [(300, 16), (16, 32)], ids=["W_before", "W_after"])
+def test_bf16_module_rounds_once(dgl, h, norm, in_feats, out_feats):
+    """A bfloat16 module with edge weights and a bias on a heterophilous stand-in: the fused
+    output and the gradients of x, W and the edge weights are each the float64 result rounded
+    once. Stock rounds the projected features (W before the aggregation) or the aggregate (W
+    after) to bfloat16 first, the result again before adding the bias, and in its backward the
+    propagated gradient; entries where the next sum cancels then carry many roundings of the
+    larger terms."""
+    g = heterophilous(dgl)
+    conv = build(in_feats, out_feats, norm).bfloat16()
+    x, w, dy = bf16_inputs(g, in_feats, out_feats)
+    fused = bf16_run(conv, g, x, w, dy, "fused")
+    exact = bf16_run(conv, g, x, w, dy, "float64")
+    assert h.fused_count(KEY) == 1 and gnn_fastpath.stats()[KEY]["fallback"] == {}
+    for name, t in fused.items():
+        assert t.dtype == torch.bfloat16, name
+        assert rounding_excess(t, exact[name]) <= ONCE, f"{name}: {rounding_excess(t, exact[name]):.2f}"
+
+
+def paired_opposites(dgl, n_pairs=600, pairs_per_dst=12, in_feats=256, seed=0):
+    """Heterophily at its sharpest: nodes 2p and 2p + 1 have nearly opposite features and send
+    to the same destinations with the same edge weight, so each aggregate is a small
+    remainder of large projected features. Returns (graph, x, edge_weight)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 2 * n_pairs
+    pair = torch.randint(0, n_pairs, (n, pairs_per_dst), generator=gen).flatten()
+    dst = torch.arange(n).repeat_interleave(pairs_per_dst)
+    weight = torch.rand(pair.numel(), generator=gen) * 2 + 0.1
+    g = dgl.graph((torch.cat([2 * pair, 2 * pair + 1]), torch.cat([dst, dst])), num_nodes=n)
+    base = torch.randn(n_pairs, in_feats, generator=gen)
+    x = torch.stack([base, -base + 0.05 * torch.randn(n_pairs, in_feats, generator=gen)], 1).flatten(0, 1)
+    return g, x.bfloat16(), torch.cat([weight, weight]).bfloat16()
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_bf16_cancelling_neighbours_as_accurate_as_stock(dgl, h, norm):
+    """in_feats > out_feats with edge weights: stock rounds the projected features to bfloat16
+    before the weighted sum, whose result is much smaller than its terms, so its error is
+    many u of the output; the fused path aggregates them in float32 and rounds once (issue
+    30, item 2: it had rounded them as stock does)."""
+    g, x, w = paired_opposites(dgl)
+    conv = build(x.shape[1], 8, norm).bfloat16()
+    with torch.no_grad():
+        conv.bias.mul_(0.01)  # of the output's size, so the error is the aggregate's
+    dy = torch.randn(g.num_nodes(), 8, generator=torch.Generator().manual_seed(1)).bfloat16()
+    stock, fused, exact = (bf16_run(conv, g, x, w, dy, mode) for mode in (None, "fused", "float64"))
+    err_stock, err_fused = relative_error(stock["out"], exact["out"]), relative_error(fused["out"], exact["out"])
+    assert err_stock > 4 * U_BF16  # the case is one that tells the two apart
+    assert err_fused <= 2 * U_BF16 and err_fused < err_stock / 2, (err_fused, err_stock)
+    for name in ("x.grad", "weight.grad", "edge_weight.grad"):
+        assert relative_error(fused[name], exact[name]) <= relative_error(stock[name], exact[name]) + U_BF16, name
 
 
 # --------------------------------------------------------------------------- real graphs
