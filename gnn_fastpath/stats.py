@@ -6,7 +6,8 @@ re-arms the warnings. The reasons are the keys of :mod:`gnn_fastpath.ops.dispatc
 ``cpu``, ``no_kernel``, ...), of the framework checks in ``integrations/shim.py``
 (``autocast``, ``hooks``, ``subclass``, ...) and of each layer's ``Unsupported("...")``; the
 README section "Check it is working" lists them all with their meaning (a test keeps that
-table in step with the code).
+table in step with the code). ``stats(tuning=True)`` adds what tuning cost, where and how
+much, beside the layers under ``"tuning"`` (:func:`gnn_fastpath.tuning.report`).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def record_compiled(layer: str, outcome: str) -> None:
     compiled[outcome] += 1
 
 
-def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
+def stats(tuning: bool = False) -> Dict[str, Dict[str, Dict[str, int]]]:
     """Per layer class, fused calls by backend and fallbacks by reason, as plain data.
 
     Example: ``{"pyg.TransformerConv": {"fused": {"cuda": 12, "reference": 0},
@@ -72,6 +73,13 @@ def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
     ``"fallback"`` counts calls that ran the stock forward, by reason (the README's "Check it
     is working" table says what each reason means). A layer appears once it has been called
     while patched.
+
+    With ``tuning=True`` the result also holds ``"tuning"``: where the tuner spent time since
+    the last :func:`reset_stats` and how much, per size class and in all, with its budget
+    (:func:`gnn_fastpath.tuning.report`): ``{"ms": ..., "trials": ..., "budget_ms": ...,
+    "budget_left_ms": ..., "classes": {"<size class>": {"op": ..., "state": ..., "calls": ...,
+    "trials": ..., "ms": ..., ...}}}`` (a key asked for, so that code reading every other value
+    as a layer's counts keeps working).
     """
     with _lock:
         out = {}
@@ -81,11 +89,20 @@ def stats() -> Dict[str, Dict[str, Dict[str, int]]]:
             out[layer] = {"fused": fused, "fallback": dict(entry["fallback"])}
             if "compiled" in entry:
                 out[layer]["compiled"] = dict(entry["compiled"])
-        return copy.deepcopy(out)
+        out = copy.deepcopy(out)
+    if tuning:
+        from . import tuning as tuner
+
+        out["tuning"] = tuner.report()
+    return out
 
 
 def reset_stats() -> None:
-    """Clear all counters and re-arm the once-per-reason fallback warnings."""
+    """Clear all counters, re-arm the once-per-reason fallback warnings and restart the tuning
+    report (:func:`gnn_fastpath.tuning.reset_report`: the tuner's budget and choices stay)."""
+    from . import tuning
+
     with _lock:
         _counts.clear()
         _warned.clear()
+    tuning.reset_report()

@@ -51,8 +51,8 @@ MAX_ROW_FLOATS_LOW_DEGREE = {"dot_fwd": 8, "dot_bwd_dst": 4, "dot_bwd_src": 4}
 LOW_DEGREE = 16.0
 #: Most elements one lane may hold per head (NH = 1); wider heads fall back to the reference.
 MAX_FLOATS_PER_LANE = 16
-#: Mean out-degree from which the source-major backward wins over atomics (when
-#: ``GNN_FASTPATH_DOT_BWD`` is unset).
+#: Mean out-degree from which the source-major backward wins over atomics for float32 rows
+#: (when ``GNN_FASTPATH_DOT_BWD`` is unset; 16-bit rows: see :func:`backward_mode`).
 TRANSPOSED_MIN_MEAN_DEGREE = 4.0
 _TEMPLATES = tuple(MAX_ROW_FLOATS)
 
@@ -140,9 +140,17 @@ def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
     return block_attention.usable(graph, p)
 
 
-def backward_mode(graph, block: bool = False) -> str:
-    """``"atomic"``, ``"transposed"`` or ``"block"`` for ``graph`` (``GNN_FASTPATH_DOT_BWD``
-    forces one; ``"block"`` only where ``block``, :func:`block_offered`)."""
+def backward_mode(graph, block: bool = False, dtype: Optional[torch.dtype] = None) -> str:
+    """``"atomic"``, ``"transposed"`` or ``"block"`` for ``graph`` and rows of ``dtype`` (None:
+    float32) (``GNN_FASTPATH_DOT_BWD`` forces one; ``"block"`` only where ``block``,
+    :func:`block_offered`).
+
+    The rule: the source-major pass where sources have :data:`TRANSPOSED_MIN_MEAN_DEGREE`
+    out-edges or more on average, and for 16-bit rows on every graph that outlived a training
+    step: their atomic pass adds into float32 copies of dk and dv (zeroed, then cast), which
+    costs more than the transpose on every benchmark graph in bfloat16, low-degree ones included
+    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md). On a graph of one step (a
+    sampled batch) the mean out-degree alone decides: 16-bit rows add no transpose there."""
     forced = config.setting("GNN_FASTPATH_DOT_BWD")
     if forced is not None and (forced != "block" or block):
         return forced
@@ -150,6 +158,8 @@ def backward_mode(graph, block: bool = False) -> str:
         return "atomic"
     if block:  # the rule, measured in block_attention.py (the tuner refines it)
         return "block"
+    if dtype is not None and dtype != torch.float32 and graph.outlived_a_step():
+        return "transposed"
     return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
@@ -319,7 +329,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         block = forced in (None, "block") and block_offered(
             graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype, seed,
             forced == "block", backward=True)
-        mode = backward_mode(graph, block)
+        mode = backward_mode(graph, block, q.dtype)
         if forced is None and not graph.static and tuning.enabled():
             def run(variant):
                 return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,

@@ -9,7 +9,8 @@ the GATv2 family's (:mod:`gnn_fastpath.cuda.row_attention`).
 
 Backward variant (:func:`backward_mode`): ``"atomic"`` (one destination-major pass; dx_src and
 d score_src by atomics) or ``"transposed"`` (a source-major pass; d score_dst by scalar
-atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the graph's mean out-degree decides.
+atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the rule (atomic) or,
+with ``GNN_FASTPATH_TUNE=1``, the variant measured fastest for the size class.
 
 Dtypes: x_src in storage dtype T (float32, float16, bfloat16); score_src, score_dst,
 edge_score and edge_weight float32 (the op converts them); out and alpha in ``out_dtype`` (T
@@ -48,10 +49,6 @@ PERSISTENT_MIN_ITEMS_PER_WARP = 16
 #: The backward variants; the setting ``GNN_FASTPATH_GAT_BWD`` forces one (empty:
 #: :func:`backward_mode` decides).
 BACKWARDS = ("atomic", "transposed")
-#: Mean out-degree (M / N_src) from which the source-major backward is the default: full
-#: graphs, where the source CSR is built once and reused; sampled blocks (many sources, few
-#: edges each) keep the atomic pass and build no source CSR.
-TRANSPOSED_MIN_MEAN_DEGREE = 4.0
 
 
 def _unroll(floats_per_lane: int) -> int:
@@ -85,13 +82,18 @@ def _config(D: int, *tensors: Optional[Tensor]) -> Config:
 
 
 def backward_mode(graph) -> str:
-    """``"atomic"`` or ``"transposed"`` for ``graph`` (``GNN_FASTPATH_GAT_BWD`` forces one)."""
+    """``"atomic"`` or ``"transposed"`` for ``graph`` (``GNN_FASTPATH_GAT_BWD`` forces one).
+
+    The rule: atomic, one launch and no transpose to build, where the source-major variant
+    launches a delta pass and a second walk over a transpose (and the compiled path's static
+    graphs carry none). On the benchmark graphs the atomic pass was the faster one, except arxiv-skewdst in
+    bfloat16, where the two were within the spread between rounds; the former rule (the
+    transpose from a mean out-degree of 4) was slower on tolokers and arxiv-like
+    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md)."""
     forced = config.setting("GNN_FASTPATH_GAT_BWD")
     if forced:
         return forced
-    if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
-        return "atomic"
-    return "transposed" if graph.num_edges >= TRANSPOSED_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
+    return "atomic"
 
 
 def backward_class(graph, width: int, dtype: torch.dtype) -> str:

@@ -108,6 +108,32 @@ def fused_config(cfg: Config) -> Config:
     return replace(cfg, u=max(1, cfg.u // 2))
 
 
+#: The rule's one-pass backward: undirected graphs with at most this many in-edges per node
+#: on average, in 16-bit (see :func:`backward_mode`).
+FUSED_MAX_MEAN_DEGREE = 4.0
+
+
+def backward_mode(graph, dtype: torch.dtype) -> str:
+    """The backward variant for ``graph`` and rows of ``dtype`` without tuning
+    (``GNN_FASTPATH_GATV2_BWD`` forces one).
+
+    The rule: atomic, except ``"fused"`` (the one-pass backward) for 16-bit rows on an
+    undirected graph that outlived a training step with at most :data:`FUSED_MAX_MEAN_DEGREE`
+    in-edges per node. The atomic pass does half the arithmetic of the others and its
+    atomics resolve in the L2, so it led on every graph measured; where rows have few edges
+    and are 16-bit, its float32 accumulator for dx_src (zeroed, then cast) weighs as much as
+    the edges' work, and the one pass, which needs neither, led (roads-like in bfloat16:
+    benchmarks/results/2026-11-26-h200-issue14-e/README.md). Symmetry is read (once per graph,
+    host reads) only for such graphs, as the fused variant needs it anyway."""
+    forced = config.setting("GNN_FASTPATH_GATV2_BWD")
+    if forced:
+        return forced
+    if (dtype == torch.float32 or graph.static or graph.n_src != graph.n_dst
+            or graph.num_edges > FUSED_MAX_MEAN_DEGREE * max(graph.n_dst, 1) or not graph.outlived_a_step()):
+        return "atomic"
+    return "fused" if graph.reverse_edges_if_cheap() is not None else "atomic"
+
+
 def backward_class(graph, width: int, dtype: torch.dtype, undirected: bool) -> str:
     """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of this backward on
     ``graph``: undirected graphs (where the fused variant runs) are classes of their own."""
@@ -221,7 +247,8 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     dropout stream as the forward's. dx_src, dx_dst, d_edge_term come back in T, datt in
     float32 (the op casts it to att's dtype). ``mode``: one of :data:`BACKWARDS` (None:
     ``GNN_FASTPATH_GATV2_BWD``, else with ``GNN_FASTPATH_TUNE=1`` on a graph that outlived a
-    training step the variant measured fastest for this size class, else ``"atomic"``).
+    training step the variant measured fastest for this size class, else the rule,
+    :func:`backward_mode`).
     """
     dev = x_src.device
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
@@ -236,7 +263,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     if need_src and n_dst and M:
         forced = config.setting("GNN_FASTPATH_GATV2_BWD")
         if mode is None:
-            mode = forced or "atomic"
+            mode = forced or backward_mode(graph, T)
             # only graphs used again weigh variants: a transpose or the symmetry detection pays
             # over the steps that follow, and a sampled batch's graph (one step) keeps atomics
             if not forced and not graph.static and tuning.enabled() and graph.outlived_a_step():

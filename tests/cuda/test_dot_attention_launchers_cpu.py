@@ -118,3 +118,34 @@ def test_rng_tensor(launches, monkeypatch, variant, H, D, dtypes):
     DotAttentionFunction.apply(q, k, v, None, g, 0.125, False, 0.1, 7, 9, to).float().sum().backward()
     assert set(seen) == expected - {"dot_alpha_from_logits"} and all(v == (None, 7, 9) for v in seen.values())
     assert expected - {"dot_alpha_from_logits"} <= _stream_kernels(dot_kernels.KERNELS)
+
+
+def test_backward_rule(monkeypatch):
+    """The rule without tuning: the source-major pass from a mean out-degree of
+    TRANSPOSED_MIN_MEAN_DEGREE, and for 16-bit rows on any graph that outlived a step (their
+    atomic pass adds into float32 copies of dk and dv; benchmarks/results/2026-11-26-h200-
+    issue14); a graph of one step keeps the degree rule; block where offered; static graphs
+    atomic; a forced variant wins."""
+    from gnn_fastpath import Graph
+    from gnn_fastpath.graph.tensors import as_graph, of_graph
+
+    src = torch.arange(64)
+    sparse = Graph.from_edge_index(torch.stack([src, (src + 1) % 64]), 64)  # out-degree 1
+    dense = graph(True)
+    assert sparse.num_edges < dot_kernels.TRANSPOSED_MIN_MEAN_DEGREE * sparse.n_src
+    assert dense.num_edges >= dot_kernels.TRANSPOSED_MIN_MEAN_DEGREE * dense.n_src
+    for dtype in (None, torch.float32, torch.float16, torch.bfloat16):  # one step: by degree
+        assert dot_kernels.backward_mode(sparse, False, dtype) == "atomic"
+        assert dot_kernels.backward_mode(dense, False, dtype) == "transposed"
+    for g in (sparse, dense):
+        g.note_pass("backward"), g.note_pass("forward")
+    assert dot_kernels.backward_mode(sparse, False, torch.float32) == "atomic"
+    assert dot_kernels.backward_mode(sparse) == "atomic"
+    for dtype in (torch.float16, torch.bfloat16):
+        assert dot_kernels.backward_mode(sparse, False, dtype) == "transposed"
+        assert dot_kernels.backward_mode(dense, False, dtype) == "transposed"
+        assert dot_kernels.backward_mode(sparse, True, dtype) == "block"
+    static = as_graph(of_graph(dense))
+    assert static.static and dot_kernels.backward_mode(static, False, torch.bfloat16) == "atomic"
+    monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "atomic")
+    assert dot_kernels.backward_mode(dense, False, torch.bfloat16) == "atomic"

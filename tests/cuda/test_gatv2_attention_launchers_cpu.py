@@ -210,3 +210,67 @@ def test_rng_tensor_shared_memory(launches, monkeypatch):
     for seed, offset in ((7, 9), (torch.tensor([7, 9]), None)):
         GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.1, seed, offset).sum().backward()
     assert smem == {False: 48 * 1024, True: 0}
+
+
+# ------------------------------------------------------------------------ the rule
+def _ring(n=64, both_ways=True):
+    """A ring of n nodes: mean in-degree 2 both ways (undirected), 1 one way (directed)."""
+    src = torch.arange(n)
+    ei = torch.stack([src, (src + 1) % n])
+    return Graph.from_edge_index(torch.cat([ei, ei.flip(0)], 1) if both_ways else ei, n)
+
+
+def _outlive(g):
+    g.note_pass("backward")
+    g.note_pass("forward")
+    assert g.outlived_a_step()
+    return g
+
+
+def test_backward_rule(monkeypatch):
+    """The rule without tuning: atomic, except the one-pass backward for 16-bit rows on an
+    undirected graph of at most FUSED_MAX_MEAN_DEGREE in-edges per node that outlived a step
+    (roads-like in bf16, benchmarks/results/2026-11-26-h200-issue14-e); symmetry is read only
+    for such graphs; a forced variant wins."""
+    from gnn_fastpath.graph.tensors import as_graph, of_graph
+
+    low = _ring()
+    assert low.num_edges <= kernels.FUSED_MAX_MEAN_DEGREE * low.n_dst
+    for dtype in (torch.float16, torch.bfloat16):  # one step only: no symmetry read, atomics
+        assert kernels.backward_mode(low, dtype) == "atomic"
+    assert "reverse_edges" not in low._memo
+    _outlive(low)
+    assert kernels.backward_mode(low, torch.float32) == "atomic" and "reverse_edges" not in low._memo
+    for dtype in (torch.float16, torch.bfloat16):
+        assert kernels.backward_mode(low, dtype) == "fused"
+    dense = _outlive(undirected_graph(False))  # symmetric (known), in-degree above the bound
+    assert dense.num_edges > kernels.FUSED_MAX_MEAN_DEGREE * dense.n_dst
+    assert kernels.backward_mode(dense, torch.bfloat16) == "atomic"
+    directed = _outlive(_ring(both_ways=False))  # low degree, not symmetric
+    assert kernels.backward_mode(directed, torch.bfloat16) == "atomic"
+    bipartite = _outlive(graph(False, True))
+    assert kernels.backward_mode(bipartite, torch.bfloat16) == "atomic"
+    static = as_graph(of_graph(_ring()))
+    assert static.static and kernels.backward_mode(static, torch.bfloat16) == "atomic"
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", "transposed")
+    assert kernels.backward_mode(low, torch.bfloat16) == "transposed"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_untuned_low_degree_undirected_backward(launches, monkeypatch, dtype):
+    """GNN_FASTPATH_TUNE=0 on a low-degree undirected graph: the first step's backward is the
+    atomic pass; from the second step on (the graph outlived one) bf16 takes the one pass over
+    the forward CSR, float32 stays atomic."""
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
+    g = _ring()
+    xs, xd, att = _leaf(g.n_src, 2, 64, dtype=dtype), _leaf(g.n_dst, 2, 64, dtype=dtype), \
+        _leaf(2, 64, dtype=torch.float32)
+    seen = []
+    for _ in range(2):
+        out = GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.0, 7, 9)
+        start = len(launches)
+        out.float().sum().backward()
+        seen.append(set(launches[start:]))
+    assert "gatv2_bwd_dst" in seen[0] and "gatv2_bwd_undirected" not in seen[0]
+    fused = dtype != torch.float32
+    assert ("gatv2_bwd_undirected" in seen[1]) == fused and ("gatv2_bwd_dst" in seen[1]) == (not fused)

@@ -97,15 +97,17 @@ def test_dot_on_a_static_graph(launches, monkeypatch, dtype, graph_name, variant
 # ------------------------------------------------------------------------ tuned backward
 @pytest.mark.parametrize("family", ["gat", "dot"])
 def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch, tmp_path, family):
-    """GNN_FASTPATH_TUNE=1: the first backward of a size class runs both variants (timed; here
-    a fake timer calls the one the rule does not pick faster), the choice is kept, and a second
-    graph of the same class runs only it; a forced GNN_FASTPATH_*_BWD and static graphs are not
-    tuned."""
+    """GNN_FASTPATH_TUNE=1, a race that fits at once: the first backward of a size class probes
+    the rule's variant, then races both (timed; here a fake timer calls the one the rule does
+    not pick faster), the call runs the winner, the choice is kept, and a second graph of the
+    same class runs only it; a forced GNN_FASTPATH_*_BWD and static graphs are not tuned. A
+    race that does not fit yet: the probe, then the rule's variant, nothing more timed."""
     from gnn_fastpath import tuning
     from gnn_fastpath.cuda import dot_attention, gat_attention
 
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
     monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "FREE_MS", float("inf"))  # the budget's own tests: tests/test_tuning.py
     tuning.forget()
     timed = []
 
@@ -113,7 +115,7 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     rule = (gat_attention if family == "gat" else dot_attention).backward_mode(g)
     faster = "atomic" if rule == "transposed" else "transposed"
 
-    def timer(run, device):
+    def timer(run, device, calls):
         n = len(launches)
         run()
         variant = "transposed" if any(name.endswith("_bwd_src") for name in launches[n:]) else "atomic"
@@ -139,18 +141,36 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
         return any(name.endswith("_bwd_src") for name in names)
 
     first = step(g)
-    assert sorted(set(timed)) == ["atomic", "transposed"] and len(timed) == 2 * tuning.ROUNDS
+    # the probe (the rule's variant twice), the other's warm-up, one round: the rule's variant,
+    # twice as slow, leaves the race after it
+    assert timed == [rule, rule, faster, rule, faster] if rule == "atomic" else timed == [rule, rule, faster,
+                                                                                         faster, rule]
+    n_timed = len(timed)
     # after timing, the call itself runs the faster variant (its last launches)
     n_last = 1 if faster == "atomic" else 2
     assert ran_transposed(first[-n_last:]) == (faster == "transposed")
     rows = tuning.listing(all_devices=True)
     assert [(r["choice"], r["default"]) for r in rows] == [(faster, rule)]
     again = step(graph(False, True))  # a new Graph of the same class: the remembered choice, untimed
-    assert len(timed) == 2 * tuning.ROUNDS and ran_transposed(again) == (faster == "transposed")
+    assert len(timed) == n_timed and ran_transposed(again) == (faster == "transposed")
     monkeypatch.setenv(f"GNN_FASTPATH_{family.upper()}_BWD", "atomic")  # forced: neither timed nor tuned
     forced = step(graph(True))
-    assert len(timed) == 2 * tuning.ROUNDS and not ran_transposed(forced)
+    assert len(timed) == n_timed and not ran_transposed(forced)
     monkeypatch.delenv(f"GNN_FASTPATH_{family.upper()}_BWD")
     static = step(_static("super_node"))  # static graphs: the rule (atomic), never timed
-    assert len(timed) == 2 * tuning.ROUNDS and not ran_transposed(static)
+    assert len(timed) == n_timed and not ran_transposed(static)
+
+    # a race that does not fit its allowance yet (a new process, no FREE_MS): the first call
+    # probes, every call runs the rule's variant
+    monkeypatch.setattr(tuning, "FREE_MS", 0.0)
+    monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "fresh.json"))
+    tuning.forget()
+    timed.clear()
+    for _ in range(3):
+        names = step(graph(False, True))
+        assert names and ran_transposed(names) == (rule == "transposed")
+    assert timed == [rule, rule]
+    (entry,) = tuning.report()["classes"].values()
+    assert entry["state"] == tuning.WAITING and entry["calls"] == 3 and entry["trials"] == 2
+    assert tuning.listing(all_devices=True) == []
     tuning.forget()
