@@ -508,7 +508,7 @@ def main(argv=None) -> int:
                 save()
             del trainer
             free_memory()
-        for gname in args.graphs.split(","):
+        for gname in [g for g in args.graphs.split(",") if g]:
             if time.monotonic() - t0 > args.time_budget:
                 payload["skipped"].append(f"{gname}: every op (time budget)")
                 continue
