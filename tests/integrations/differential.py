@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -202,7 +203,7 @@ def _pyg_attention(name):
                     kwargs["edge_attr"] = t["edge_attr"]
                 if call["return_attention_weights"]:
                     kwargs["return_attention_weights"] = True
-                adj = _pyg_adjacency(call["edge_index"], g)
+                adj = _pyg_adjacency(call["edge_index"], g, t)
                 if name == "GATConv" and g.bipartite and not x_dst_none:
                     kwargs["size"] = _pyg_size(g, call)
                 return module(_pyg_x_arg(t, x_dst_none), adj, **kwargs)
@@ -219,12 +220,14 @@ def _pyg_edge_format(rng, self_loops: bool) -> str:
     return rng.choice(["tensor", "tensor", "edge_index"])
 
 
-def _pyg_adjacency(fmt: str, g: GraphSpec):
+def _pyg_adjacency(fmt: str, g: GraphSpec, t: Dict[str, Tensor]):
+    """The graph as the layer gets it, on the features' device."""
+    edge_index = g.edge_index.to(t["x"].device)
     if fmt == "edge_index":
         from torch_geometric import EdgeIndex
 
-        return EdgeIndex(g.edge_index, sparse_size=(g.n_src, g.n_dst))
-    return g.edge_index
+        return EdgeIndex(edge_index, sparse_size=(g.n_src, g.n_dst))
+    return edge_index
 
 
 def _pyg_gcn(rng, g):
@@ -244,7 +247,7 @@ def _pyg_gcn(rng, g):
             inputs["edge_weight"] = torch.rand(g.m, generator=torch.Generator().manual_seed(seed + 5)) + 0.5
 
         def forward(module, t):
-            return module(t["x"], _pyg_adjacency(call["edge_index"], g), t.get("edge_weight"))
+            return module(t["x"], _pyg_adjacency(call["edge_index"], g, t), t.get("edge_weight"))
 
         return module, inputs, forward
 
@@ -270,7 +273,7 @@ def _pyg_sage(rng, g):
         _pyg_x(g, f_src, f_dst, seed, inputs, pair)
 
         def forward(module, t):
-            return module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g),
+            return module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g, t),
                           size=_pyg_size(g, call))
 
         return module, inputs, forward
@@ -292,7 +295,7 @@ def _pyg_agnn(rng, g):
             with torch.no_grad():
                 module.beta.fill_(rng.uniform(0.3, 2.0))
         inputs = {"x": _features(g.n_src, f, seed)}
-        return module, inputs, lambda module, t: module(t["x"], _pyg_adjacency(call["edge_index"], g))
+        return module, inputs, lambda module, t: module(t["x"], _pyg_adjacency(call["edge_index"], g, t))
 
     return config, call, build
 
@@ -314,7 +317,7 @@ def _pyg_gin(rng, g):
         _pyg_x(g, f, f, seed, inputs, pair)
 
         def forward(module, t):
-            return module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g), size=_pyg_size(g, call))
+            return module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g, t), size=_pyg_size(g, call))
 
         return module, inputs, forward
 
@@ -338,7 +341,7 @@ def _pyg_graph_conv(rng, g):
             inputs["edge_weight"] = torch.rand(g.m, generator=torch.Generator().manual_seed(seed + 5)) + 0.5
 
         def forward(module, t):
-            return module(_pyg_x_arg(t), g.edge_index, t.get("edge_weight"), size=_pyg_size(g, call))
+            return module(_pyg_x_arg(t), _pyg_adjacency("tensor", g, t), t.get("edge_weight"), size=_pyg_size(g, call))
 
         return module, inputs, forward
 
@@ -365,7 +368,7 @@ def _pyg_edge_conv(rng, g):
         module = EdgeConv(net, aggr=config["aggr"])
         inputs = {}
         _pyg_x(g, f, f, seed, inputs, pair)
-        return module, inputs, lambda module, t: module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g))
+        return module, inputs, lambda module, t: module(_pyg_x_arg(t), _pyg_adjacency(call["edge_index"], g, t))
 
     return config, call, build
 
@@ -713,7 +716,12 @@ class Mismatch(AssertionError):
 
 
 def _fail(case: Case, what: str, detail: str):
-    raise Mismatch(f"{case.describe()}\n  {what}: {detail}\n  replay: {replay_command(case)}")
+    message = f"{case.describe()}\n  {what}: {detail}\n  replay: {replay_command(case)}"
+    log = os.environ.get("GNN_FASTPATH_DIFF_LOG")
+    if log:  # appended as it happens: a run cut by a time limit still says what failed
+        with open(log, "a") as f:
+            f.write(message + "\n")
+    raise Mismatch(message)
 
 
 def replay_command(case: Case) -> str:
@@ -845,6 +853,8 @@ def check_case(case: Case, device: str = "cpu") -> str:
         fused, fused_index = run_once(case, module, inputs, forward, device=device, mode=mode, enabled=True)
     except FastpathFallbackWarning as exc:
         _fail(case, "fell back", str(exc))
+    except Exception as exc:  # noqa: BLE001 - stock ran, so this is ours
+        _fail(case, "enabled raised", f"{type(exc).__name__}: {exc}")
     count, fallbacks = _stats_total(case.key)
     if fallbacks or count == 0:
         _fail(case, "not fused", f"stats {gnn_fastpath.stats().get(case.key)}")

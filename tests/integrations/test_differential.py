@@ -5,6 +5,7 @@ Each case is one seed; its test id is the seed, and a failure prints the case an
 that replays it. How many cases, and from which seed:
 
 - ``GNN_FASTPATH_DIFF_CASES`` (default 300) and ``GNN_FASTPATH_DIFF_FIRST`` (default 0);
+- ``GNN_FASTPATH_DIFF_LOG``: a file every failing case is appended to as it fails;
 - on the CPU the shims run on the reference ops (``cpu="reference"``), compiling few cases
   (``aot_eager``: seconds each); with the CUDA kernels the ``cuda`` variant runs the same seeds
   on the GPU (inductor for compiled cases, larger super nodes; the device run asks for

@@ -25,7 +25,7 @@ Checked, per layer and precision:
 On the GPU (``cuda`` marker) the whole thing runs (PyG stock on the GPU; DGL stock on CPU copies,
 DGL's PyPI build being CPU-only). On the CPU (CI) one PyG and one DGL layer run ``CPU_STEPS``
 steps and one seed on the reference ops. ``GNN_FASTPATH_PARITY_JSON`` set: the curves' largest
-differences and the accuracies are written there (the device run reports them).
+differences and the accuracies are appended there, one JSON line per layer and precision.
 """
 from __future__ import annotations
 
@@ -186,7 +186,8 @@ def _compare(framework: str, layer: str, data, device: torch.device, dtype: str,
     if abs(row["acc_gap"]) > max(row["stock_spread"], 0.01):
         problems.append(f"accuracy {row['enabled_acc']} enabled vs {row['stock_acc']} stock")
     row["problems"] = problems
-    _RESULTS.append(row)  # written out (GNN_FASTPATH_PARITY_JSON) whether or not it passes
+    _RESULTS.append(row)
+    _write_results()  # whether or not it passes, and before a time limit can cut the run
     assert not problems, f"{framework}.{layer} {dtype}: " + "; ".join(problems)
     return row
 
@@ -210,13 +211,13 @@ def _clean(clean_fastpath):
     yield
 
 
-@pytest.fixture(scope="module", autouse=True)
 def _write_results():
-    yield
+    """Every row so far into ``GNN_FASTPATH_PARITY_JSON`` (JSON lines; pytest-xdist workers
+    append to one file)."""
     path = os.environ.get("GNN_FASTPATH_PARITY_JSON")
-    if path and _RESULTS:
-        with open(path, "w") as f:
-            json.dump(_RESULTS, f, indent=1)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(_RESULTS[-1]) + "\n")
 
 
 # --------------------------------------------------------------------------- tests
