@@ -51,6 +51,11 @@ FACTOR, SLACK = 2.0, 2.0
 #: where a wrong result is orders of magnitude off.
 FACTOR_FP32 = 4.0
 UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+#: DGL on the GPU: stock DGL cannot run there (CPU-only build), and its CPU bf16 kernels are not
+#: what a DGL CUDA user runs; a tensor outside the FACTOR rule against them is held to the
+#: suite's DGL GPU bounds against float64 instead (tests/integrations/test_autocast.py): outputs
+#: 16u, gradients 128u (gradients through a softmax are ill-conditioned in 16 bits).
+DGL_GPU_BOUND, DGL_GPU_GRAD_BOUND = 16.0, 128.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -180,6 +185,11 @@ def _pyg_attention(name):
         else:
             config["beta"] = rng.random() < 0.4
             config["root_weight"] = rng.random() < 0.7
+        if config.get("add_self_loops") and g.bipartite and edge_dim and g.n_dst > g.n_src:
+            # stock fills the self loops' edge features by a scatter over the destinations into
+            # min(n_src, n_dst) rows: out of range here (a device-side assert on the GPU)
+            config["add_self_loops"] = False
+            config.pop("fill_value", None)
         pair = g.bipartite or rng.random() < 0.15
         if config.get("share_weights"):
             f_dst = f_src
@@ -204,7 +214,7 @@ def _pyg_attention(name):
                 if call["return_attention_weights"]:
                     kwargs["return_attention_weights"] = True
                 adj = _pyg_adjacency(call["edge_index"], g, t)
-                if name == "GATConv" and g.bipartite and not x_dst_none:
+                if name == "GATConv" and g.bipartite:
                     kwargs["size"] = _pyg_size(g, call)
                 return module(_pyg_x_arg(t, x_dst_none), adj, **kwargs)
 
@@ -619,6 +629,8 @@ def make_case(seed: int, *, frameworks=("pyg", "dgl"), device: str = "cpu", comp
     compiled = framework == "pyg" and rng.random() < compile_rate
     if call.get("return_attention_weights") and config.get("add_self_loops"):
         compiled = False  # compacted attention weights have a data-dependent shape: stock under compile
+    if compiled:
+        call["edge_index"] = "tensor"  # PyG's EdgeIndex does not trace in stock under this torch
     return Case(seed, framework, layer, config, call, graph, dtype, compiled, build)
 
 
@@ -797,9 +809,10 @@ def _check_layout(case, what, a: Tensor, e: Tensor):
         _fail(case, what, "NaN pattern differs")
 
 
-def _compare_half(case, fused: Result, stock: Result, ref: Result):
+def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str = "cpu"):
     """16-bit: per tensor, the fused error against float64 at most ``FACTOR`` x stock's plus
-    ``SLACK`` units of the dtype's roundoff; dtypes equal stock's."""
+    ``SLACK`` units of the dtype's roundoff (DGL on the GPU: or within ``DGL_GPU_BOUND`` /
+    ``DGL_GPU_GRAD_BOUND`` units); dtypes equal stock's."""
     u = UNIT[DTYPES[case.dtype]]
     pairs, problem = _pairs(fused, stock)
     if pairs is None:
@@ -817,6 +830,9 @@ def _compare_half(case, fused: Result, stock: Result, ref: Result):
             _fail(case, name, f"dtype {f.dtype} != stock's {s.dtype}")
         fl = floor if name.startswith("grad") else 0.0
         ef, es = _err_vs(f, r, fl), _err_vs(s, r, fl)
+        if case.framework == "dgl" and device == "cuda":
+            if ef <= (DGL_GPU_GRAD_BOUND if name.startswith("grad") else DGL_GPU_BOUND) * u:
+                continue
         if not ef <= FACTOR * es + SLACK * u:
             _fail(case, name, f"error vs float64 {ef:.3e} > {FACTOR} x stock's {es:.3e} + {SLACK}u")
 
@@ -872,5 +888,5 @@ def check_case(case: Case, device: str = "cpu") -> str:
     if not half:
         _compare_fp32(case, fused, stock, RTOL[device], reference)
     else:
-        _compare_half(case, fused, stock, reference())
+        _compare_half(case, fused, stock, reference(), device)
     return "cuda" if device == "cuda" else "reference"
