@@ -321,6 +321,9 @@ def print_report(result: Dict[str, float]) -> None:
 # Used by pyg_neighbor_loader.py and dgl_neighbor_sampler.py: the flags, the data (the datasets
 # above plus a synthetic arxiv-sized graph), the epoch loop over a loader and the report.
 SAMPLED_DATASETS = DATASETS + ("arxiv-like",)
+#: ``--scale`` of the arxiv-sized graphs when an example runs on the CPU and no ``--scale`` is
+#: given: the full graph takes many minutes per epoch there, this fraction of it seconds.
+CPU_SCALE = 0.05
 
 
 def _bench_graphs():
@@ -382,7 +385,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, layers, epochs: int 
     """``add_arguments`` plus the flags of the sampled mini-batch examples (``--layer`` from ``layers``).
 
     ``--dataset`` also takes ``arxiv-like`` (the default here: mini-batches pay off on graphs of
-    that size); ``--num-workers`` defaults to 4 on CUDA and 0 on the CPU.
+    that size); ``--scale`` is left None when not given (``announce`` fills it in for the device);
+    ``--num-workers`` defaults to 4 on CUDA and 0 on the CPU.
     """
     add_arguments(parser, epochs=epochs, lr=lr, weight_decay=weight_decay)
     parser.set_defaults(dataset="arxiv-like")
@@ -403,8 +407,31 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, layers, epochs: int 
     parser.add_argument("--dropout", type=float, default=0.2, help="feature dropout between layers")
     parser.add_argument("--attn-dropout", type=float, default=0.1, help="attention dropout (gatv2, transformer)")
     parser.add_argument("--nodes", type=int, default=3000, help="nodes of --dataset synthetic")
-    parser.add_argument("--scale", type=float, default=1.0, help="size of --dataset arxiv-like (1: 169,343 nodes)")
+    parser.add_argument("--scale", type=float, default=None,
+                        help=f"size of --dataset arxiv-like (1: 169,343 nodes); default 1 on a GPU, "
+                             f"{CPU_SCALE:g} on the CPU")
     return parser
+
+
+def default_scale(args, device: torch.device) -> str:
+    """Fill in ``args.scale`` (None: not given) for ``device``; returns a note for the run's first line."""
+    if args.scale is not None:
+        return f"--scale {args.scale:g}"
+    args.scale = 1.0 if device.type == "cuda" else CPU_SCALE
+    if args.scale == 1.0:
+        return "full size"
+    return f"--scale {args.scale:g}: the CPU default; --scale 1 runs the full graph"
+
+
+def announce(script: str, layer: str, args, device: torch.device) -> None:
+    """The first line of a sampled example, printed before anything slow (imports, data).
+
+    Fills in ``args.scale`` for ``device`` first (``default_scale``).
+    """
+    size = default_scale(args, device)
+    data = f"arxiv-like ({size})" if args.dataset == "arxiv-like" else args.dataset
+    print(f"{script}: {layer} on {device}, {data}, {args.epochs} epochs, "
+          f"{'gnn_fastpath.enable()' if args.fastpath else 'stock layers'}; loading ...", flush=True)
 
 
 def num_workers_for(args, device: torch.device) -> int:

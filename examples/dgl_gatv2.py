@@ -17,6 +17,7 @@ time, the peak GPU memory and ``gnn_fastpath.stats()``.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -73,4 +74,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     main()

@@ -17,6 +17,7 @@ time, the peak GPU memory and ``gnn_fastpath.stats()``.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 from torch import nn
@@ -72,4 +73,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     main()

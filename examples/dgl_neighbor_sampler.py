@@ -30,14 +30,23 @@ Accuracy: after training, full-batch inference with the same model on the whole 
 layer on the full graph instead of a block), not layer-wise inference with the loader.
 
 Data: ``--dataset arxiv-like`` (default) is ``benchmarks/graphs.py``'s synthetic arxiv-sized
-graph (169,343 nodes, 1.17M directed edges; ``--scale`` shrinks it) with seeded features and
-labels planted in the features (``_common.arxiv_like``: its random structure carries no label
-signal, so GCN-style averaging stays near chance there while the other layers learn);
+graph (169,343 nodes, 1.17M directed edges; ``--scale`` shrinks it, and without ``--scale``
+a run on the CPU takes ``_common.CPU_SCALE`` of it, as the full graph takes many minutes per
+epoch there) with seeded features and labels planted in the features (``_common.arxiv_like``:
+its random structure carries no label signal, so GCN-style averaging stays near chance there
+while the other layers learn);
 ``cora``, ``citeseer``, ``tolokers`` come from ``../shared/data`` (or ``--data``),
 ``synthetic`` is a homophilous graph (``--nodes``) on which every layer learns.
 
 On the CPU, ``--fastpath`` runs the shims on the pure-PyTorch reference ops
 (``enable(cpu="reference")``): that checks them, it is not meant to be faster.
+
+Comparing stock and enabled runs: ``--seed`` fixes the shuffle, the initial weights and the
+dropout masks, but DGL's CPU sampler draws neighbours on several threads in whatever order
+they run, so two runs with the same seed train on other batches (test accuracy of SAGE pool
+on ``--dataset synthetic`` moves by 0.1 and more between runs). With one thread
+(``OMP_NUM_THREADS=1``) the batches repeat, and a stock and an enabled run agree to float
+precision.
 
 Prints a tqdm bar over the batches of every epoch, each epoch's train loss and time, then
 validation/test accuracy, the mean epoch time, peak GPU memory and ``gnn_fastpath.stats()``.
@@ -49,6 +58,7 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,8 +66,8 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when a test imports this file by path
     sys.path.insert(0, HERE)
-from _common import (add_sampling_arguments, enable_fastpath, import_dgl, load_sampled_data,  # noqa: E402
-                     num_workers_for, place_dgl_graph, print_sampled_report, train_sampled)
+from _common import (add_sampling_arguments, announce, enable_fastpath, import_dgl,  # noqa: E402
+                     load_sampled_data, num_workers_for, place_dgl_graph, print_sampled_report, train_sampled)
 
 LAYERS = ("gatv2", "graphconv", "sage")
 SAGE_AGGREGATORS = ("mean", "gcn", "pool")
@@ -110,14 +120,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    device = torch.device(args.device)
+    layer = f"{args.layer} ({args.aggr})" if args.layer == "sage" else args.layer
+    announce("dgl_neighbor_sampler", layer, args, device)
     dgl = import_dgl()
     if dgl is None:
         raise SystemExit("DGL is not importable here: pip install -e '.[dgl]' (see README, 'Installing DGL')")
-    device = torch.device(args.device)
     data = load_sampled_data(args)
     workers = num_workers_for(args, device)
     op = OPS[args.aggr if args.layer == "sage" else args.layer]
-    layer = f"{args.layer} ({args.aggr})" if args.layer == "sage" else args.layer
     print(f"data      {data.describe()}")
     print(f"mode      {enable_fastpath(args.fastpath, device, 'dgl')}")
 
@@ -131,8 +142,9 @@ def main(argv=None) -> int:
           f"fan-outs {','.join(map(str, args.fanouts))}, batch size {args.batch_size}, {workers} workers")
 
     train_ids = torch.nonzero(data.train_mask).flatten()
-    dgl.seed(args.seed)              # DGL's sampler draws from its own generator
-    torch.manual_seed(args.seed)     # the DataLoader's shuffle from torch's
+    dgl.seed(args.seed)              # DGL's sampler draws from its own generator,
+    np.random.seed(args.seed)        # its DataLoader shuffles with numpy's,
+    torch.manual_seed(args.seed)     # the model's initial weights and dropout come from torch's
     sampler = dgl.dataloading.NeighborSampler(args.fanouts)
     loader = dgl.dataloading.DataLoader(g, train_ids, sampler, device=block_device, batch_size=args.batch_size,
                                         shuffle=True, drop_last=False, num_workers=workers,
@@ -164,4 +176,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     sys.exit(main())

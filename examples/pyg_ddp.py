@@ -6,7 +6,7 @@ Launch one process per GPU with ``torchrun``:
     torchrun --nproc-per-node 2 examples/pyg_ddp.py                      # arxiv-like, GATv2, fused
     torchrun --nproc-per-node 2 examples/pyg_ddp.py --no-fastpath        # stock PyG, same batches
     torchrun --nproc-per-node 2 examples/pyg_ddp.py --layer transformer --epochs 3 --json run.json
-    torchrun --nproc-per-node 2 examples/pyg_ddp.py --device cpu --dataset arxiv-like --scale 0.01
+    torchrun --nproc-per-node 2 examples/pyg_ddp.py --device cpu --scale 1   # the full graph on CPUs (slow)
     # several hosts: the same command on each, with their own --node-rank
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint HOST:29500 examples/pyg_ddp.py
@@ -25,18 +25,21 @@ What each process does
   ``os.environ.setdefault("NCCL_NVLS_ENABLE", "0")`` before the group is created: the GPU
   machines this project runs on must keep it off (set the variable yourself to override).
 * Data: every process builds the same seeded graph (``--dataset arxiv-like`` and the other
-  synthetic graphs of ``benchmarks/graphs.py``, ``--scale`` to shrink them, with seeded
-  features whose classes can be learnt; or ``cora``/``citeseer``/``tolokers``/``synthetic``
-  of ``examples/_common.py``). The training ids are shuffled with the seed, cut to a multiple
-  of the world size and split into one equal shard per rank (``tensor_split``), so every rank
-  runs the same number of steps (DDP needs that: an extra step on one rank would wait for
-  the others' gradients forever).
+  synthetic graphs of ``benchmarks/graphs.py``, ``--scale`` to shrink them: by default 1 on
+  CUDA and ``_common.CPU_SCALE`` on the CPU, where the full graph takes many minutes per
+  epoch; with seeded features whose classes can be learnt; or
+  ``cora``/``citeseer``/``tolokers``/``synthetic`` of ``examples/_common.py``). The training
+  ids are shuffled with the seed, cut to a multiple of the world size and split into one
+  equal shard per rank (``tensor_split``), so every rank runs the same number of steps (DDP
+  needs that: an extra step on one rank would wait for the others' gradients forever).
 * Each rank runs a PyG ``NeighborLoader`` (fan-outs ``--fanouts 15,10,5``, ``--batch-size
   1024``, shuffled) over its shard; the model has one layer per fan-out (``--layer gatv2``:
   ``GATv2Conv(d, 64, heads=4)``, ``transformer``: ``TransformerConv(d, 64, heads=4)``,
   ``gcn``: ``GCNConv(d, 64, cached=False)``, ``sage_max``: ``SAGEConv(d, 64, aggr="max")``;
   the last layer maps to the classes, one head), ELU and ``--dropout`` between layers,
   ``--attn-dropout`` inside the attention layers. The loss is taken on the batch's seed nodes.
+* Progress: rank 0 prints a line as soon as it starts (before the imports and the process
+  group), then about ten lines per epoch (step, mean loss, median step time) and one per epoch.
 * At the end: test accuracy (sampled inference over each rank's share of the test ids,
   counts summed over ranks), and per rank the median step time (sampling, copy to the
   device, forward, backward with DDP's all-reduce, optimizer; the sampling part is shown
@@ -86,7 +89,7 @@ for _path in (EXAMPLES, REPO_ROOT):  # _common (examples/) and benchmarks.graphs
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from _common import DATASETS, enable_fastpath, import_pyg, load_node_data  # noqa: E402
+from _common import DATASETS, default_scale, enable_fastpath, import_pyg, load_node_data  # noqa: E402
 
 LAYERS = ("gatv2", "transformer", "gcn", "sage_max")
 
@@ -113,8 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dataset", default="arxiv-like", choices=_synthetic_names() + DATASETS,
                         help="a synthetic graph of benchmarks/graphs.py (default arxiv-like) or a dataset of "
                              "examples/_common.py")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="fraction of the nodes and edges of a benchmarks/graphs.py graph (0 < scale <= 1)")
+    parser.add_argument("--scale", type=float, default=None,
+                        help="fraction of the nodes and edges of a benchmarks/graphs.py graph (0 < scale <= 1); "
+                             "default 1 on cuda, a CPU size on cpu")
     parser.add_argument("--data", default=None, help="data file or folder for cora/citeseer/tolokers")
     parser.add_argument("--features", type=int, default=128, help="feature width of a synthetic graph")
     parser.add_argument("--classes", type=int, default=40, help="classes of a synthetic graph")
@@ -354,6 +358,8 @@ def train(ddp_model, data, train_ids, args, device, rank) -> Dict:
     losses, step_s, sample_s = [], [], []
     step = 0
     done = False
+    report = not args.quiet and rank == 0
+    every = max(1, len(loader) // 10)  # about ten progress lines per epoch
     for epoch in range(1, args.epochs + 1):
         ddp_model.train()
         with sampler_rng:
@@ -380,7 +386,12 @@ def train(ddp_model, data, train_ids, args, device, rank) -> Dict:
             sample_s.append(t1 - t0)
             step += 1
             done = bool(args.steps) and step >= args.steps
-        if not args.quiet and rank == 0 and len(losses) > first:
+            n = len(losses) - first
+            if report and (n == 1 or n % every == 0):
+                mean = float(torch.stack(losses[first:]).mean())
+                print(f"[rank 0] epoch {epoch} step {n}/{len(loader)}: mean loss {mean:.4f}, "
+                      f"median step {_median_ms(step_s[first:]):.1f} ms", flush=True)
+        if report and len(losses) > first:
             mean = float(torch.stack(losses[first:]).mean())
             print(f"[rank 0] epoch {epoch}: {len(losses) - first} steps, mean loss {mean:.4f}, "
                   f"median step {_median_ms(step_s[first:]):.1f} ms", flush=True)
@@ -415,6 +426,11 @@ def evaluate(model, data, test_ids, args, device, rank) -> Tuple[int, int]:
 # --------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    size = default_scale(args, torch.device(args.device))
+    if os.environ.get("RANK", "0") == "0":  # the first line, before the slow imports and the process group
+        graph = f"{args.dataset} ({size})" if args.dataset in _synthetic_names() else args.dataset
+        print(f"pyg_ddp: {args.layer} on {args.device}, {graph}, {args.epochs} epoch(s), world size "
+              f"{os.environ.get('WORLD_SIZE', '1')}; starting ...", flush=True)
     if import_pyg() is None:
         raise SystemExit("torch_geometric is not installed: pip install -e '.[pyg]'")
     import torch_geometric.typing as pyg_typing
@@ -454,6 +470,8 @@ def _run(args, rank, local_rank, world, device, backend) -> int:
     ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     run = train(ddp_model, data, train_ids, args, device, rank)
+    if rank == 0 and not args.quiet and test_ids.numel():
+        print(f"[rank 0] evaluating {test_ids.numel():,} test nodes per rank ...", flush=True)
     correct, total = evaluate(model, data, test_ids, args, device, rank)
     sha, psum = param_checksum(model)
     stats = gnn_fastpath.stats()
@@ -500,4 +518,5 @@ def _run(args, rank, local_rank, world, device, backend) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     sys.exit(main())

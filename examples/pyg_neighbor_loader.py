@@ -26,9 +26,11 @@ features and edges moved to ``--device`` once), not layer-wise inference with th
 on graphs too large for that, evaluate with a NeighborLoader over the validation/test nodes.
 
 Data: ``--dataset arxiv-like`` (default) is ``benchmarks/graphs.py``'s synthetic arxiv-sized
-graph (169,343 nodes, 1.17M directed edges; ``--scale`` shrinks it) with seeded features and
-labels planted in the features (``_common.arxiv_like``: its random structure carries no label
-signal, so GCN-style averaging stays near chance there while the other layers learn);
+graph (169,343 nodes, 1.17M directed edges; ``--scale`` shrinks it, and without ``--scale``
+a run on the CPU takes ``_common.CPU_SCALE`` of it, as the full graph takes many minutes per
+epoch there) with seeded features and labels planted in the features (``_common.arxiv_like``:
+its random structure carries no label signal, so GCN-style averaging stays near chance there
+while the other layers learn);
 ``cora``, ``citeseer``, ``tolokers`` come from ``../shared/data`` (or ``--data``),
 ``synthetic`` is a homophilous graph (``--nodes``) on which every layer learns.
 
@@ -55,8 +57,8 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when a test imports this file by path
     sys.path.insert(0, HERE)
-from _common import (add_sampling_arguments, enable_fastpath, import_pyg, load_sampled_data,  # noqa: E402
-                     num_workers_for, print_sampled_report, train_sampled)
+from _common import (add_sampling_arguments, announce, enable_fastpath, import_pyg,  # noqa: E402
+                     load_sampled_data, num_workers_for, print_sampled_report, train_sampled)
 
 LAYERS = ("gatv2", "transformer", "gcn", "sage_max")
 
@@ -77,9 +79,11 @@ neither is importable here (torch {torch.__version__}). Install one of them:
         pip install pyg_lib -f {_pyg_wheel_index()}
   * or torch-sparse (with torch-scatter, which it imports), built from PyPI's source
     distributions against the installed torch. NeighborLoader samples on the CPU, so a
-    CPU-only build is enough, also on a GPU machine (20+ minutes on 2 cores):
-        pip install scipy
-        FORCE_ONLY_CPU=1 pip install --no-deps --no-build-isolation torch-scatter==2.1.2 torch-sparse==0.6.18
+    CPU-only build is enough, also on a GPU machine. From the repository root (the two
+    packages build side by side; the README's "Set up" says how long it takes):
+        bash .ci/install-torch-sparse
+    or by hand, one after the other:
+        FORCE_ONLY_CPU=1 pip install --no-build-isolation torch-scatter==2.1.2 torch-sparse==0.6.18
 
 Then check: python -c "import torch_sparse"   (or: import pyg_lib)"""
 
@@ -139,6 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    device = torch.device(args.device)
+    announce("pyg_neighbor_loader", args.layer, args, device)
     if import_pyg() is None:
         raise SystemExit("torch_geometric is not installed: pip install -e '.[pyg]'")
     backend = sampling_backend()
@@ -147,7 +153,6 @@ def main(argv=None) -> int:
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
-    device = torch.device(args.device)
     data = load_sampled_data(args)
     workers = num_workers_for(args, device)
     print(f"data      {data.describe()}")
@@ -181,4 +186,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     sys.exit(main())

@@ -18,6 +18,7 @@ time, the peak GPU memory and ``gnn_fastpath.stats()``.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -68,4 +69,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each line shows at once, also through a pipe
     main()
