@@ -98,10 +98,11 @@ SETTINGS = (
     Setting("GNN_FASTPATH_GATV2_CHUNK", "256", "1..65536",
             "GATv2 attention: rows longer than this many edges are cut into chunks of this length",
             _int_in(1, 65536)),
-    Setting("GNN_FASTPATH_GATV2_BWD", "", "atomic, transposed, fused (empty: atomic, or timed)",
+    Setting("GNN_FASTPATH_GATV2_BWD", "", "atomic, transposed, fused (empty: by graph, or timed)",
             "GATv2 backward: source gradient by atomics in the destination pass, or a source-major pass, or "
             "(undirected graphs; elsewhere transposed) both gradients in one pass over the forward CSR; empty: "
-            "atomic, timed on graphs used again with GNN_FASTPATH_TUNE=1",
+            "atomic, or fused for 16-bit rows on an undirected graph of at most 4 in-edges per node used again; "
+            "timed on graphs used again with GNN_FASTPATH_TUNE=1",
             _optional_choice("atomic", "transposed", "fused")),
     Setting("GNN_FASTPATH_DOT_BWD", "", "atomic, transposed, block (empty: by graph, or timed)",
             "dot attention backward: dk/dv by atomics or a source-major pass, or (16-bit, no edge term) "
@@ -111,9 +112,11 @@ SETTINGS = (
             "dot attention forward: the CSR kernels, or (16-bit, no edge term) tensor cores over the "
             "block-sparse layout; empty picks by graph",
             _optional_choice("csr", "block")),
-    Setting("GNN_FASTPATH_GAT_BWD", "", "atomic, transposed (empty: by graph)",
-            "GAT attention backward: source gradients by atomics or a source-major pass; empty picks by mean "
-            "out-degree",
+    Setting("GNN_FASTPATH_GAT_BWD", "", "atomic, transposed (empty: by graph, or timed)",
+            "GAT attention backward: source gradients by atomics or a source-major pass; empty: atomic, or on "
+            "graphs used again the source-major pass for 16-bit rows with at most 16 out-edges per source on "
+            "average, or where the longest destination row is at least 16 times the longest source row; timed with "
+            "GNN_FASTPATH_TUNE=1",
             _optional_choice("atomic", "transposed")),
     Setting("GNN_FASTPATH_TUNE", "1", "0 or 1",
             "1 times kernel variants once per size class and keeps the fastest, remembered across processes: "
@@ -142,7 +145,8 @@ SETTINGS = (
             "step)",
             _optional_choice("rows", "slices")),
     Setting("GNN_FASTPATH_SR_CHUNKS", "",
-            "1, 2, 4 (empty: 1, or 2 below 16 in-edges per destination; timed with GNN_FASTPATH_TUNE=1)",
+            "1, 2, 4 (empty: 1, or 2 below 16 in-edges per destination, below 4 for 16-bit rows; timed "
+            "with GNN_FASTPATH_TUNE=1)",
             "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),
     Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
             "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "

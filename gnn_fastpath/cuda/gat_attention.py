@@ -9,8 +9,8 @@ the GATv2 family's (:mod:`gnn_fastpath.cuda.row_attention`).
 
 Backward variant (:func:`backward_mode`): ``"atomic"`` (one destination-major pass; dx_src and
 d score_src by atomics) or ``"transposed"`` (a source-major pass; d score_dst by scalar
-atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the rule (atomic) or,
-with ``GNN_FASTPATH_TUNE=1``, the variant measured fastest for the size class.
+atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the rule or, with
+``GNN_FASTPATH_TUNE=1``, the variant measured fastest for the size class.
 
 Dtypes: x_src in storage dtype T (float32, float16, bfloat16); score_src, score_dst,
 edge_score and edge_weight float32 (the op converts them); out and alpha in ``out_dtype`` (T
@@ -81,19 +81,63 @@ def _config(D: int, *tensors: Optional[Tensor]) -> Config:
     return config_for_16bit(D, *tensors)
 
 
-def backward_mode(graph) -> str:
-    """``"atomic"`` or ``"transposed"`` for ``graph`` (``GNN_FASTPATH_GAT_BWD`` forces one).
+#: The rule's source-major backward on graphs whose destination rows are skewed and whose
+#: source rows are not: the longest destination row at least this many times the longest
+#: source row (see :func:`backward_mode`).
+TRANSPOSED_MIN_ROW_RATIO = 16
+#: The rule's source-major backward for 16-bit rows where sources have at most this many
+#: out-edges on average (see :func:`backward_mode`).
+TRANSPOSED_16BIT_MAX_MEAN_DEGREE = 16.0
 
-    The rule: atomic, one launch and no transpose to build, where the source-major variant
-    launches a delta pass and a second walk over a transpose (and the compiled path's static
-    graphs carry none). On the benchmark graphs the atomic pass was the faster one, except arxiv-skewdst in
-    bfloat16, where the two were within the spread between rounds; the former rule (the
-    transpose from a mean out-degree of 4) was slower on tolokers and arxiv-like
-    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md)."""
+
+def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
+    """``"atomic"`` or ``"transposed"`` for ``graph`` and rows of ``dtype`` (None: float32)
+    (``GNN_FASTPATH_GAT_BWD`` forces one).
+
+    The rule: atomic, one launch and no transpose to build, except on an eager graph that
+    outlived a training step (the transpose is a one-time cost; the compiled path's static
+    graphs carry none), where the source-major pass is taken
+
+    - for 16-bit rows where sources have at most :data:`TRANSPOSED_16BIT_MAX_MEAN_DEGREE`
+      out-edges on average: the atomic pass adds dx_src into a float32 copy (zeroed, then
+      cast), which on such graphs weighs as much as the edges' own work;
+    - where the longest destination row is at least :data:`TRANSPOSED_MIN_ROW_RATIO` times
+      the longest source row (destination super nodes, even sources): the source-major pass
+      walks the even side.
+
+    Measured (benchmarks/bench_tuning.py, forward + backward, H = 2, D = 64, on the H100 at
+    6e71b7e): the atomic pass led on tolokers (undirected, 88 in-edges per node) in both
+    dtypes and on arxiv-like (source power law) and roads-like (2-regular) in float32; the
+    source-major pass on arxiv-skewdst (destination power law, even sources) in both dtypes
+    and on arxiv-like and roads-like in bfloat16. The H200 data
+    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md) agree in direction or put
+    the two within the spread between rounds; there the source-major pass also led on
+    clustered (16 in-edges per node, float32 too, which this rule leaves atomic). The two
+    row lengths are host facts of the build (or one read, once per graph that outlived a
+    step)."""
     forced = config.setting("GNN_FASTPATH_GAT_BWD")
     if forced:
         return forced
-    return "atomic"
+    if graph.static or not graph.outlived_a_step():
+        return "atomic"
+    if (dtype is not None and dtype != torch.float32
+            and graph.num_edges <= TRANSPOSED_16BIT_MAX_MEAN_DEGREE * max(graph.n_src, 1)):
+        return "transposed"
+    longest_dst, longest_src = _longest_rows(graph)
+    return "transposed" if longest_dst >= TRANSPOSED_MIN_ROW_RATIO * max(longest_src, 1) else "atomic"
+
+
+def _longest_rows(graph) -> Tuple[int, int]:
+    """(longest destination row, longest source row or an upper bound on it), once per graph:
+    the exact in-degree maximum (:meth:`~gnn_fastpath.graph.Graph.degree_stats`) and the
+    build's bound on the out-degrees, or one read of them where the build gave none."""
+    def build():
+        longest_src = graph.degree_bound(source_major=True)
+        if longest_src is None:
+            longest_src = int(graph.out_degree().max()) if graph.n_src and graph.num_edges else 0
+        return graph.degree_stats().max, longest_src
+
+    return graph.memo(("gat_attention", "longest rows"), build)
 
 
 def backward_class(graph, width: int, dtype: torch.dtype) -> str:
@@ -210,7 +254,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
                   rng=rng, d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
 
     if mode is None:
-        mode = backward_mode(graph)
+        mode = backward_mode(graph, T)
         if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static and tuning.enabled():
             def run(variant):
                 return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,

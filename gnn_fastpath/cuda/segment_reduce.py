@@ -55,11 +55,12 @@ SPLIT_FROM = 128
 #: Edges per chunk of a long row.
 CHUNK = 64
 #: Without GNN_FASTPATH_SR_CHUNKS or the tuner: one feature chunk of VEC features per lane
-#: where destinations have FEW_EDGES in-edges or more on average, else CHUNKS_FEW (H200, F =
-#: 512 float32, forward: one chunk is 11% faster on tolokers (88 in-edges per row), two are
-#: 6-9% faster on arxiv-like and arxiv-skewdst (7) and 19-21% on roads-like (2);
-#: benchmarks/results/2026-11-26-h200-issue14-f).
+#: where destinations have FEW_EDGES in-edges or more on average (FEW_EDGES_16BIT for 16-bit
+#: rows), else CHUNKS_FEW (see :func:`rule_chunks`; H200, F = 512 float32, forward: one chunk
+#: is 11% faster on tolokers (88 in-edges per row), two are 6-9% faster on arxiv-like and
+#: arxiv-skewdst (7) and 19-21% on roads-like (2); benchmarks/results/2026-11-26-h200-issue14-f).
 FEW_EDGES = 16
+FEW_EDGES_16BIT = 4
 CHUNKS_FEW = 2
 #: Row loads per lane in flight in the forward (8 was measured 10-40% slower on the H200: its
 #: registers cost occupancy).
@@ -197,7 +198,7 @@ def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break
     chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
     if chunks is not None:
         return chunks
-    rule = rule_chunks(graph)
+    rule = rule_chunks(graph, x.dtype)
     if not tuning.enabled() or graph.static:
         return rule
     F = x.size(1)
@@ -212,11 +213,17 @@ def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break
         str(rule)))
 
 
-def rule_chunks(graph) -> int:
-    """Feature chunks per lane without tuning: 1 where destinations have :data:`FEW_EDGES`
-    in-edges or more on average, else :data:`CHUNKS_FEW` (two chunks keep twice the loads in
-    flight across the short rows)."""
-    return 1 if graph.num_edges >= FEW_EDGES * max(graph.n_dst, 1) else CHUNKS_FEW
+def rule_chunks(graph, dtype: Optional[torch.dtype] = None) -> int:
+    """Feature chunks per lane without tuning, for rows of ``dtype`` (None: float32): 1 where
+    destinations have :data:`FEW_EDGES` in-edges or more on average (16-bit rows:
+    :data:`FEW_EDGES_16BIT`), else :data:`CHUNKS_FEW` (two chunks keep twice the loads in
+    flight across the short rows). 16-bit rows keep one chunk down to shorter rows: on
+    arxiv-like and arxiv-skewdst (7 in-edges per row) one chunk led clearly in bfloat16, where
+    in float32 one and two were within a few percent, on the H100 (bench_tuning at 6e71b7e)
+    and the H200 (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md) alike; on
+    roads-like (2) two led in both dtypes."""
+    few = FEW_EDGES if dtype is None or dtype == torch.float32 else FEW_EDGES_16BIT
+    return 1 if graph.num_edges >= few * max(graph.n_dst, 1) else CHUNKS_FEW
 
 
 def forward_class(graph, F: int, x_dtype: torch.dtype, out_dtype: torch.dtype, need_aux: bool,
@@ -410,7 +417,7 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     src_of = None if count else graph.memo(("segment_reduce", "caller_src_int32"),
                                            lambda: graph.caller_coo()[0].to(torch.int32))
     fcfg = launch.lane_groups(F, x, out, grad_out, aux,
-                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph),
+                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph, x.dtype),
                               vec16_bytes=VEC16_BYTES)
     vec, lanes, chunks, fblocks = fcfg
     if mode == "transposed":

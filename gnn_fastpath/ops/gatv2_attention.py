@@ -57,8 +57,10 @@ dropout, as O already carries ds), dalpha = ds <dO_i, x_j>, de = alpha (dalpha -
 rows, whose rows are zeroed first), d_edge_term is written at its caller position, datt is
 summed in registers, then in shared memory per block, then one global atomic per block and
 column (the persistent grid keeps those atomics few). For dx_src = sum_i (alpha ds dO_i +
-dz_ij) there are three variants (``GNN_FASTPATH_GATV2_BWD``; empty: ``atomic``, or on a
-graph used again with tuning on, the fastest for its size class by measurement):
+dz_ij) there are three variants (``GNN_FASTPATH_GATV2_BWD``; empty: the rule,
+:func:`gnn_fastpath.cuda.gatv2_attention.backward_mode`: ``atomic``, except ``fused`` for
+16-bit rows on an undirected graph of at most 4 in-edges per node that outlived a training
+step; or on a graph used again with tuning on, the fastest for its size class by measurement):
 ``atomic`` adds each edge's term with a float4 atomicAdd from the destination-major pass;
 ``transposed`` runs a second, source-major pass over ``graph.source_csr()`` (int32 copies
 and its own work list cached per graph; the forward CSR itself on an undirected graph) that

@@ -191,11 +191,15 @@ def test_dropout_drops_the_csr_kernels_edges(monkeypatch, name, dtype):
 def test_tuner_times_the_block_variants(monkeypatch, tmp_path):
     """With tuning on, a graph that outlived a step times the forward (csr, block) and the
     backward (atomic, transposed, block) per size class, window sharing and head width, keeps
-    the fastest, and the results match the reference."""
+    the fastest (the rule's pick where it is within the tuner's TIE of it), and the results
+    match the reference. Each race runs at its class's first call (no wait for the allowance,
+    no process budget: both are tests/test_tuning.py's)."""
     from gnn_fastpath import tuning
 
     monkeypatch.setenv("GNN_FASTPATH_TUNE", "1")
     monkeypatch.setenv("GNN_FASTPATH_TUNE_CACHE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "FREE_MS", float("inf"))
+    monkeypatch.setattr(tuning, "BUDGET_MS", float("inf"))
     tuning.forget()
     g = _simple(*_clustered(seed=12))
     xs = inputs(g, 2, 64, torch.bfloat16, edge_term=False, seed=4)
@@ -208,7 +212,10 @@ def test_tuner_times_the_block_variants(monkeypatch, tmp_path):
                  if r["class"].startswith("dot_attention.backward") and "head 64" in r["class"]]
     assert len(block_bwd) == 1 and set(block_bwd[0]["times_ms"]) == {"atomic", "transposed", "block"}
     for record in (records["dot_attention.forward"], block_bwd[0]):
-        assert record["choice"] == min(record["times_ms"], key=record["times_ms"].get)
+        times = record["times_ms"]
+        fastest = min(times, key=times.get)
+        assert record["choice"] == fastest or (record["choice"] == record["default"]
+                                               and times[record["choice"]] <= (1 + tuning.TIE) * times[fastest])
     want_out, _, want_grads = run(reference.dot_attention, g, xs, None, False, torch.bfloat16, upcast=True)
     u = UNIT_ROUNDOFF[torch.bfloat16]
     assert_half_close("out", out, want_out, u)

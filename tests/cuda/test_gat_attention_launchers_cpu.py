@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath import Graph
 from gnn_fastpath.cuda import gat_attention as kernels
 from gnn_fastpath.cuda import launch, row_attention
+from gnn_fastpath.graph.tensors import as_graph, of_graph
 from gnn_fastpath.ops import dispatch
 from gnn_fastpath.ops.gat_attention import GATAttentionFunction
 
@@ -117,21 +119,65 @@ def test_gat_configs(monkeypatch):
     assert kernels.config_for_16bit(7, x16).vw == 1
 
 
+def _outlive(g):
+    g.note_pass("backward"), g.note_pass("forward")  # a forward after a backward: the next step
+    assert g.outlived_a_step()
+    return g
+
+
 def test_backward_mode(monkeypatch):
-    """The rule is the atomic pass on dense and sparse graphs, used again or not (the
-    measured data: benchmarks/results/2026-11-26-h200-issue14); a forced variant wins; a bad
-    forced value is reported."""
+    """The rule: the atomic pass, except on a graph that outlived a step (not static), where
+    the source-major pass is taken for 16-bit rows on sources with few out-edges, and in any
+    dtype where destination rows are much longer than source rows; a forced variant wins; a
+    bad forced value is reported."""
     dense, sparse = graph(True), graph(False, True)
     assert dense.num_edges >= 20 * dense.n_src and sparse.num_edges < 20 * sparse.n_src
     for g in (dense, sparse):
-        assert kernels.backward_mode(g) == "atomic"
-        g.note_pass("backward"), g.note_pass("forward")  # outlived a step: still atomic
-        assert g.outlived_a_step() and kernels.backward_mode(g) == "atomic"
+        for dtype in (None, torch.float32, torch.float16, torch.bfloat16):
+            assert kernels.backward_mode(g, dtype) == "atomic"  # a graph of one step (a sampled batch)
+        _outlive(g)
+        assert kernels.backward_mode(g) == kernels.backward_mode(g, torch.float32) == "atomic"
+    # dense: many out-edges per source, and a hub source as long as the super node's row
+    assert dense.num_edges > kernels.TRANSPOSED_16BIT_MAX_MEAN_DEGREE * dense.n_src
+    assert kernels.backward_mode(dense, torch.bfloat16) == kernels.backward_mode(dense, torch.float16) == "atomic"
+    assert sparse.num_edges <= kernels.TRANSPOSED_16BIT_MAX_MEAN_DEGREE * sparse.n_src
+    for dtype in (torch.float16, torch.bfloat16):
+        assert kernels.backward_mode(sparse, dtype) == "transposed"
+    # destination skew: one destination row far longer than every source row
+    n = 400
+    src = torch.arange(4 * n) % n  # every source: 4 out-edges
+    dst = torch.cat([torch.zeros(n, dtype=torch.int64), torch.randint(1, n, (3 * n,))])  # node 0: n in-edges
+    skewed = _outlive(Graph.from_edge_index(torch.stack([src, dst]), n))
+    assert skewed.degree_stats().max >= kernels.TRANSPOSED_MIN_ROW_RATIO * skewed.degree_bound(source_major=True)
+    assert kernels.backward_mode(skewed) == kernels.backward_mode(skewed, torch.float32) == "transposed"
+    flipped = _outlive(Graph.from_edge_index(torch.stack([dst, src]), n))  # the skew on the source side
+    assert kernels.backward_mode(flipped, torch.float32) == "atomic"
+    assert kernels.backward_mode(Graph.from_edge_index(torch.stack([src, dst]), n)) == "atomic"  # one step
+    static = as_graph(of_graph(skewed))
+    assert static.static and kernels.backward_mode(static, torch.bfloat16) == "atomic"
     monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "transposed")
     assert kernels.backward_mode(dense) == "transposed" and kernels.backward_mode(sparse) == "transposed"
+    monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "atomic")
+    assert kernels.backward_mode(skewed) == kernels.backward_mode(sparse, torch.bfloat16) == "atomic"
     monkeypatch.setenv("GNN_FASTPATH_GAT_BWD", "sideways")
     with pytest.raises(ValueError, match="GNN_FASTPATH_GAT_BWD"):
         kernels.backward_mode(dense)
+
+
+def test_rule_runs_in_the_backward(launches, monkeypatch):
+    """Without the setting or the tuner, the backward runs the rule's variant for x_src's
+    dtype: on a bipartite graph of few out-edges per source that outlived a step, the atomic
+    pass in float32 and the source-major pass in 16-bit."""
+    monkeypatch.delenv("GNN_FASTPATH_GAT_BWD", raising=False)
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
+    g = _outlive(graph(False, True))
+    for dtype, variant in ((torch.float32, "atomic"), (torch.bfloat16, "transposed")):
+        start = len(launches)
+        xs = torch.randn(g.n_src, 2, 32).to(dtype).requires_grad_()
+        s, t = leaf(g.n_src, 2), leaf(g.n_dst, 2)
+        _apply(g, xs, s, t, None, None, False, 0.0).sum().backward()
+        ran = launches[start:]
+        assert ("gat_bwd_dst" in ran) == (variant == "atomic") and ("gat_bwd_src" in ran) == (variant == "transposed")
 
 
 def test_registered_with_dispatch():

@@ -107,6 +107,36 @@ def test_backward_rule_and_setting(launches, monkeypatch, mean_degree):
     assert kernels.backward_mode(g, "first") == kernels.backward_mode(g, "last") == "atomic"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mean_degree", [2, 8, 32])
+def test_feature_chunks_rule(launches, monkeypatch, mean_degree, dtype):
+    """Without the setting or the tuner, the forward and the backward take the rule's feature
+    chunks per lane for x's dtype: one where destinations have FEW_EDGES in-edges or more on
+    average (FEW_EDGES_16BIT for 16-bit rows), else CHUNKS_FEW; no dtype reads as float32."""
+    from gnn_fastpath.cuda import launch
+    from gnn_fastpath.cuda import segment_reduce as kernels
+
+    monkeypatch.delenv("GNN_FASTPATH_SR_CHUNKS", raising=False)
+    monkeypatch.setenv("GNN_FASTPATH_TUNE", "0")
+    ei, nn = random_edges(100, 100, 100 * mean_degree, seed=5, self_loops=False)
+    g = Graph.from_edge_index(ei, nn)
+    sixteen = dtype != torch.float32
+    assert kernels.FEW_EDGES_16BIT <= 8 < kernels.FEW_EDGES <= 32 and kernels.CHUNKS_FEW == 2
+    want = {2: 2, 8: 1 if sixteen else 2, 32: 1}[mean_degree]
+    assert kernels.rule_chunks(g, dtype) == want
+    assert kernels.rule_chunks(g) == kernels.rule_chunks(g, torch.float32)
+    asked, lane_groups = [], launch.lane_groups
+
+    def record(F, *tensors, max_chunks=1, **kw):
+        asked.append(max_chunks)
+        return lane_groups(F, *tensors, max_chunks=max_chunks, **kw)
+
+    monkeypatch.setattr(launch, "lane_groups", record)
+    x = torch.randn(g.n_src, 64).to(dtype).requires_grad_()
+    SegmentReduceFunction.apply(x, None, g, "max", "split", "keep").sum().backward()
+    assert len(asked) == 2 and set(asked) == {want}  # the forward's, then the backward's
+
+
 def test_no_sources_scatter_nothing(launches, monkeypatch):
     """Destinations but no source nodes (an edgeless bipartite batch): the source-major pass
     has no work item and is not launched (an empty grid would be a launch error)."""
