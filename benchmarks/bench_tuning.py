@@ -104,13 +104,13 @@ TUNED_OPS = {
     "dot_attention": Tuned("GNN_FASTPATH_DOT_BWD", _dot_variants, _dot_rule,
                            lambda g, width, dt: _module("dot_attention").backward_class(g, width, dt)),
     "gat_attention": Tuned("GNN_FASTPATH_GAT_BWD", lambda g, dt, ins: ("atomic", "transposed"),
-                           lambda g, dt, ins: _module("gat_attention").backward_mode(g),
+                           lambda g, dt, ins: _module("gat_attention").backward_mode(g, dt),
                            lambda g, width, dt: _module("gat_attention").backward_class(g, width, dt)),
     "gatv2_attention": Tuned("GNN_FASTPATH_GATV2_BWD", _gatv2_variants,
                              lambda g, dt, ins: _module("gatv2_attention").backward_mode(g, dt), _gatv2_class),
     # the forward's feature chunks per lane (the step's backward takes the rule's count)
     "segment_reduce": Tuned("GNN_FASTPATH_SR_CHUNKS", lambda g, dt, ins: ("1", "2", "4"),
-                            lambda g, dt, ins: str(_module("segment_reduce").rule_chunks(g)),
+                            lambda g, dt, ins: str(_module("segment_reduce").rule_chunks(g, dt)),
                             lambda g, width, dt: _module("segment_reduce").forward_class(g, width, dt, dt, True)),
     # the backward's scatter of single winners: atomics or the source-major pass
     "segment_reduce.backward": Tuned("GNN_FASTPATH_SR_BWD", lambda g, dt, ins: ("atomic", "transposed"),

@@ -48,14 +48,15 @@ alpha_out grad_alpha: FlashAttention's Delta, exact with w and dropout as O carr
 d w = sum_h ds alpha (g (+ grad_alpha for ``"dropped"``)), dx_src_j = sum_i f alpha dO_i. Two
 variants (:func:`gnn_fastpath.cuda.gat_attention.backward_mode`):
 
-- ``transposed`` (default when M >= 4 N_src: full graphs): a node-sized pass computes delta,
+- ``transposed`` (the rule's pick on graphs used again where destination rows are far longer
+  than source rows, or 16-bit rows with few out-edges per source): a node-sized pass computes delta,
   then one source-major pass over ``graph.source_csr()`` (int32 copy and work list cached per
   graph) gathers dO_i with three floats L_i, delta_i, t_i per (edge, head): x_j and s_j are
   the row's own, so dx_src and d s_j sum in registers with no atomics (except chunks of split
   source rows), g is a shuffle sum over the head's lanes, and d t_i is a scalar atomic per
   (edge, head). One gathered row per edge in total: the backward's byte floor.
-- ``atomic`` (sampled blocks: many sources, few edges each; no source CSR is built, so no
-  sort and no synchronisation): one destination-major pass gathers x_j; d t_i sums in
+- ``atomic`` (the rule's pick otherwise, and always on sampled blocks: many sources, few edges
+  each; no source CSR is built, so no sort and no synchronisation): one destination-major pass gathers x_j; d t_i sums in
   registers, d s_j by a scalar atomic and dx_src by float4 atomics per (edge, head).
 
 Both write d u at its caller position and add d w (summed over the warp's heads by shuffles)
