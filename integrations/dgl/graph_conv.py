@@ -118,40 +118,78 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+_MM_OUT_DTYPE = {}
+
+
+def _has_mm_out_dtype(device: torch.device) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` takes 16-bit operands on ``device``
+    (CUDA in recent torch: the tensor cores' float32 accumulator, no rounding of the result);
+    asked once per device type."""
+    if device.type not in _MM_OUT_DTYPE:
+        try:
+            one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+            _MM_OUT_DTYPE[device.type] = torch.mm(one, one, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE[device.type] = False
+    return _MM_OUT_DTYPE[device.type]
+
+
+def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` with float32 sums and a float32 result. Two 16-bit operands of one dtype go to
+    the 16-bit matrix units with a float32 output where torch offers it (as fast as stock's
+    16-bit product); otherwise 16-bit rows are upcast a block at a time."""
+    if a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16) and _has_mm_out_dtype(a.device):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    b32 = b.float()
+    if a.dtype == torch.float32:
+        return torch.mm(a, b32)
+    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    for start, end in _row_blocks(a.shape[0], a.shape[1]):
+        out[start:end] = torch.mm(a[start:end].float(), b32)
+    return out
+
+
 class _Float32Matmul(torch.autograd.Function):
-    """``a @ w`` for 2-d operands of any floating dtype, with float32 products and sums and a
-    float32 result (torch's 16-bit matmul rounds its result to 16 bits). 16-bit rows are
-    upcast a block at a time and ``a`` is saved as given, so no float32 copy of it outlives
-    a block. The gradients are computed the same way and rounded once to the operands' dtypes."""
+    """``a @ w`` for 2-d operands of any floating dtype, with float32 sums and a float32 result
+    (torch's 16-bit matmul rounds its result to 16 bits): :func:`_mm_float32`, which keeps
+    16-bit operands on the 16-bit matrix units where torch can return float32 (CUDA) and
+    otherwise upcasts 16-bit rows a block at a time (``a`` is saved as given, so no float32
+    copy of it outlives a block).
+
+    Backward: where the matrix units serve, the float32 gradient is rounded once to the
+    operands' 16-bit dtype first (stock's gradient arrives in 16 bits anyway) and each
+    product is a float32-accumulated 16-bit product rounded once; elsewhere the products run
+    in float32 and are rounded once to the operands' dtypes."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, w)
         with _no_autocast(a.device):
-            w32 = w.float()
-            if a.dtype == torch.float32:
-                return torch.mm(a, w32)
-            out = torch.empty(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)
-            for start, end in _row_blocks(a.shape[0], a.shape[1]):
-                out[start:end] = torch.mm(a[start:end].float(), w32)
-            return out
+            return _mm_float32(a, w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         a, w = ctx.saved_tensors
         grad_a = grad_w = None
         with _no_autocast(a.device):
-            grad = grad.float()
-            w32 = w.float()
+            units = a.dtype == w.dtype and a.dtype in (torch.float16, torch.bfloat16) and _has_mm_out_dtype(a.device)
+            grad = grad.to(a.dtype) if units else grad.float()
             if ctx.needs_input_grad[0]:
-                grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-                for start, end in _row_blocks(a.shape[0], a.shape[1]):
-                    grad_a[start:end] = torch.mm(grad[start:end], w32.t())
+                if units:
+                    grad_a = _mm_float32(grad, w.t()).to(a.dtype)
+                else:
+                    w32 = w.float()
+                    grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+                    for start, end in _row_blocks(a.shape[0], a.shape[1]):
+                        grad_a[start:end] = torch.mm(grad[start:end], w32.t())
             if ctx.needs_input_grad[1]:
-                acc = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
-                for start, end in _row_blocks(a.shape[0], a.shape[1]):
-                    acc.addmm_(a[start:end].t().float(), grad[start:end])
-                grad_w = acc.to(w.dtype)
+                if units:
+                    grad_w = _mm_float32(a.t(), grad).to(w.dtype)
+                else:
+                    acc = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+                    for start, end in _row_blocks(a.shape[0], a.shape[1]):
+                        acc.addmm_(a[start:end].t().float(), grad[start:end])
+                    grad_w = acc.to(w.dtype)
         return grad_a, grad_w
 
 
@@ -207,8 +245,10 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
         if low is None:
             rst = torch.matmul(ops.spmm(G, feat_src, edge_weight, norm), w)
         else:
-            # stock rounds the aggregate, then the product, to 16 bits
-            rst = _project(ops.spmm(G, feat_src, edge_weight, norm, out_dtype=torch.float32), w.to(low))
+            # stock rounds the aggregate, then the product, to 16 bits; here the product stays
+            # float32 (and so does the aggregate where no 16-bit matrix units take it)
+            agg_dtype = low if _has_mm_out_dtype(feat_src.device) else torch.float32
+            rst = _project(ops.spmm(G, feat_src, edge_weight, norm, out_dtype=agg_dtype), w.to(low))
     if low is None:
         if module.bias is not None:
             rst = rst + module.bias

@@ -318,6 +318,36 @@ def test_bf16_cancelling_neighbours_as_accurate_as_stock(dgl, h, norm):
         assert relative_error(fused[name], exact[name]) <= relative_error(stock[name], exact[name]) + U_BF16, name
 
 
+@pytest.mark.parametrize("in_feats,out_feats", [(300, 16), (16, 32)], ids=["W_before", "W_after"])
+def test_bf16_on_matrix_units_with_float32_output(dgl, h, monkeypatch, in_feats, out_feats):
+    """Where torch's 16-bit matmul can return float32 (CUDA), the products with W stay 16-bit
+    operands on the matrix units (a float32-upcast product would cost many times stock's 16-bit
+    one) and only the output is kept in float32. Emulated on the CPU: that matmul is
+    ``torch.mm(..., out_dtype=torch.float32)``, counted here; the result stays as accurate as
+    stock's or better, in stock's dtypes."""
+    from gnn_fastpath.integrations.dgl import graph_conv as shim
+
+    mm, calls = torch.mm, []
+
+    def mm_out_dtype(a, b, *, out_dtype=None):
+        if out_dtype is None:
+            return mm(a, b)
+        assert a.dtype == b.dtype == torch.bfloat16 and out_dtype == torch.float32
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return mm(a.double(), b.double()).float()  # exact products, float32 result
+
+    monkeypatch.setattr(torch, "mm", mm_out_dtype)
+    monkeypatch.setattr(shim, "_MM_OUT_DTYPE", {"cpu": True})
+    g = heterophilous(dgl)
+    conv = build(in_feats, out_feats, "both").bfloat16()
+    x, w, dy = bf16_inputs(g, in_feats, out_feats)
+    stock, fused, exact = (bf16_run(conv, g, x, w, dy, mode) for mode in (None, "fused", "float64"))
+    assert len(calls) == 3  # forward, and the two products of the backward
+    for name, t in fused.items():
+        assert t.dtype == stock[name].dtype, name
+        assert relative_error(t, exact[name]) <= relative_error(stock[name], exact[name]) + U_BF16, name
+
+
 # --------------------------------------------------------------------------- real graphs
 @pytest.mark.data
 def test_cora(dgl, h, shared_data):
