@@ -9,8 +9,8 @@ A *case* is one integer seed. :func:`make_case` draws from it, deterministically
   of the arguments the fused path covers (heads, concat, edge features, bias, root weight,
   normalisation, aggregators, residuals, attention weights returned; dropout 0 so both runs
   compute the same function);
-- a precision: float32 mostly, else bfloat16 or float16 (a half module on the CPU, autocast on
-  the GPU), and, for PyG, sometimes a ``torch.compile``d module.
+- a precision: float32 mostly, else bfloat16 or float16, as a half module or (PyG) a float32
+  module under autocast, and, for PyG, sometimes a ``torch.compile``d module.
 
 :func:`check_case` runs the stock module and a deep copy under ``gnn_fastpath.enabled()`` on
 the same inputs and compares every output (attention weights included) and every gradient
@@ -56,6 +56,8 @@ UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 #: suite's DGL GPU bounds against float64 instead (tests/integrations/test_autocast.py): outputs
 #: 16u, gradients 128u (gradients through a softmax are ill-conditioned in 16 bits).
 DGL_GPU_BOUND, DGL_GPU_GRAD_BOUND = 16.0, 128.0
+#: Perturbed float64 runs that estimate a tensor's conditioning noise (:func:`_compare_half`).
+NOISE_DRAWS = 3
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -119,6 +121,7 @@ class Case:
     call: Dict[str, Any]  # call options (printable)
     graph: GraphSpec
     dtype: str = "float32"
+    precision: str = "module"  # 16-bit: "module" (a half module) or "autocast" (PyG: float32 module under autocast)
     compiled: bool = False
     build: Callable = field(default=None, repr=False)  # (case) -> (module, inputs, forward)
 
@@ -127,8 +130,9 @@ class Case:
         return f"{self.framework}.{self.layer}"
 
     def describe(self) -> str:
+        precision = f" {self.precision}" if self.dtype != "float32" else ""
         return (f"case {self.seed}: {self.framework} {self.layer}({self.config}) call {self.call}; "
-                f"{self.graph.describe()}; {self.dtype}{', compiled' if self.compiled else ''}")
+                f"{self.graph.describe()}; {self.dtype}{precision}{', compiled' if self.compiled else ''}")
 
 
 def _width(rng):
@@ -626,12 +630,14 @@ def make_case(seed: int, *, frameworks=("pyg", "dgl"), device: str = "cpu", comp
     r = rng.random()
     half = ["bfloat16"] if framework == "dgl" else ["bfloat16", "float16"]  # DGL 2.1: no float16 CPU kernels
     dtype = "float32" if r < 0.75 else rng.choice(half)
+    # DGL's sparse ops cast only under CUDA autocast: its 16-bit cases are half modules
+    precision = "autocast" if framework == "pyg" and rng.random() < 0.5 else "module"
     compiled = framework == "pyg" and rng.random() < compile_rate
     if call.get("return_attention_weights") and config.get("add_self_loops"):
         compiled = False  # compacted attention weights have a data-dependent shape: stock under compile
     if compiled:
         call["edge_index"] = "tensor"  # PyG's EdgeIndex does not trace in stock under this torch
-    return Case(seed, framework, layer, config, call, graph, dtype, compiled, build)
+    return Case(seed, framework, layer, config, call, graph, dtype, precision, compiled, build)
 
 
 # =========================================================================== running
@@ -669,16 +675,23 @@ def _to(inputs: Dict[str, Tensor], device, dtype) -> Dict[str, Tensor]:
 
 
 def run_once(case: Case, module: nn.Module, inputs: Dict[str, Tensor], forward, *, device: str,
-             mode: str, enabled: bool) -> Tuple[Result, List[Tensor]]:
+             mode: str, enabled: bool, perturb: float = 0.0, draw: int = 0) -> Tuple[Result, List[Tensor]]:
     """One forward and backward. ``mode``: "float32", "half" (module and float inputs in the
-    case's 16-bit dtype), "autocast" (float32 module and inputs under CUDA autocast) or
-    "float64". Returns the result and the output's index tensors (e.g. attention edge_index)."""
+    case's 16-bit dtype), "autocast" (float32 module and inputs under autocast) or "float64".
+    ``perturb``: every parameter and float input multiplied by 1 + ``perturb`` x U(-1, 1) first
+    (draw number ``draw`` of the case). Returns the result and the output's index tensors (e.g. attention edge_index)."""
     dtype = DTYPES[case.dtype]
     cast = {"float32": None, "half": dtype, "autocast": None, "float64": torch.float64}[mode]
     m = copy.deepcopy(module).to(device)
     if cast is not None:
         m = m.to(cast)
     t = _to(inputs, device, cast)
+    if perturb:
+        gen = torch.Generator().manual_seed(case.seed * 8 + draw + 29)
+        with torch.no_grad():
+            for v in list(m.parameters()) + list(t.values()):
+                if v.is_floating_point():
+                    v.mul_(1 + perturb * (2 * torch.rand(v.shape, generator=gen, dtype=v.dtype).to(v.device) - 1))
     autocast = torch.autocast(device, dtype=dtype) if mode == "autocast" else contextlib.nullcontext()
     switch = gnn_fastpath.enabled(cpu="reference") if enabled else contextlib.nullcontext()
     torch.manual_seed(case.seed)
@@ -809,15 +822,23 @@ def _check_layout(case, what, a: Tensor, e: Tensor):
         _fail(case, what, "NaN pattern differs")
 
 
-def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str = "cpu"):
+def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str = "cpu",
+                  perturbed: Optional[Callable[[int], Result]] = None):
     """16-bit: per tensor, the fused error against float64 at most ``FACTOR`` x stock's plus
-    ``SLACK`` units of the dtype's roundoff (DGL on the GPU: or within ``DGL_GPU_BOUND`` /
-    ``DGL_GPU_GRAD_BOUND`` units); dtypes equal stock's."""
+    ``SLACK`` units of the dtype's roundoff, plus ``FACTOR`` x the tensor's *conditioning
+    noise*: the most the float64 result moves when every parameter and input is perturbed by
+    up to a unit of roundoff (``perturbed(k)``, ``NOISE_DRAWS`` draws, run only for a tensor
+    outside the first bound). Where that dominates, both errors are large and their ratio is
+    luck: a gradient through a softmax over thousands of edges, or a LeakyReLU kink that a
+    rounding of the same size puts on the other side for one path and not the other (e.g. a
+    self loop's mean edge attribute, rounded to 16 bits in another order). DGL on the GPU: or within ``DGL_GPU_BOUND`` /
+    ``DGL_GPU_GRAD_BOUND`` units. Dtypes equal stock's."""
     u = UNIT[DTYPES[case.dtype]]
     pairs, problem = _pairs(fused, stock)
     if pairs is None:
         _fail(case, "structure", problem)
     floor = _grad_floor(ref)
+    noisy: List[Result] = []
     for name, f, s in pairs:
         r = _ref_tensor(ref, name)
         if s is None or r is None:
@@ -833,8 +854,18 @@ def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str =
         if case.framework == "dgl" and device == "cuda":
             if ef <= (DGL_GPU_GRAD_BOUND if name.startswith("grad") else DGL_GPU_BOUND) * u:
                 continue
-        if not ef <= FACTOR * es + SLACK * u:
-            _fail(case, name, f"error vs float64 {ef:.3e} > {FACTOR} x stock's {es:.3e} + {SLACK}u")
+        if ef <= FACTOR * es + SLACK * u:
+            continue
+        noise = 0.0
+        for k in range(NOISE_DRAWS if perturbed is not None else 0):
+            if len(noisy) <= k:
+                noisy.append(perturbed(k))
+            noise = max(noise, _err_vs(_ref_tensor(noisy[k], name), r, fl))
+            if ef <= FACTOR * es + SLACK * u + FACTOR * noise:
+                break
+        if not ef <= FACTOR * es + SLACK * u + FACTOR * noise:
+            _fail(case, name, f"error vs float64 {ef:.3e} > {FACTOR} x stock's {es:.3e} + {SLACK}u "
+                              f"+ {FACTOR} x the conditioning noise {noise:.3e}")
 
 
 def _err_vs(x: Tensor, ref: Tensor, floor: float = 0.0) -> float:
@@ -859,8 +890,7 @@ def check_case(case: Case, device: str = "cpu") -> str:
     # DGL's CPU build cannot run CUDA features: on the GPU, stock DGL runs on CPU copies
     stock_device = "cpu" if case.framework == "dgl" else device
     half = case.dtype != "float32"
-    # 16-bit: PyG on the GPU under autocast (what users run), else a half module (DGL: bfloat16)
-    mode = "float32" if not half else ("autocast" if device == "cuda" and case.framework == "pyg" else "half")
+    mode = "float32" if not half else ("autocast" if case.precision == "autocast" else "half")
     try:
         stock, stock_index = run_once(case, module, inputs, forward, device=stock_device, mode=mode, enabled=False)
     except Exception as exc:  # noqa: BLE001 - the generator drew something stock rejects: its bug
@@ -877,16 +907,18 @@ def check_case(case: Case, device: str = "cpu") -> str:
     if len(fused_index) != len(stock_index) or not all(
             torch.equal(a.cpu(), b.cpu()) for a, b in zip(fused_index, stock_index)):
         _fail(case, "index outputs", "attention edge_index (or another index output) differs")
-    def reference() -> Result:
+    def reference(perturb: float = 0.0, draw: int = 0) -> Result:
         """The float64 evaluation of the same module: for a half module, of its rounded
         parameters and inputs."""
         dtype = DTYPES[case.dtype]
         base = copy.deepcopy(module).to(dtype) if mode == "half" else module
         base_inputs = _to(inputs, "cpu", dtype) if mode == "half" else inputs
-        return run_once(case, base, base_inputs, forward, device="cpu", mode="float64", enabled=False)[0]
+        return run_once(case, base, base_inputs, forward, device="cpu", mode="float64", enabled=False,
+                        perturb=perturb, draw=draw)[0]
 
     if not half:
         _compare_fp32(case, fused, stock, RTOL[device], reference)
     else:
-        _compare_half(case, fused, stock, reference(), device)
+        u = UNIT[DTYPES[case.dtype]]
+        _compare_half(case, fused, stock, reference(), device, perturbed=lambda k: reference(u * (k + 1) / NOISE_DRAWS, k))
     return "cuda" if device == "cuda" else "reference"
