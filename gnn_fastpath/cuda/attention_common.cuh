@@ -116,7 +116,7 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
 
 // The dropout stream of a kernel. GF_DEVICE_RNG is a compile-time choice (a -D define: the
 // launchers compile a second module of each family, on first use, for an rng tensor) so the
-// eager kernels keep the code they had before rng existed.
+// eager kernels carry none of its code.
 //
 // GF_DEVICE_RNG 0 (rng None, the eager path): the scalar (seed, offset) parameters, rng
 // unread: no load, no barrier, no shared memory; the key stays a constant-bank operand.
@@ -125,7 +125,7 @@ __device__ __forceinline__ float gf_dropout_scale(float p, unsigned long long se
 // launcher sees to it). Scalars are baked into a captured CUDA graph; memory is read at every
 // replay. Resolved once at kernel entry (by the block's thread 0: one 16-byte load, only with
 // dropout) into shared memory and read where a mask is drawn (volatile: the read stays there).
-// Held in registers across the edge loops, the key cost the forwards up to 20 registers and
+// Held in registers across the edge loops, the key would cost the forwards registers and
 // spills. Construct it before any thread can return: it syncs the block.
 #ifndef GF_DEVICE_RNG
 #define GF_DEVICE_RNG 0

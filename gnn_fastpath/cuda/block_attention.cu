@@ -59,10 +59,9 @@ struct ba_shape {
     static constexpr int NT = D / 8;              // n-tiles of 8 over a head
     static constexpr int PARTS = D / 8;           // 16-byte pieces of a head row
     static constexpr int CHUNKS = 16 * PARTS / 32;  // pieces per lane of a 16-row tile
-    // dk/dv pass (one warp per block): blocks per SM to leave registers for. Measured on the
-    // H200 against the compiler's own choice and other caps (bf16, four graphs): D = 16: 32
-    // blocks (64 registers) level with it; D = 32: 24 (80) up to 15% faster on three graphs;
-    // D = 64: 10 (164) 12-21% faster; D = 128: any cap spills (uncapped: 244 registers).
+    // dk/dv pass (one warp per block): blocks per SM to leave registers for. For D <= 64 the
+    // cap buys occupancy (more loads in flight) over the compiler's own choice; at D = 128 any
+    // cap spills, so the compiler's choice stands (1).
     static constexpr int SRC_MIN_BLOCKS = D <= 16 ? 32 : D <= 32 ? 24 : D <= 64 ? 10 : 1;
 };
 

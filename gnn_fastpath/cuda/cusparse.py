@@ -148,8 +148,8 @@ def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype, transpose: bool = False
     A transposed product always gets a float32 C: cuSPARSE computes op(A) = A^T by scattering
     each row's products into C with atomics in C's type (hence its "slightly different
     results during different runs" note), so a 16-bit C would be rounded at every addition
-    (on an H200, 16-bit dX from a 16-bit C missed test_spmm_half's bound on the high
-    out-degree sources, in the way a CPU emulation of 16-bit atomic adds does). A float32 C
+    (16-bit dX of high out-degree sources then misses test_spmm_half's bound, as any 16-bit
+    atomic accumulation does). A float32 C
     (16-bit A/B with a float32 C is in cuSPARSE's mixed-precision table; if a transposed call
     is refused, the backward takes the explicit transposed matrix) is cast once, like the own
     kernels' float32 scratch."""
@@ -159,7 +159,7 @@ def _c_dtype(b_dtype: torch.dtype, c_dtype: torch.dtype, transpose: bool = False
 
 
 #: Timed by default. CSR_ALG1 and CSR_ALG3 spread a NaN or inf of one input row into output
-#: rows that never read it (measured on an H100 with CUDA 13: test_non_finite), so they run
+#: rows that never read it (cuSPARSE of CUDA 13; test_non_finite shows it), so they run
 #: only when forced with GNN_FASTPATH_SPMM_ALG.
 _TIMED = ("default", "alg2")
 

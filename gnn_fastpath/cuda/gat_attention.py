@@ -105,16 +105,8 @@ def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
       the longest source row (destination super nodes, even sources): the source-major pass
       walks the even side.
 
-    Measured (benchmarks/bench_tuning.py, forward + backward, H = 2, D = 64, on the H100 at
-    6e71b7e): the atomic pass led on tolokers (undirected, 88 in-edges per node) in both
-    dtypes and on arxiv-like (source power law) and roads-like (2-regular) in float32; the
-    source-major pass on arxiv-skewdst (destination power law, even sources) in both dtypes
-    and on arxiv-like and roads-like in bfloat16. The H200 data
-    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md) agree in direction or put
-    the two within the spread between rounds; there the source-major pass also led on
-    clustered (16 in-edges per node, float32 too, which this rule leaves atomic). The two
-    row lengths are host facts of the build (or one read, once per graph that outlived a
-    step)."""
+    The two row lengths are host facts of the build (or one read, once per graph that
+    outlived a step)."""
     forced = config.setting("GNN_FASTPATH_GAT_BWD")
     if forced:
         return forced

@@ -32,8 +32,8 @@ from .row_attention import MAX_D, SPECIALISED, SPECIALISED_16, Config  # noqa: F
 SOURCE = "gatv2_attention.cu"
 THREADS = row_attention.THREADS
 #: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
-#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
-#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+#: 8, i.e. the float32 lane layout with 4 halves per lane; 16-byte accesses do not pay off
+#: for this family.
 VEC16_BYTES = 8
 WARPS_PER_BLOCK = row_attention.WARPS_PER_BLOCK
 MERGE_THREADS = 256
@@ -51,9 +51,9 @@ BACKWARDS = ("atomic", "transposed", "fused")
 _MAX_BLOCKS = row_attention.MAX_BLOCKS
 #: The forward and the source-major backward use a persistent grid (resident blocks only,
 #: warps striding over the work items) when every resident warp gets at least this many
-#: items, else one warp per item (benchmarks/results: striding wins on graphs with many
-#: rows, one warp per item on tolokers). The destination-major backward is always
-#: persistent, so its per-block datt atomics stay few.
+#: items (where items are many, striding saves launching a warp for each), else one warp per
+#: item. The destination-major backward is always persistent, so its per-block datt atomics
+#: stay few.
 PERSISTENT_MIN_ITEMS_PER_WARP = 16
 
 
@@ -91,10 +91,10 @@ def _config(D: int, *tensors: Optional[Tensor]) -> Config:
 def forward_config(cfg: Config, dtype: torch.dtype) -> Config:
     """The forward's instantiation: ``cfg`` with 4 edges in flight for specialised 16-bit rows.
 
-    ptxas (sm_90, 256 threads) puts the 16-bit specialised forward at 113-128 registers with
-    U = 4 and no spills, and at ~93 with U = 2: 2 resident blocks per SM either way, so U = 4
-    doubles the bytes in flight for free (a 16-bit lane gathers half the bytes of a float32
-    lane per edge). The backward keeps U = 2: at U = 4 it needs ~185 registers (1 block/SM).
+    The 16-bit specialised forward keeps as many resident blocks per SM with U = 4 as with
+    U = 2, without spills, so U = 4 doubles the bytes in flight for free (a 16-bit lane
+    gathers half the bytes of a float32 lane per edge). The backward keeps U = 2: at U = 4 its
+    registers would halve its resident blocks.
     """
     if dtype == torch.float32 or cfg.dc == 0:
         return cfg
@@ -120,10 +120,9 @@ def backward_mode(graph, dtype: torch.dtype) -> str:
     The rule: atomic, except ``"fused"`` (the one-pass backward) for 16-bit rows on an
     undirected graph that outlived a training step with at most :data:`FUSED_MAX_MEAN_DEGREE`
     in-edges per node. The atomic pass does half the arithmetic of the others and its
-    atomics resolve in the L2, so it led on every graph measured; where rows have few edges
-    and are 16-bit, its float32 accumulator for dx_src (zeroed, then cast) weighs as much as
-    the edges' work, and the one pass, which needs neither, led (roads-like in bfloat16:
-    benchmarks/results/2026-11-26-h200-issue14-e/README.md). Symmetry is read (once per graph,
+    atomics resolve in the L2, so it is the default; where rows have few edges and are
+    16-bit, its float32 accumulator for dx_src (zeroed, then cast) weighs as much as the
+    edges' work, and the one pass, which needs neither, wins. Symmetry is read (once per graph,
     host reads) only for such graphs, as the fused variant needs it anyway."""
     forced = config.setting("GNN_FASTPATH_GATV2_BWD")
     if forced:

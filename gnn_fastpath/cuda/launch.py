@@ -11,9 +11,9 @@ Every launch goes on torch's current CUDA stream of the kernel's device, with no
 synchronisation. CuPy compiles and loads the modules; the launch itself calls the driver's
 ``cuLaunchKernel`` with the arguments packed once into the kernel's own parameter buffer:
 a training step of small batches is bound by the host time of its launches, and CuPy's
-general-purpose launch (one argument object per parameter) took about half of it (30 us per
-launch on the H200 machine's CPU). A failed launch (bad configuration, too many resources)
-raises a RuntimeError naming the kernel and the driver's error.
+general-purpose launch (one argument object per parameter) would be a large share of it. A
+failed launch (bad configuration, too many resources) raises a RuntimeError naming the kernel
+and the driver's error.
 """
 from __future__ import annotations
 

@@ -613,8 +613,8 @@ __global__ void sr_fwd_unpack(const unsigned long long* __restrict__ packed,
 // spread over whole rows; else feature slices of `slice` columns, every row of one slice
 // before the next, so that dx[:, slice] stays in the L2 (the launcher takes it where dx does
 // not fit there). The sources with the most out-edges (hubs) would then take every concurrent
-// atomic on the one line of their slice (measured 2.2x slower than row-major on arxiv-like,
-// whose top source wins 4% of all elements): their elements go to `replicas` copies of the hub
+// atomic on the one line of their slice (slower than row-major where a few sources win a
+// large share of all elements): their elements go to `replicas` copies of the hub
 // rows instead, rep [replicas, n_hubs, F] (copy = the element's row mod replicas), which
 // sr_hub_sum adds into dx (hub_src: the source of each hub). Row-major passes no hubs.
 template <typename TX, typename TO>
@@ -921,9 +921,9 @@ __device__ __forceinline__ void sr_walk_item(int4 it, bool all, unsigned int mas
 // most steps: batching lets a few threads skip them where one group per item cost a whole
 // grid of exits (the launcher picks batch so that the grid still fills the GPU several times
 // over when every row walks).
-// Launch bounds: the occupancy of the one-item-per-group walk this replaced (7 blocks of 128
-// threads per SM with one feature chunk per lane, 5 with two), which the batch's few extra
-// live values would otherwise cost with 16-lane groups (F = 64: 76 registers, 6 blocks).
+// Launch bounds: the occupancy of a walk of one item per group (7 blocks of 128 threads per
+// SM with one feature chunk per lane, 5 with two), which the batch's few extra live values
+// would otherwise cost with 16-lane groups.
 template <int CH>
 struct sr_walk_shape {
     static constexpr int MIN_BLOCKS = CH == 1 ? 7 : CH == 2 ? 5 : 3;

@@ -30,13 +30,12 @@ from . import launch, worklist
 
 SOURCE = "segment_reduce.cu"
 THREADS = 128
-#: Threads per block of the atomic scatter (one thread per element; a thread per 4 elements
-#: was measured 1.5x slower on arxiv-like, H200: a warp's atomics then span 4 lines of each
-#: winning source instead of one, benchmarks/results/2026-11-27-h200-issue14-g).
+#: Threads per block of the atomic scatter (one thread per element, not per 4 elements: a
+#: warp's atomics then touch one line of each winning source instead of 4).
 ARG_THREADS = 256
 #: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
-#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
-#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+#: 8, i.e. the float32 lane layout with 4 halves per lane; 16-byte accesses do not pay off
+#: for this family.
 VEC16_BYTES = 8
 #: Tie-rule codes of the kernels (``-D`` defines, so the .cu and this module agree).
 MODE_COUNT, MODE_FIRST, MODE_LAST, MODE_VALUE = 0, 1, 2, 3
@@ -56,23 +55,20 @@ SPLIT_FROM = 128
 CHUNK = 64
 #: Without GNN_FASTPATH_SR_CHUNKS or the tuner: one feature chunk of VEC features per lane
 #: where destinations have FEW_EDGES in-edges or more on average (FEW_EDGES_16BIT for 16-bit
-#: rows), else CHUNKS_FEW (see :func:`rule_chunks`; H200, F = 512 float32, forward: one chunk
-#: is 11% faster on tolokers (88 in-edges per row), two are 6-9% faster on arxiv-like and
-#: arxiv-skewdst (7) and 19-21% on roads-like (2); benchmarks/results/2026-11-26-h200-issue14-f).
+#: rows), else CHUNKS_FEW (see :func:`rule_chunks`: long rows keep enough loads in flight with
+#: one chunk, short rows need a second chunk's loads to hide the latency).
 FEW_EDGES = 16
 FEW_EDGES_16BIT = 4
 CHUNKS_FEW = 2
-#: Row loads per lane in flight in the forward (8 was measured 10-40% slower on the H200: its
-#: registers cost occupancy).
+#: Row loads per lane in flight in the forward (not 8: the registers for 8 cost occupancy).
 LOADS = 4
 
 
 #: Edges per item of the tie walk (rows from this many in-edges are cut): a group walks its
 #: item's edges one after another, and one walking row anywhere keeps the whole kernel as
 #: long as that chain, so the walk's items are shorter than the forward's where that is free:
-#: where the walk's grid is at its wave cap (batch > 1), more items add no group. H200, fp32
-#: F = 512 fwd+bwd: tolokers 0.423 -> 0.408 ms, bf16 1.118 -> 1.056; at F = 64, below the
-#: cap, tolokers took 3% longer (benchmarks/results/2026-11-27-h200-issue14-g).
+#: where the walk's grid is at its wave cap (batch > 1), more items add no group. Below the
+#: cap every extra item is one more group launched, so there the forward's items are kept.
 WALK_CHUNK = 32
 
 
@@ -139,8 +135,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             perm=kc.perm, x=x, w=w, rows=None, n_rows=n_rows, F=F, sign=sign, dup_ties=dup_ties,
             zero_walks=zero_walks, out=out, aux=aux, walk_all=flag, row_walks=rows_flag)
         return state
-    # long rows' chunks and the light rows in one launch (one tail instead of two: H200,
-    # tolokers F = 512 fp32 forward 0.316 -> 0.303 ms, benchmarks/results/2026-11-27-h200-issue14-h)
+    # long rows' chunks and the light rows in one launch (one tail instead of two)
     packed = torch.zeros(work.n_split, F, dtype=torch.int64, device=device)
     items = _source_aligned_chunks(graph) if dup_ties is not None else work.items
     chunk_blocks = launch.group_grid(work.n_split_items, lanes, fblocks, THREADS)[0]
@@ -217,11 +212,8 @@ def rule_chunks(graph, dtype: Optional[torch.dtype] = None) -> int:
     """Feature chunks per lane without tuning, for rows of ``dtype`` (None: float32): 1 where
     destinations have :data:`FEW_EDGES` in-edges or more on average (16-bit rows:
     :data:`FEW_EDGES_16BIT`), else :data:`CHUNKS_FEW` (two chunks keep twice the loads in
-    flight across the short rows). 16-bit rows keep one chunk down to shorter rows: on
-    arxiv-like and arxiv-skewdst (7 in-edges per row) one chunk led clearly in bfloat16, where
-    in float32 one and two were within a few percent, on the H100 (bench_tuning at 6e71b7e)
-    and the H200 (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md) alike; on
-    roads-like (2) two led in both dtypes."""
+    flight across the short rows). 16-bit rows keep one chunk down to shorter rows: there a
+    second chunk pays off only on the shortest rows."""
     few = FEW_EDGES if dtype is None or dtype == torch.float32 else FEW_EDGES_16BIT
     return 1 if graph.num_edges >= few * max(graph.n_dst, 1) else CHUNKS_FEW
 
@@ -352,9 +344,8 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
 #: atomics along the saved winners, or a source-major pass over the out-edges without atomics.
 BACKWARDS = ("atomic", "transposed")
 #: The rule (no GNN_FASTPATH_SR_BWD, no tuning): the source-major pass where sources have at
-#: most this many out-edges on average. H200, F = 512, forward + backward: it is 9% faster on
-#: roads-like (2 per node) and 15-32% slower on tolokers, arxiv-like, arxiv-skewdst and
-#: clustered (7 to 88), where reading aux per edge costs more than the atomics.
+#: most this many out-edges on average: it beats the atomics on such sparse graphs only; on
+#: denser ones reading aux per edge costs more than the atomics.
 TRANSPOSED_MAX_MEAN_DEGREE = 3.0
 
 
@@ -454,14 +445,12 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
                 row_walks=row_walks, grad_out=grad_out, dx=dx, dw=dw)
 
 
-#: Feature columns per slice of the sliced scatter (dx[:, slice] of arxiv-like, 169k sources, is
-#: 22 MB, inside the H200's 60 MB L2; 64 columns measured within 5%).
+#: Feature columns per slice of the sliced scatter: narrow enough that the slice of dx being
+#: added to stays in the L2 on large graphs; wider slices gain nothing.
 SCATTER_SLICE = 32
 #: Hub sources (most out-edges) whose elements the sliced scatter adds into row copies, and
-#: the copies per hub. H200, arxiv-like F = 512, scatter with dx's zero-fill: row-major 1.33
-#: ms; sliced 2.88 without hubs, 1.03 with 16, 0.95 with 64, 0.94 with 256 hubs of 32 copies;
-#: arxiv-skewdst (uniform sources) row-major 0.94, sliced 0.70-0.71 with or without hubs
-#: (benchmarks/results/2026-11-27-h200-issue14-h).
+#: the copies per hub: in the sliced order a hub's many atomics on one row of dx would
+#: contend; spread over the copies they do not. Graphs without hub sources lose nothing.
 SCATTER_HUBS = 64
 SCATTER_REPLICAS = 32
 
@@ -520,10 +509,9 @@ def _scatter(graph, aux, grad_out, to, lookup, by_position, w, x, walk_all, dx, 
 
 
 #: The walk's grid fills the GPU at least this many times over when every row walks
-#: (training's ReLU features tie at 0 in most rows, 16-bit features in most rows on tolokers;
-#: a grid of one or two waves was measured 25-35% slower there,
-#: benchmarks/results/2026-11-26-h200-issue14-f; 8 waves were measured best of 4, 8, 16 and
-#: 64 on tolokers, arxiv-like and arxiv-skewdst, benchmarks/results/2026-11-27-h200-issue14-g).
+#: (training's ReLU features tie at 0 in most rows, 16-bit features often do): with fewer
+#: waves the walks' uneven lengths leave the GPU idle behind the longest groups; more waves
+#: launch more groups that, on the steps where little walks, only read their flags.
 WALK_WAVES = 8
 
 

@@ -55,8 +55,8 @@ SOURCE = "spmm.cu"
 #: Threads per block of the lane-group kernels.
 THREADS = 128
 #: Bytes per vector access of 16-bit feature rows (launch.bytes16; GNN_FASTPATH_VEC16 overrides):
-#: 8, i.e. the float32 lane layout with 4 halves per lane, measured faster than 16-byte
-#: accesses on the H200 for this family (benchmarks/results/2026-11-25-h200-issue10).
+#: 8, i.e. the float32 lane layout with 4 halves per lane; 16-byte accesses do not pay off
+#: for this family.
 VEC16_BYTES = 8
 #: Degree-scale codes of the kernels (``-D`` defines, so the .cu and this module agree).
 SCALE_NONE, SCALE_INVERSE, SCALE_RSQRT = 0, 1, 2
@@ -270,8 +270,8 @@ class OwnMatrix:
 
     Launch geometry from shapes alone: rows are cut into virtual rows of at most
     :data:`VIRTUAL_ROW_EDGES` edges (:func:`~gnn_fastpath.cuda.worklist.virtual_rows`), whose float32 partial sums are
-    added into the result rows by ``index_add_``; so a super row (arxiv-like's 48k-edge source
-    row in the transposed product) is spread over many lane groups, as the degree-aware work
+    added into the result rows by ``index_add_``; so a super row (a hub source's row in the
+    transposed product) is spread over many lane groups, as the degree-aware work
     list does for cached graphs, without the host read that sizes that list."""
 
     def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int):

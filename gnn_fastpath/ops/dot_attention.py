@@ -4,8 +4,7 @@ design of its kernels.
 Layer -> op -> kernel: PyG ``TransformerConv`` calls :func:`dot_attention`; its CUDA path is
 :class:`DotAttentionFunction`, one call per pass into the launcher
 :mod:`gnn_fastpath.cuda.dot_attention`, whose kernels are ``cuda/dot_attention.cu``; the
-reference is :func:`gnn_fastpath.reference.dot_attention`. Measured timings live in
-``benchmarks/results/``.
+reference is :func:`gnn_fastpath.reference.dot_attention`.
 
 Design
 ------
@@ -31,7 +30,7 @@ Design
 
   * ``atomic`` (default when sources have < 4 out-edges on average): float4 atomics
     (sm_90) along the in-edges inside the same pass; dk, dv are zero-filled first;
-  * ``transposed`` (default otherwise; measured faster there): the destination pass writes
+  * ``transposed`` (default otherwise, where atomics would contend): the destination pass writes
     delta [N_dst, H]; a source-major pass over ``graph.kernel_source_csr()`` keeps k_j, v_j
     and the dk_j, dv_j sums in registers: no atomics and no zero-fill, but it gathers q_i,
     dO_i (and the edge term) per edge again.

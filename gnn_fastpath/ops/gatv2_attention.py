@@ -3,8 +3,7 @@
 Layer -> op -> kernel: PyG and DGL ``GATv2Conv`` call :func:`gatv2_attention`; its CUDA
 path is :class:`GATv2AttentionFunction`, one call per pass into the launcher
 :mod:`gnn_fastpath.cuda.gatv2_attention`, whose kernels are ``cuda/gatv2_attention.cu``;
-the reference is :func:`gnn_fastpath.reference.gatv2_attention`. Measured timings live in
-``benchmarks/results/``.
+the reference is :func:`gnn_fastpath.reference.gatv2_attention`.
 
 Design note
 -----------
@@ -44,11 +43,11 @@ combines them per row (max, rescale, sum; parallel over chunks and column tiles)
 100k-edge super node is ~400 warps, not one. Split-row chunks come first in the list and
 whole rows follow by decreasing degree, so the longest work starts first and the tail is
 short. Grids (``gnn_fastpath.cuda.gatv2_attention._grid``): the forward and the source-major
-backward launch one warp per work item when items are few (tolokers: 13k heavy items,
-balanced best by the block scheduler) and otherwise a persistent grid of resident blocks
-whose warps stride over the items (faster on graphs with many rows: far fewer block
-launches); the destination-major backward is always persistent. Dynamic fetching from an
-atomic work counter was tried and dropped: no faster, more registers.
+backward launch one warp per work item when items are few (few heavy items are balanced
+best by the block scheduler) and otherwise a persistent grid of resident blocks
+whose warps stride over the items (on graphs with many rows: far fewer block launches); the
+destination-major backward is always persistent. No dynamic fetching from an atomic work
+counter: it gains nothing over the static order and costs registers.
 
 *Backward.* One destination-major pass recomputes z, e and alpha = exp(e - L) per edge:
 delta_i = <dO_i, O_i> (FlashAttention's Delta; it equals sum_j alpha_ij dalpha_ij also with
