@@ -14,8 +14,8 @@ import time
 import torch
 
 from . import graphs as G
-from . import report
-from .timing import fmt
+from . import harness as H
+from .harness import fmt
 
 COLUMNS = ["graph", "edges", "sharing", "fill", "blocks", "offered", "build_ms", "layout_mb", "csr_mb", "x_csr",
            "att_build_ms", "att_mb", "att_x_csr"]
@@ -56,11 +56,11 @@ def main(argv=None) -> int:
                      "x_csr": layout.nbytes() / csr, "att_build_ms": att_build, "att_mb": att_bytes / 1e6,
                      "att_x_csr": att_bytes / csr})
         print("  " + " ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in rows[-1].items()), flush=True)
-    payload = {"benchmark": "block_layout", "environment": report.environment(), "rows": rows}
-    text = "\n".join(["### Block-sparse layout per graph", "", report.env_header(payload["environment"]), "",
-                      report.markdown_table(rows, COLUMNS, HEADERS, {c: fmt for c in COLUMNS[2:] if c != "offered"}),
+    payload = {"benchmark": "block_layout", "environment": H.environment(), "rows": rows}
+    text = "\n".join(["### Block-sparse layout per graph", "", H.env_header(payload["environment"]), "",
+                      H.markdown_table(rows, COLUMNS, HEADERS, {c: fmt for c in COLUMNS[2:] if c != "offered"}),
                       ""])
-    report.publish(payload, text, args.json_out, args.md)
+    H.publish(payload, text, args.json_out, args.md)
     return 0
 
 

@@ -54,9 +54,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import report
-from .bench_train import path_summary, stats_counts
-from .timing import count_syncs, fmt, free_memory, import_pyg, watchdog
+from . import harness as H
+from .harness import count_syncs, fmt, free_memory, import_dgl, import_pyg, watchdog
+from .training import path_summary, stats_counts
 
 TARGET_US = 40.0
 LAYERS = ["pyg_gatv2", "pyg_transformer", "pyg_gcn", "pyg_sage_mean", "pyg_sage_max",
@@ -289,7 +289,7 @@ class HostRunner:
     def save(self) -> None:
         payload = self.payload()
         if self.args.json:
-            report.write_json(self.args.json, payload)
+            H.write_json(self.args.json, payload)
         if self.args.markdown:
             Path(self.args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(self.args.markdown).write_text(markdown(payload))
@@ -442,14 +442,14 @@ def table_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
 def targets_table(targets: Sequence[dict]) -> str:
     rows = [{"target": t["target"], "value": "" if t.get("value") is None else f"{t['value']:.1f} us",
              "verdict": t.get("verdict", "")} for t in targets]
-    return report.markdown_table(rows, ["target", "value", "verdict"], ["target (host time)", "measured", "verdict"])
+    return H.markdown_table(rows, ["target", "value", "verdict"], ["target (host time)", "measured", "verdict"])
 
 
 def markdown(payload: dict, header: bool = True) -> str:
     st = payload.get("settings", {})
     rows, cols, heads = table_rows(payload)
     top = ["### Host time per layer call (stock vs gnn_fastpath.enabled())", "",
-           report.env_header(payload.get("environment", {})), ""] if header else []
+           H.env_header(payload.get("environment", {})), ""] if header else []
     return "\n".join(top + [
         f"Graph: {st.get('nodes')} nodes, {st.get('edges')} random edges, {st.get('features')} features "
         f"({st.get('heads')} heads for the attention layers); {st.get('calls')} calls per measurement after "
@@ -458,7 +458,7 @@ def markdown(payload: dict, header: bool = True) -> str:
         f"sleep, {st.get('gpu_calls')} calls); syncs = host-device synchronisations torch reports for one call. "
         "'new each call' = a new graph object per call (graph build included).", "",
         targets_table(payload.get("targets") or evaluate_targets(payload.get("rows", []))), "",
-        report.markdown_table(rows, cols, heads), ""])
+        H.markdown_table(rows, cols, heads), ""])
 
 
 # ----------------------------------------------------------------------------- main
@@ -511,8 +511,6 @@ def main(argv=None) -> int:
     pyg = import_pyg() if any(framework_of(l) == "pyg" for l in layers) else None
     dgl = None
     if any(framework_of(l) == "dgl" for l in layers):
-        from .bench_train import import_dgl
-
         dgl = import_dgl()
         if dgl is None:
             print("note: DGL does not import; DGL rows are skipped", flush=True)
@@ -522,12 +520,12 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001
         gf, reason = None, f"gnn_fastpath does not import: {type(exc).__name__}: {exc}"
         print(f"note: {reason}: stock numbers only", flush=True)
-    out_dir = report.out_dir(args.out)
+    out_dir = H.out_dir(args.out)
     args.json = str(out_dir / "bench_host.json") if args.json is None else args.json
     args.markdown = str(out_dir / "bench_host.md") if args.markdown is None else args.markdown
 
     runner = HostRunner(args, device, pyg, dgl, gf, reason)
-    runner.env = report.environment(None)
+    runner.env = H.environment(None)
     configs = plan(layers, passes, graph_modes)
     runner.settings = {"layers": layers, "passes": passes, "graphs": graph_modes, "calls": args.calls,
                        "warmup": args.warmup, "gpu_calls": args.gpu_calls if not cpu else 0, "nodes": args.nodes,

@@ -33,8 +33,8 @@ from typing import Dict, List, Optional
 import torch
 
 from . import graphs as G
-from . import report
-from .timing import OOM, autocast, fmt, free_memory, import_pyg, is_oom, measure, measure_bandwidth, parse_dtypes
+from . import harness as H
+from .harness import OOM, autocast, fmt, free_memory, import_pyg, is_oom, measure, measure_bandwidth, parse_dtypes
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
 FULL_GRAPHS = QUICK_GRAPHS + ["pokec-like"]
@@ -128,7 +128,7 @@ class LayerRunner:
         print("  " + " ".join(f"{k}={fmt(row[k]) if isinstance(row[k], float) else row[k]}"
                               for k in keys if row.get(k) is not None), flush=True)
         if self.args.json_out:
-            report.write_json(self.args.json_out, self.payload())
+            H.write_json(self.args.json_out, self.payload())
 
     def run_layer(self, gname: str, ei: torch.Tensor, n: int, key: str, spec: dict, amp: str = "off") -> None:
         a = self.args
@@ -274,9 +274,9 @@ def markdown(payload: dict) -> str:
                                                   amps.index(r.get("autocast", "off")) if r.get("autocast", "off")
                                                   in amps else 9))
     return "\n".join([
-        "### Layer benchmarks (PyG stock vs gnn_fastpath.enable())", "", report.env_header(payload["environment"]), "",
+        "### Layer benchmarks (PyG stock vs gnn_fastpath.enable())", "", H.env_header(payload["environment"]), "",
         f"warm-up {payload['settings']['warmup']}, timed {payload['settings']['iters']} (median); x = stock / fused.", "",
-        report.markdown_table(rows, COLUMNS, HEADERS, fm), ""])
+        H.markdown_table(rows, COLUMNS, HEADERS, fm), ""])
 
 
 def parse_autocast(text: str) -> List[str]:
@@ -332,14 +332,14 @@ def main(argv=None) -> int:
         args.warmup, args.iters = min(args.warmup, 1), min(args.iters, 3)
     scale = 1.0 if scale is None else scale
     args.scale_for = lambda name: 1.0 if name in G.REAL else scale
-    out_dir = report.out_dir(args.out)
+    out_dir = H.out_dir(args.out)
     args.json_out = args.json_out or str(out_dir / "bench_layers.json")
     md_path = str(out_dir / "bench_layers.md") if args.md is None else args.md
 
     gf, reason = _fastpath()
     bw = {"gb_s": args.bandwidth, "note": "given by --bandwidth"} if args.bandwidth else (measure_bandwidth() if cuda else None)
     runner = LayerRunner(args, device, pyg, gf, reason)
-    runner.env = report.environment(bw)
+    runner.env = H.environment(bw)
     runner.settings = {"warmup": args.warmup, "iters": args.iters, "seed": args.seed, "scale": scale,
                        "graphs": graph_names, "layers": layer_keys, "autocast": args.autocast_modes,
                        "x_requires_grad": args.x_grad,
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)
     runner.run(graph_names, layer_keys)
-    report.write_json(args.json_out, runner.payload())
+    H.write_json(args.json_out, runner.payload())
     text = markdown(runner.payload())
     if md_path:
         Path(md_path).parent.mkdir(parents=True, exist_ok=True)

@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
 from . import graphs as G
-from . import report
-from .timing import DTYPES, OOM, SHORT, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
+from . import harness as H
+from .harness import DTYPES, OOM, SHORT, fmt, free_memory, is_oom, measure, measure_bandwidth, parse_dtypes
+from .op_cases import OPS, OpCase
+from .report import ratio_table
 
 QUICK_GRAPHS = ["tolokers", "arxiv-like", "arxiv-skewdst", "roads-like"]
 FULL_GRAPHS = QUICK_GRAPHS + ["clustered", "pokec-like"]
@@ -131,55 +131,6 @@ def floor_bytes(op: str, n: int, m: int, width: int, heads: int = 1, elem: int =
         raise KeyError(op)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd, "fwd_min": fwd_min}
 
-
-# ----------------------------------------------------------------------------- ops
-@dataclass(frozen=True)
-class OpCase:
-    name: str
-    heads: int
-    width: int           # H*D or F
-    label: str
-    ref_factor: float    # reference fwd+bwd working set ~ ref_factor * M * width * 4 bytes
-
-    def inputs(self, n: int, device, seed: int, dtype: torch.dtype = torch.float32) -> Tuple[List[torch.Tensor], Dict]:
-        """Fresh random inputs (requires_grad) and keyword arguments for the call: features in
-        ``dtype`` (the same values, rounded, for every dtype of one seed); GATv2's ``att`` and
-        GAT's per-node scores in float32, a parameter (and its float32 reductions) as under
-        autocast."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
-
-        def rnd(*shape, scale=1.0, dt=dtype):
-            t = torch.randn(*shape, generator=g) * scale
-            return t.to(device=device, dtype=dt).requires_grad_(True)
-
-        if self.name == "gatv2_attention":
-            h, d = self.heads, self.width // self.heads
-            return [rnd(n, h, d), rnd(n, h, d), rnd(h, d, scale=1 / math.sqrt(d), dt=torch.float32)], {}
-        if self.name == "gat_attention":
-            h, d = self.heads, self.width // self.heads
-            return [rnd(n, h, d), rnd(n, h, dt=torch.float32), rnd(n, h, dt=torch.float32)], {}
-        if self.name == "dot_attention":
-            h, d = self.heads, self.width // self.heads
-            return [rnd(n, h, d), rnd(n, h, d), rnd(n, h, d)], {}
-        if self.name == "spmm":
-            return [rnd(n, self.width)], {"norm": "both"}
-        if self.name == "segment_reduce":
-            return [rnd(n, self.width)], {"reduce": "max"}
-        raise KeyError(self.name)
-
-    def fn(self) -> Callable:
-        from gnn_fastpath import ops
-
-        return getattr(ops, self.name)
-
-
-OPS: Dict[str, OpCase] = {c.name: c for c in [
-    OpCase("gatv2_attention", 2, 128, "H=2 D=64", 8),
-    OpCase("gat_attention", 2, 128, "H=2 D=64", 6),
-    OpCase("dot_attention", 4, 512, "H=4 D=128", 10),
-    OpCase("spmm", 1, 512, "F=512 norm=both", 4),
-    OpCase("segment_reduce", 1, 512, "F=512 max", 4),
-]}
 
 #: Which ops an environment variable concerns (variant runs rerun only those).
 ENV_OPS = {"GATV2": ["gatv2_attention"], "GAT_": ["gat_attention"], "DOT": ["dot_attention"], "SPMM": ["spmm"],
@@ -337,11 +288,15 @@ class Runner:
 
     def save(self) -> None:
         if self.args.json_out:
-            report.write_json(self.args.json_out, self.payload())
+            H.write_json(self.args.json_out, self.payload())
 
     def payload(self) -> dict:
-        return {"benchmark": "ops", "environment": self.env, "settings": self.settings,
-                "graphs": self.graph_info, "rows": self.rows}
+        out = {"benchmark": "ops", "environment": self.env, "settings": self.settings,
+               "graphs": self.graph_info, "rows": self.rows}
+        ratios = ratio_rows(out)
+        if ratios:
+            out["ratios"] = ratios
+        return out
 
     def run(self, graph_names: List[str], op_names: List[str]) -> None:
         import gnn_fastpath
@@ -441,7 +396,7 @@ def run_variant(spec: str, args, graph_names: List[str], op_names: List[str], ba
         if args.budget_s is not None:
             cmd += ["--budget-s", str(max(1.0, args.budget_s - (time.perf_counter() - args.t_start)))]
         print(f"variant [{spec}]: {' '.join(ops)}", flush=True)
-        proc = subprocess.run(cmd, env=env, cwd=str(report.REPO_ROOT))
+        proc = subprocess.run(cmd, env=env, cwd=str(H.REPO_ROOT))
         if out.exists():
             return json.loads(out.read_text())["rows"]
         return [{"graph": g, "op": o, "backend": "cuda", "variant": spec,
@@ -480,12 +435,12 @@ def markdown(payload: dict) -> str:
     fm["status"] = lambda s: "" if s == "ok" else str(s or "")
     fm["variant"] = lambda s: "" if s in (None, "default") else str(s)
     return "\n".join([
-        "### Op benchmarks", "", report.env_header(env), "",
+        "### Op benchmarks", "", H.env_header(env), "",
         f"warm-up {payload['settings']['warmup']}, timed {payload['settings']['iters']} (median); floor = bytes that "
         "must move / measured copy bandwidth (benchmarks/README.md); 'x floor' = measured / floor.", "",
-        report.markdown_table(rows, COLUMNS, HEADERS, fm), ""] + ([
+        H.markdown_table(rows, COLUMNS, HEADERS, fm), ""] + ([
         f"#### 16-bit / fp32 time of the CUDA ops (target <= {RATIO_TARGET} on {', '.join(RATIO_GRAPHS)}: "
-        "features beyond L2)", "", report.markdown_table(ratio, RATIO_COLUMNS, RATIO_HEADERS), ""] if ratio else []))
+        "features beyond L2)", "", ratio_table(ratio), ""] if ratio else []))
 
 
 def _ratio(a, b) -> Optional[float]:
@@ -531,12 +486,6 @@ def ratio_rows(payload: dict) -> List[dict]:
                                                  str(r.get("variant")), d)})
     out.sort(key=lambda x: x.pop("_key"))
     return out
-
-
-RATIO_COLUMNS = ["graph", "op", "dtype", "variant", "fp32_fwd", "fwd", "ratio_fwd", "fp32_fb", "fb", "ratio_fb",
-                 "x_floor", "x_floor_fb", "verdict"]
-RATIO_HEADERS = ["graph", "op", "dtype", "variant", "fp32 fwd ms", "fwd ms", "/ fp32 fwd", "fp32 f+b ms", "f+b ms",
-                 "/ fp32 f+b", "x floor (own bytes)", "x floor f+b", "target"]
 
 
 # ----------------------------------------------------------------------------- main
@@ -598,7 +547,7 @@ def main(argv=None) -> int:
         args.variant = []
     scale = 1.0 if scale is None else scale
     args.scale_for = lambda name: 1.0 if name in G.REAL else scale
-    out_dir = report.out_dir(args.out)
+    out_dir = H.out_dir(args.out)
     if args.json_out is None:
         args.json_out = str(out_dir / "bench_ops.json")
     md_path = str(out_dir / "bench_ops.md") if args.md is None else args.md
@@ -610,7 +559,7 @@ def main(argv=None) -> int:
         bw = measure_bandwidth()
         print(f"copy bandwidth: {bw['gb_s']:,.0f} GB/s (read + write)", flush=True)
     runner = Runner(args, device, bw["gb_s"] if bw else None)
-    runner.env = report.environment(bw)
+    runner.env = H.environment(bw)
     runner.settings = {"warmup": args.warmup, "iters": args.iters, "seed": args.seed, "scale": scale,
                        "graphs": graph_names, "ops": op_names, "dtypes": args.dtype_names, "variants": args.variant, "quick": args.quick,
                        "device": str(device)}

@@ -15,7 +15,7 @@ race cost (ms, extra calls: ``gnn_fastpath.stats(tuning=True)``) and after how m
 the class the default budget lets it run (the probe's ``t_rule``, :mod:`gnn_fastpath.tuning`).
 
 **Training** (``--train-graph``, default tolokers; ``--train-layers``, default GATv2Conv and
-TransformerConv, 3 layers of hidden 64 x 4 heads, fp32, bench_train's model): ``--train-steps``
+TransformerConv, 3 layers of hidden 64 x 4 heads, fp32, benchmarks/training.py's model): ``--train-steps``
 (15) steps timed one by one from the first, no warm-up, each run on a fresh copy of the graph
 (nothing cached from the run before), fresh parameters (the same initial ones) and a fresh
 tuner (``tuning.forget()``, as a new process), for: ``empty`` (a fresh choices file),
@@ -54,9 +54,9 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from . import graphs as G
-from . import report
-from .bench_ops import OPS
-from .timing import DTYPES, fmt, free_memory, is_oom, parse_dtypes, time_calls
+from . import harness as H
+from .harness import DTYPES, fmt, free_memory, is_oom, parse_dtypes, time_calls
+from .op_cases import OPS
 
 
 def _module(name):
@@ -68,7 +68,7 @@ class Tuned:
     """One tuned decision of an op: the setting that forces a variant, its variants on a graph
     (``variants(graph)``), the rule's pick (``rule(graph, dtype, inputs)``, asked after the
     graph outlived a step), the size class the launcher names the call by
-    (``klass(graph, width, dtype)``) and the op case (bench_ops.OPS) it is timed on (default:
+    (``klass(graph, width, dtype)``) and the op case (op_cases.OPS) it is timed on (default:
     the decision's own name)."""
     setting: str
     variants: Callable
@@ -123,7 +123,7 @@ TUNED_OPS = {
                                         g, ins[0].shape[1], ins[0].device),
                                     lambda g, width, dt: "", case="segment_reduce", tuned=False),
 }
-#: The training part's layers: bench_train's layer key, the setting forcing the backward of its
+#: The training part's layers: training.py's layer key, the setting forcing the backward of its
 #: tuned op, the variants (GATv2's fused one needs an undirected graph: tolokers is).
 TRAIN_LAYERS = {"gatv2": ("GNN_FASTPATH_GATV2_BWD", ("atomic", "transposed", "fused")),
                 "transformer": ("GNN_FASTPATH_DOT_BWD", ("atomic", "transposed")),
@@ -302,15 +302,15 @@ class Trainer:
     """The training part for one graph: data, the models' shared initial weights, runs."""
 
     def __init__(self, args, tmp: Path):
-        from . import bench_train
-        from .timing import import_pyg
+        from . import training
+        from .harness import import_pyg
 
-        self.bt = bench_train
+        self.bt = training
         self.args = args
         self.tmp = tmp
         self.device = torch.device(args.device)
         self.pyg = import_pyg()
-        self.data = bench_train.load_data(args.train_graph, self.device, args.seed, args.scale, args.data_dir)
+        self.data = training.load_data(args.train_graph, self.device, args.seed, args.scale, args.data_dir)
         self.init: Dict[str, dict] = {}
         self.runs = 0
 
@@ -420,7 +420,7 @@ def markdown(payload: dict) -> str:
     fm["race_trials"] = lambda v: "" if v is None else str(v)
     tm = {c: fmt for c in TRAIN_COLUMNS if c.endswith("_ms") or c.startswith("step_vs") or c.startswith("total_vs")}
     lines = ["### Rules and tuner against every variant, and what tuning costs", "",
-             report.env_header(payload["environment"]), "",
+             H.env_header(payload["environment"]), "",
              f"Tuner constants: SHARE {payload['tuner']['SHARE']}, FREE_MS {payload['tuner']['FREE_MS']}, "
              f"BUDGET_MS {payload['tuner']['BUDGET_MS']}, ROUNDS {payload['tuner']['ROUNDS']}, "
              f"CALLS {payload['tuner']['CALLS']}, CLEAR {payload['tuner']['CLEAR']}, TIE {payload['tuner']['TIE']}.",
@@ -428,14 +428,14 @@ def markdown(payload: dict) -> str:
     if payload.get("train"):
         lines += [f"#### Training, {s['train_graph']} full batch, 3 layers hidden 64 x 4 heads, fp32 "
                   f"({s['train_rounds']} rounds, median; each run from its first step, no warm-up)", "",
-                  report.markdown_table(payload["train"], TRAIN_COLUMNS, TRAIN_HEADERS, tm), ""]
+                  H.markdown_table(payload["train"], TRAIN_COLUMNS, TRAIN_HEADERS, tm), ""]
     if payload.get("rows"):
         lines += ["#### Ops: forward + backward step, ms", "",
                   f"{s['rounds']} rounds of {s['iters']} timed steps after {s['warmup']} warm-ups ({s['big_iters']} "
                   f"after {s['big_warmup']} on graphs of more than {BIG_EDGES:,} edges), variants "
                   "alternating; median of round medians. 'tuned': a fresh tuner whose race runs at the class's "
                   "first call; 'race after calls': when the default budget would let it run.", "",
-                  report.markdown_table(payload["rows"], COLUMNS, HEADERS, fm), ""]
+                  H.markdown_table(payload["rows"], COLUMNS, HEADERS, fm), ""]
         missed = [r for r in payload["rows"] if not r.get("rule_within_5pct")]
         lines += ["Rule's pick more than 5% off the fastest variant (both forced): " + (
             "; ".join(f"{r['graph']} {r['op']} {r['dtype']} ({r['rule']} {fmt(r['rule_pick_vs_best'])}x, "
@@ -475,7 +475,7 @@ def main(argv=None) -> int:
     from gnn_fastpath import tuning
 
     t0 = time.monotonic()
-    env = report.environment()
+    env = H.environment()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     constants = {k: getattr(tuning, k) for k in ("SHARE", "FREE_MS", "BUDGET_MS", "ROUNDS", "CALLS", "CLEAR", "TIE")}
     payload = {"benchmark": "tuning", "environment": env, "started": started, "tuner": constants,
@@ -487,7 +487,7 @@ def main(argv=None) -> int:
 
     def save():
         if args.json_out:
-            report.write_json(args.json_out, payload)
+            H.write_json(args.json_out, payload)
 
     case_ids = itertools.count()
     with tempfile.TemporaryDirectory() as tmp:
@@ -538,7 +538,7 @@ def main(argv=None) -> int:
             free_memory()
     payload["wall_s"] = round(time.monotonic() - t0, 1)
     text = markdown(payload)
-    report.publish(payload, text, args.json_out, args.md)
+    H.publish(payload, text, args.json_out, args.md)
     return 0
 
 

@@ -6,20 +6,25 @@
 # Run from the repository root on the device machine (its python3 has torch, CuPy, PyG;
 # no package registry). Expects ./.data/tolokers.npz (carry .data) and optionally DGL
 # wheels in ./.whl (carry .whl). Writes at most 8 files into $OUT (flat):
-#   summary.md  pytest_cuda.log  pytest_rest.log  sanitizer.log  bench.log
-#   bench_ops.json  bench_layers.json  bench_train.json
+#   summary.md  pytest.log  sanitizer.log  bench.log
+#   bench_ops.json  bench_layers.json  bench_train_full.json  bench_train_sampled.json
 # (the markdown tables go into summary.md, not into files of their own: 8 is the limit).
+# The optional stages (HOST_S, COMPILE_S, DDP_S; off by default) add bench_host.json,
+# bench_compile.json, ddp.json: switch off a stage you do not need when you switch one on.
 # Time budget for the whole script: quick 300 s, full 570 s (override BUDGET_S); each
 # stage gets at most its own cap (override PYTEST_CUDA_S, PYTEST_REST_S, SANITIZER_S,
 # OPS_S, LAYERS_S, TRAIN_S) and never more than what is left of the budget. Stages that run
 # out of time are cut, and whatever they wrote so far is kept.
 # Extra benchmark arguments: OPS_ARGS (default "--dtypes float32,bfloat16"), LAYERS_ARGS
-# (default "--autocast off,bfloat16"), TRAIN_ARGS (default none: every graph, layer,
-# fp32 and bf16), e.g. TRAIN_ARGS="--graphs pokec-like --dtypes float32,bfloat16,float16".
+# (default "--autocast off,bfloat16"), TRAIN_ARGS (default none: every graph, layer, fp32
+# and bf16; given to both training tools, e.g. TRAIN_ARGS="--graphs pokec-like --dtypes
+# float32,bfloat16,float16"), FULL_ARGS / SAMPLED_ARGS (one tool only), COMPILE_ARGS.
+# TRAIN_MODES (default "full sampled") picks the training tools of the TRAIN_S stage.
 # Set GNN_FASTPATH_COMMIT=<sha> in the command (the device copy has no .git).
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/gnn_fastpath_out}
+rm -rf /tmp/bench /tmp/pytest_cuda.log /tmp/pytest_rest.log  # nothing of an earlier call on this machine
 mkdir -p "$OUT" /tmp/bench
 export PYTHONUNBUFFERED=1
 START=$SECONDS
@@ -39,6 +44,7 @@ esac
 OPS_ARGS=${OPS_ARGS---dtypes float32,bfloat16}
 LAYERS_ARGS=${LAYERS_ARGS---autocast off,bfloat16}
 TRAIN_ARGS=${TRAIN_ARGS-}
+TRAIN_MODES=${TRAIN_MODES-full sampled}
 SUMMARY=$OUT/summary.md
 STAGES=""
 
@@ -119,19 +125,25 @@ if $PY -c "import xdist" >/dev/null 2>&1; then
   (( ${PYTEST_WORKERS_CUDA:-4} > 0 )) && XD_CUDA="-n ${PYTEST_WORKERS_CUDA:-4}"
   (( ${PYTEST_WORKERS_REST:-8} > 0 )) && XD_REST="-n ${PYTEST_WORKERS_REST:-8}"
 fi
+# Both pytest stages write into $OUT/pytest.log (a header line each); their count lines are
+# taken from their own copies in /tmp.
 t=$(stage_time "$CAP_PYTEST_CUDA"); s0=$SECONDS
 if (( t > 5 )); then
   echo "== pytest -m cuda $XD_CUDA (limit ${t} s)"
-  timeout -k 5 "$t" $PY -m pytest tests -m cuda -q ${PYTEST_CUDA_FLAGS--x} -p no:cacheprovider $XD_CUDA >"$OUT/pytest_cuda.log" 2>&1
-  rc=$?; tail -5 "$OUT/pytest_cuda.log"
+  echo "== pytest tests -m cuda $XD_CUDA" >>"$OUT/pytest.log"
+  timeout -k 5 "$t" $PY -m pytest tests -m cuda -q ${PYTEST_CUDA_FLAGS--x} -p no:cacheprovider $XD_CUDA 2>&1 \
+    | tee /tmp/pytest_cuda.log >>"$OUT/pytest.log"
+  rc=${PIPESTATUS[0]}; tail -5 /tmp/pytest_cuda.log
   note_stage "pytest -m cuda" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage "pytest -m cuda" "skipped: budget" 0; fi
 
 t=$(stage_time "$CAP_PYTEST_REST"); s0=$SECONDS
 if (( t > 5 )); then
   echo "== pytest -m 'not cuda' $XD_REST (limit ${t} s)"
-  timeout -k 5 "$t" $PY -m pytest tests -m "not cuda" -q -p no:cacheprovider $XD_REST >"$OUT/pytest_rest.log" 2>&1
-  rc=$?; tail -3 "$OUT/pytest_rest.log"
+  echo "== pytest tests -m 'not cuda' $XD_REST" >>"$OUT/pytest.log"
+  timeout -k 5 "$t" $PY -m pytest tests -m "not cuda" -q -p no:cacheprovider $XD_REST 2>&1 \
+    | tee /tmp/pytest_rest.log >>"$OUT/pytest.log"
+  rc=${PIPESTATUS[0]}; tail -3 /tmp/pytest_rest.log
   note_stage "pytest -m 'not cuda'" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage "pytest -m 'not cuda'" "skipped: budget" 0; fi
 
@@ -166,14 +178,36 @@ if (( t > 10 )); then
   rc=$?; note_stage bench_layers "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
 else note_stage bench_layers "skipped: budget" 0; fi
 
-# training steps: the issue-10 targets first; --time-budget starts no config after 80% of the cap
+# training steps (TRAIN_S for both tools): full batch (the issue-10 targets first) gets up to half
+# of the stage, sampled mini-batches (the sampled targets first) the rest; --time-budget starts
+# no config after 80% of a tool's share
 t=$(stage_time "$CAP_TRAIN"); s0=$SECONDS
 if (( t > 10 )); then
-  echo "== bench_train $BENCH_FLAGS $TRAIN_ARGS (limit ${t} s)"
-  timeout -k 10 "$t" $PY -m benchmarks.bench_train $BENCH_FLAGS $TRAIN_ARGS --json "$OUT/bench_train.json" \
-    --markdown /tmp/bench/bench_train.md --time-budget $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
-  rc=$?; note_stage bench_train "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
-else note_stage bench_train "skipped: budget" 0; fi
+  for what in $TRAIN_MODES; do
+    left=$(( t - (SECONDS - s0) ))
+    share=$left; [ "$what" = full ] && [[ "$TRAIN_MODES" == *sampled* ]] && share=$(( t / 2 ))
+    (( share > left )) && share=$left
+    if (( share <= 10 )); then note_stage "bench_train_$what" "skipped: budget" 0; continue; fi
+    case "$what" in full) extra=${FULL_ARGS-} ;; sampled) extra=${SAMPLED_ARGS-} ;;
+      *) note_stage "bench_train_$what" "unknown TRAIN_MODES entry" 0; continue ;; esac
+    s1=$SECONDS
+    echo "== bench_train_$what $BENCH_FLAGS $TRAIN_ARGS $extra (limit ${share} s)"
+    timeout -k 10 "$share" $PY -m "benchmarks.bench_train_$what" $BENCH_FLAGS $TRAIN_ARGS $extra \
+      --json "$OUT/bench_train_$what.json" --markdown "/tmp/bench/bench_train_$what.md" \
+      --time-budget $(( share * 80 / 100 )) >>"$OUT/bench.log" 2>&1
+    rc=$?; note_stage "bench_train_$what" "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s1 ))
+  done
+else note_stage "bench_train" "skipped: budget" 0; fi
+
+# torch.compile'd training steps (off unless COMPILE_S is set)
+CAP_COMPILE=${COMPILE_S:-0}
+t=$(stage_time "$CAP_COMPILE"); s0=$SECONDS
+if (( t > 10 )); then
+  echo "== bench_compile $BENCH_FLAGS ${COMPILE_ARGS-} (limit ${t} s)"
+  timeout -k 10 "$t" $PY -m benchmarks.bench_compile $BENCH_FLAGS ${COMPILE_ARGS-} --json "$OUT/bench_compile.json" \
+    --markdown /tmp/bench/bench_compile.md --time-budget $(( t * 80 / 100 )) >>"$OUT/bench.log" 2>&1
+  rc=$?; note_stage bench_compile "exit $rc$( ((rc==124)) && echo ' (time limit)')" $(( SECONDS - s0 ))
+else note_stage bench_compile "skipped: budget" 0; fi
 
 # host time per layer call (GPU time excluded)
 CAP_HOST=${HOST_S:-0}
@@ -232,18 +266,20 @@ last_line() {  # pytest's final count line, or why there is none
   echo "- commit: ${GNN_FASTPATH_COMMIT:-unknown (set GNN_FASTPATH_COMMIT)}"
   echo "- install: $INSTALL; import: $IMPORT_CHECK"
   echo "- wheels: $WHEELS"
-  echo "- pytest -m cuda: $(last_line "$OUT/pytest_cuda.log")"
-  echo "- pytest -m 'not cuda': $(last_line "$OUT/pytest_rest.log")"
+  echo "- pytest -m cuda: $(last_line /tmp/pytest_cuda.log)"
+  echo "- pytest -m 'not cuda': $(last_line /tmp/pytest_rest.log)"
   echo "- memcheck: $([ -f "$OUT/sanitizer.log" ] && grep -E "ERROR SUMMARY|SANITIZE_SMALL" "$OUT/sanitizer.log" | tr '\n' ' ' || echo '(not run)')"
   echo
   echo "| stage | result | seconds |"
   echo "| --- | --- | --- |"
   printf "%s" "$STAGES"
   echo
-  $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" "$OUT/bench_train.json" 2>&1
+  $PY -m benchmarks.report summary "$OUT/bench_ops.json" "$OUT/bench_layers.json" 2>&1
   echo
+  for f in /tmp/bench/bench_train_full.md /tmp/bench/bench_train_sampled.md /tmp/bench/bench_compile.md; do
+    [ -f "$f" ] && cat "$f" && echo; done
   echo "## full tables"
-  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md /tmp/bench/bench_train.md /tmp/bench/bench_host.md /tmp/bench/ddp.md; do [ -f "$f" ] && cat "$f" && echo; done
+  for f in /tmp/bench/bench_ops.md /tmp/bench/bench_layers.md /tmp/bench/bench_host.md /tmp/bench/ddp.md; do [ -f "$f" ] && cat "$f" && echo; done
 } >"$SUMMARY" 2>&1
 echo
 echo "================ SUMMARY (full tables in summary.md) ================"

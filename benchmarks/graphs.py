@@ -41,6 +41,7 @@ import json
 import math
 import os
 import pickle
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -437,6 +438,29 @@ def load_graph(name: str, data_dir=None, device="cpu", seed: int = 0, scale: flo
     return g.edge_index, g.num_nodes
 
 
+def facts(name: str, edges: np.ndarray, n: int) -> dict:
+    """What the generator promises about a graph, checked on its edges (``--json``): a checksum
+    (crc32 of the int32 edge array), the smallest in- and out-degree, crc32 of the sorted in- and
+    out-degree sequences (one sequence per family: arxiv-like's out-degrees are
+    arxiv-skewdst's in-degrees), whether the second half of the edges is the first half
+    reversed (undirected graphs), whether sources ascend (directed graphs) and, for block
+    models, the share of edges inside one block."""
+    src, dst = edges[0], edges[1]
+    din, dout = np.bincount(dst, minlength=n), np.bincount(src, minlength=n)
+    half = edges.shape[1] // 2
+    out = {"checksum": zlib.crc32(np.ascontiguousarray(edges, dtype=np.int32).tobytes()),
+           "in_min": int(din.min()) if n else 0, "out_min": int(dout.min()) if n else 0,
+           "in_degrees_crc": zlib.crc32(np.sort(din).astype(np.int64).tobytes()),
+           "out_degrees_crc": zlib.crc32(np.sort(dout).astype(np.int64).tobytes()),
+           "halves_reversed": bool(edges.shape[1] % 2 == 0 and np.array_equal(src[:half], dst[half:])
+                                   and np.array_equal(dst[:half], src[half:])),
+           "sources_ascend": bool(np.all(np.diff(src) >= 0))}
+    spec = SPECS.get(name)
+    if spec is not None and spec.block:
+        out["inside_block"] = float((src // spec.block == dst // spec.block).mean())
+    return out
+
+
 def _main(argv=None) -> int:
     import argparse
 
@@ -446,19 +470,33 @@ def _main(argv=None) -> int:
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--json", action="store_true",
+                   help="one JSON line per graph: its statistics and :func:`facts` (instead of the table)")
+    p.add_argument("--specs", action="store_true", help="print the synthetic graphs' specs as JSON and exit")
     args = p.parse_args(argv)
+    if args.specs:
+        print(json.dumps({k: vars(s) for k, s in SPECS.items()}))
+        return 0
     cols = ["name", "nodes", "edges", "in_max", "in_skew", "out_max", "out_skew", "in_zero", "self_loops",
             "zipf_exponent", "generate_s"]
-    print("| " + " | ".join(cols) + " | seconds |")
-    print("|" + " --- |" * (len(cols) + 1))
+    if not args.json:
+        print("| " + " | ".join(cols) + " | seconds |")
+        print("|" + " --- |" * (len(cols) + 1))
     for name in args.names:
         t0 = time.perf_counter()
-        if name in REAL:
-            _, _, meta = real_edges(name, args.data_dir)
-        else:
-            _, _, meta = synthetic_edges(name, args.seed, args.scale, use_cache=not args.no_cache)
+        try:
+            if name in REAL:
+                edges, n, meta = real_edges(name, args.data_dir)
+            else:
+                edges, n, meta = synthetic_edges(name, args.seed, args.scale, use_cache=not args.no_cache)
+        except (KeyError, FileNotFoundError, ValueError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 2
         dt = time.perf_counter() - t0
-        print("| " + " | ".join(str(meta.get(c, "")) for c in cols) + f" | {dt:.2f} |", flush=True)
+        if args.json:
+            print(json.dumps(dict(meta, seconds=round(dt, 3), **facts(name, edges, n))), flush=True)
+        else:
+            print("| " + " | ".join(str(meta.get(c, "")) for c in cols) + f" | {dt:.2f} |", flush=True)
     return 0
 
 

@@ -1,8 +1,8 @@
-"""Where a training step's GPU time goes: one bench_train configuration under torch.profiler.
+"""Where a training step's GPU time goes: one training-benchmark configuration under torch.profiler.
 
 Prints the CUDA kernels by total time over the profiled steps, and the step's time split into
 gnn_fastpath kernels, GEMMs, elementwise / cast / reduction kernels and the rest; this is how
-the misses of bench_train's targets are explained (issue 10). ``--compile default`` (or
+the misses of bench_train_full's targets are explained (issue 10). ``--compile default`` (or
 ``reduce-overhead``) profiles ``torch.compile(model, mode=...)`` after its compile steps;
 ``--host`` adds the host (CPU) operators by self time, the wall time per step and the GPU
 busy share, which says whether a step is bound by host glue or by kernels (issue 13).
@@ -20,8 +20,9 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from . import bench_train as BT
-from .timing import autocast
+from . import harness as H
+from . import training as BT
+from .harness import autocast
 
 #: Kernel-name fragments -> category (first match wins).
 CATEGORIES = (
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     import torch_geometric as pyg
 
-    gf = BT._fastpath()[0]
+    gf = H.fastpath()[0]
     data = BT.load_data(a.graph, device, 0, 1.0)
     model = BT.Net(pyg, a.layer, data.x.shape[1], int(data.meta["classes"])).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

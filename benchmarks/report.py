@@ -1,173 +1,40 @@
-"""Benchmark results: environment header, JSON files and markdown tables."""
+"""Reading result JSON files: a compact summary of any benchmark's JSON, and the compact form
+in which results are committed. Imports the harness only, never a benchmark tool.
+
+    python -m benchmarks.report summary RESULT.json [...]     # compact markdown tables
+    python -m benchmarks.report compact RESULT.json OUT.json  # for benchmarks/results/
+
+``summary``: ops and layers JSON as one line per measurement (the CUDA backend, the reference
+beside it; the 16-bit / fp32 table when the file has it); every other benchmark's JSON as its
+verdict tables (``targets``, ``sampled_targets``, ``compiled``). ``compact``: the same payload
+without the per-call lists (``*_all``, losses), the plan (``settings.order``) and the bandwidth
+probe's details, one row per line: what the tables and plots are made from.
+"""
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import List, Sequence
 
-import torch
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+from .harness import SHORT, env_header, fmt, markdown_table
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-    except Exception:  # noqa: BLE001 - broken metadata must not stop a benchmark
-        return None
-
-
-def git_commit() -> Optional[str]:
-    """``GNN_FASTPATH_COMMIT`` when set (the device copy has no .git), else ``git rev-parse HEAD``."""
-    env = os.environ.get("GNN_FASTPATH_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            sha = out.stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                                   capture_output=True, text=True, timeout=10)
-            return sha + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
-
-
-def cupy_info() -> Dict[str, Optional[str]]:
-    info: Dict[str, Optional[str]] = {"cupy": _version("cupy-cuda13x") or _version("cupy-cuda12x") or _version("cupy")}
-    try:
-        import cupy
-
-        info["cupy"] = cupy.__version__
-        if torch.cuda.is_available():
-            info["cupy_cuda_runtime"] = str(cupy.cuda.runtime.runtimeGetVersion())
-    except Exception:  # noqa: BLE001
-        pass
-    return info
-
-
-def environment(bandwidth: Optional[dict] = None) -> dict:
-    """What the numbers were measured on: GPU, versions, commit, time, measured bandwidth."""
-    env = {
-        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "torch_geometric": _version("torch_geometric") or _version("torch-geometric"),
-        "dgl": _version("dgl"),
-        "numpy": _version("numpy"),
-        "gnn_fastpath": None,
-        "gpu": None,
-        "gpu_count": 0,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-    }
-    env.update(cupy_info())
-    try:
-        import gnn_fastpath
-
-        env["gnn_fastpath"] = getattr(gnn_fastpath, "__version__", None)
-        env["gnn_fastpath_cuda"] = gnn_fastpath.cuda.unavailable_reason() or "available"
-    except Exception as exc:  # noqa: BLE001
-        env["gnn_fastpath"] = f"import failed: {type(exc).__name__}: {exc}"
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                   sm_count=props.multi_processor_count,
-                   l2_mb=round(getattr(props, "L2_cache_size", 0) / 1e6, 1),
-                   capability=f"{props.major}.{props.minor}")
-    env["gnn_fastpath_env"] = {k: v for k, v in os.environ.items() if k.startswith("GNN_FASTPATH_")}
-    if bandwidth:
-        env["bandwidth_gb_s"] = round(bandwidth["gb_s"], 1)
-        env["bandwidth_probe"] = bandwidth
-    return env
-
-
-def out_dir(path=None) -> Path:
-    """The results directory (created by the first write into it)."""
-    return Path(path) if path is not None else DEFAULT_OUT
-
-
-def write_json(path, payload: dict) -> Path:
-    """Write atomically (a partial file never replaces a complete one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
-
-
-def publish(payload: dict, text: str, json_path=None, md_path=None) -> None:
-    """Print a benchmark's markdown ``text`` and write its JSON ``payload`` and the text where
-    asked (paths None or empty: not written)."""
-    print(text)
-    if json_path:
-        write_json(json_path, payload)
-    if md_path:
-        Path(md_path).write_text(text)
-
-
-def markdown_table(rows: Sequence[dict], columns: Sequence[str], headers: Optional[Sequence[str]] = None,
-                   formatters: Optional[Dict[str, callable]] = None) -> str:
-    """A GitHub markdown table of ``rows`` (dicts) over ``columns``."""
-    headers = list(headers or columns)
-    formatters = formatters or {}
-    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-    for r in rows:
-        cells = []
-        for c in columns:
-            v = r.get(c)
-            f = formatters.get(c)
-            cells.append(f(v) if f is not None else ("" if v is None else str(v)))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def env_header(env: dict) -> str:
-    """One markdown paragraph naming the machine and versions."""
-    bw = env.get("bandwidth_gb_s")
-    parts = [
-        f"GPU: {env.get('gpu') or 'none'}",
-        f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')})",
-        f"CuPy {env.get('cupy')}",
-        f"PyG {env.get('torch_geometric')}",
-        f"commit {env.get('git_commit')}",
-        f"{env.get('timestamp_utc')}",
-    ]
-    if bw:
-        parts.append(f"measured copy bandwidth {bw:,.0f} GB/s")
-    if env.get("gnn_fastpath_env"):
-        parts.append("env " + " ".join(f"{k}={v}" for k, v in sorted(env["gnn_fastpath_env"].items())))
-    return "; ".join(parts)
-
-
-# ----------------------------------------------------------------------------- compact summary
 def _f(v, digits=2):
-    from .timing import fmt
-
     return fmt(v, digits)
 
 
+def _short(dtype_name) -> str:
+    return SHORT.get(dtype_name, str(dtype_name or ""))
+
+
+# ----------------------------------------------------------------------------- ops and layers
 def compact_ops(payload: dict) -> str:
     """One row per (graph, op, variant) of the CUDA backend, the reference beside it."""
     rows = payload.get("rows", [])
     ref = {(r["graph"], r["op"], r.get("dtype", "float32")): r for r in rows if r.get("backend") == "reference"}
     main = "cuda" if any(r.get("backend") == "cuda" for r in rows) else "reference"
     graphs = payload.get("settings", {}).get("graphs", [])
-    ops = ["gatv2_attention", "dot_attention", "spmm", "segment_reduce"]
-
+    ops = ["gatv2_attention", "gat_attention", "dot_attention", "spmm", "segment_reduce"]
     dtypes = ["float32", "bfloat16", "float16"]
 
     def key(r):
@@ -179,14 +46,12 @@ def compact_ops(payload: dict) -> str:
     for r in sorted(rows, key=key):
         if r.get("backend") != main:
             continue
-        if main == "reference":
-            rr = {}
-        else:
-            rr = ref.get((r["graph"], r["op"], r.get("dtype", "float32")), {})
+        rr = {} if main == "reference" else ref.get((r["graph"], r["op"], r.get("dtype", "float32")), {})
         status = r.get("status") or ""
         if status.startswith("no CUDA path"):
             status = "no CUDA path"
-        out.append({"graph": r["graph"], "op": r["op"], "dtype": _short(r.get("dtype", "float32")), "variant": "" if r.get("variant") == "default" else str(r.get("variant")).replace("GNN_FASTPATH_", ""),
+        out.append({"graph": r["graph"], "op": r["op"], "dtype": _short(r.get("dtype", "float32")),
+                    "variant": "" if r.get("variant") == "default" else str(r.get("variant")).replace("GNN_FASTPATH_", ""),
                     "fwd": _f(r.get("fwd_ms")), "fb": _f(r.get("fwd_bwd_ms")), "mb": _f(r.get("peak_mb")),
                     "xf": _f(r.get("x_floor_fwd")), "xfb": _f(r.get("x_floor_fwd_bwd")),
                     "rfwd": _f(rr.get("fwd_ms")) or (rr.get("status") or "")[:12], "rfb": _f(rr.get("fwd_bwd_ms")),
@@ -198,10 +63,15 @@ def compact_ops(payload: dict) -> str:
     return markdown_table(out, cols, heads)
 
 
-def _short(dtype_name) -> str:
-    from .timing import SHORT
+#: The 16-bit / fp32 table of the op benchmark (``bench_ops.ratio_rows`` makes its rows).
+RATIO_COLUMNS = ["graph", "op", "dtype", "variant", "fp32_fwd", "fwd", "ratio_fwd", "fp32_fb", "fb", "ratio_fb",
+                 "x_floor", "x_floor_fb", "verdict"]
+RATIO_HEADERS = ["graph", "op", "dtype", "variant", "fp32 fwd ms", "fwd ms", "/ fp32 fwd", "fp32 f+b ms", "f+b ms",
+                 "/ fp32 f+b", "x floor (own bytes)", "x floor f+b", "target"]
 
-    return SHORT.get(dtype_name, str(dtype_name or ""))
+
+def ratio_table(rows: Sequence[dict]) -> str:
+    return markdown_table(rows, RATIO_COLUMNS, RATIO_HEADERS)
 
 
 def compact_layers(payload: dict) -> str:
@@ -224,8 +94,43 @@ def compact_layers(payload: dict) -> str:
     return markdown_table(out, cols, heads)
 
 
+# ----------------------------------------------------------------------------- verdicts
+def _value(t: dict) -> str:
+    v = t.get("value")
+    if not isinstance(v, (int, float)):
+        return ""
+    if t.get("kind") in ("speedup", "sampled_speedup"):
+        return f"{v:.2f}x"
+    if "bound_us" in t:
+        return f"{v:.1f} us"
+    return f"{v:.2f}"
+
+
+def verdict_tables(payload: dict) -> List[str]:
+    """The verdicts a payload carries: ``targets`` (training, host time), ``sampled_targets``
+    and the ``compiled`` comparisons, one markdown table each."""
+    parts: List[str] = []
+    for key, title in (("targets", "target"), ("sampled_targets", "target (sampled training)")):
+        ts = payload.get(key) or []
+        if ts:
+            rows = [{"target": t.get("target") or t.get("layer"), "value": _value(t), "verdict": t.get("verdict", "")}
+                    for t in ts]
+            parts += [markdown_table(rows, ["target", "value", "verdict"], [title, "measured", "verdict"]), ""]
+    comps = payload.get("compiled") or []
+    if comps:
+        rows = [{"where": f"{c.get('graph')} " + ("full batch" if c.get("kind") == "full" else
+                                                   f"{c.get('sampler')} b{c.get('batch_size')}"),
+                 "layer": c.get("layer"), "dtype": _short(c.get("dtype")), "mode": c.get("compile"),
+                 "x": "" if c.get("x_vs_eager_enabled") is None else f"{c['x_vs_eager_enabled']:.2f}x",
+                 "target": f">= {c.get('bound', 1):g}x", "verdict": c.get("verdict", "")} for c in comps]
+        parts += [markdown_table(rows, ["where", "layer", "dtype", "mode", "x", "target", "verdict"],
+                                 ["graph", "layer", "dtype", "compile mode", "x vs eager enabled", "target", "verdict"]),
+                  ""]
+    return parts
+
+
 def summarize(paths: Sequence[str]) -> str:
-    """Compact markdown of bench_ops / bench_layers / bench_train JSON files (missing files are named)."""
+    """Compact markdown of result JSON files (missing or unreadable files are named)."""
     parts = []
     for p in paths:
         path = Path(p)
@@ -237,28 +142,71 @@ def summarize(paths: Sequence[str]) -> str:
         except ValueError as exc:
             parts.append(f"({path.name}: unreadable: {exc})")
             continue
-        if payload.get("benchmark") == "ops":
+        kind = payload.get("benchmark")
+        if kind == "ops":
             parts += [f"#### ops ({path.name}): {env_header(payload.get('environment', {}))}", "",
                       compact_ops(payload), ""]
-            from .bench_ops import RATIO_COLUMNS, RATIO_HEADERS, ratio_rows
-
-            ratio = ratio_rows(payload)
-            if ratio:
-                parts += [f"#### ops: 16-bit / fp32 ({path.name})", "",
-                          markdown_table(ratio, RATIO_COLUMNS, RATIO_HEADERS), ""]
-        elif payload.get("benchmark") == "train":
-            from .bench_train import markdown as train_markdown
-
-            parts += [f"#### training steps ({path.name})", "", train_markdown(payload, header=False), ""]
-        elif payload.get("benchmark") == "layers":
+            if payload.get("ratios"):
+                parts += [f"#### ops: 16-bit / fp32 ({path.name})", "", ratio_table(payload["ratios"]), ""]
+        elif kind == "layers":
             parts += [f"#### layers ({path.name})", "", compact_layers(payload), ""]
+        else:
+            tables = verdict_tables(payload)
+            parts += [f"#### {kind} ({path.name}): {len(payload.get('rows', []))} rows", ""] + \
+                (tables or ["(no verdicts in this file: see its markdown)", ""])
     return "\n".join(parts)
 
 
-if __name__ == "__main__":
+# ----------------------------------------------------------------------------- compact form
+def compact(payload: dict) -> dict:
+    """``payload`` without what no table needs: per-call lists, losses, the plan, probe details."""
+
+    def strip(d: dict) -> dict:
+        out = {}
+        for k, v in d.items():
+            if k.endswith("_all") or k in ("losses", "order", "bandwidth_probe", "host_ms_all"):
+                continue
+            out[k] = strip(v) if isinstance(v, dict) else v
+        return out
+
+    out = strip(payload)
+    for key in ("rows", "loaders", "graphs", "train"):
+        if isinstance(out.get(key), list):
+            out[key] = [strip(r) if isinstance(r, dict) else r for r in out[key]]
+    return out
+
+
+def compact_dumps(payload: dict) -> str:
+    """JSON with one top-level key per line and one list item (row) per line."""
+    lines = ["{"]
+    items = list(payload.items())
+    for i, (k, v) in enumerate(items):
+        end = "," if i < len(items) - 1 else ""
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            lines.append(json.dumps(k) + ": [")
+            lines += [json.dumps(x, separators=(",", ":"), default=str) + ("," if j < len(v) - 1 else "")
+                      for j, x in enumerate(v)]
+            lines.append("]" + end)
+        else:
+            lines.append(json.dumps(k) + ": " + json.dumps(v, separators=(",", ":"), default=str) + end)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
     import sys
 
-    if len(sys.argv) >= 2 and sys.argv[1] == "summary":
-        print(summarize(sys.argv[2:]))
-    else:
-        print("usage: python -m benchmarks.report summary RESULT.json [...]")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "summary":
+        print(summarize(argv[1:]))
+        return 0
+    if len(argv) == 3 and argv[0] == "compact":
+        Path(argv[2]).write_text(compact_dumps(compact(json.loads(Path(argv[1]).read_text()))))
+        return 0
+    print("usage: python -m benchmarks.report summary RESULT.json [...]\n"
+          "       python -m benchmarks.report compact RESULT.json OUT.json")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

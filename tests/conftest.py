@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers: zoo, frameworks
 # not depend on earlier runs or on timing noise. Tests of the tuner turn it on themselves.
 os.environ.setdefault("GNN_FASTPATH_TUNE", "0")
 
-from frameworks import import_dgl, import_pyg  # noqa: E402
+from frameworks import import_dgl, import_pyg, scatter_without_cpu_only_torch_scatter  # noqa: E402
 
 SHARED_DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
 
@@ -27,9 +27,6 @@ def pytest_configure(config):
     # would without torch_scatter instead.
     pyg = import_pyg()
     if pyg is not None:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-        from benchmarks.timing import scatter_without_cpu_only_torch_scatter
-
         scatter_without_cpu_only_torch_scatter(pyg)
 
 

@@ -44,3 +44,48 @@ def import_pyg():
         return torch_geometric
     except Exception:
         return None
+
+
+def scatter_without_cpu_only_torch_scatter(pyg) -> None:
+    """PyG routes scatter (e.g. SAGEConv's max) to torch_scatter whenever it imports; a
+    CPU-only build (what the device runs get, built from source for NeighborLoader's sampling)
+    then fails on CUDA tensors ("Not compiled with CUDA support"). Stock then runs as it would
+    without torch_scatter: torch's own scatter_reduce. Used by the test session and by the
+    benchmarks (benchmarks/harness.py loads this file)."""
+    import torch
+
+    if not (getattr(pyg.typing, "WITH_TORCH_SCATTER", False) and torch.cuda.is_available()):
+        return
+    try:
+        cuda_version = torch.ops.torch_scatter.cuda_version()
+    except Exception:  # noqa: BLE001 - an old build without the op: leave PyG's choice alone
+        return
+    if cuda_version == -1:
+        pyg.typing.WITH_TORCH_SCATTER = False
+        print("torch_scatter is a CPU-only build: PyG's scatter uses torch's scatter_reduce in this run")
+
+
+#: The warning torch gives at every synchronising operation under set_sync_debug_mode("warn")
+#: (the mode's own "prototype feature" warning, given when it is switched on, is not one).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn, device=None):
+    """Host synchronisations torch reports while ``fn()`` runs (``set_sync_debug_mode("warn")``;
+    the package's kernel launches never synchronise); None on a non-CUDA ``device``."""
+    import warnings
+
+    import torch
+
+    if device is not None and device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum(SYNC_WARNING in str(w.message) for w in caught)

@@ -8,20 +8,14 @@ warns at every synchronising torch operation (the package's kernel launches neve
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import gnn_fastpath
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:  # the sync counter is the benchmarks' own (benchmarks/timing.py)
-    sys.path.insert(0, ROOT)
-from benchmarks.timing import count_syncs  # noqa: E402
-from gnn_fastpath import Graph  # noqa: E402
+from frameworks import count_syncs  # tests/ helpers (conftest puts tests/ on the path)
+from gnn_fastpath import Graph
 
 pytestmark = pytest.mark.cuda
 

@@ -1,6 +1,7 @@
-"""Timing, peak memory and a bandwidth probe for the benchmarks.
+"""The benchmarks' shared harness: timing, memory, the environment a result was measured in,
+and writing results (JSON and markdown). Every benchmark tool imports it; it imports no tool.
 
-Conventions (as in ``../shared/docs/baselines.md``):
+Timing conventions (as in ``../shared/docs/baselines.md``):
 
 * time: CUDA events around each call, median of ``iters`` timed calls after ``warmup``
   untimed ones (defaults 5 and 20); on the CPU, ``time.perf_counter``.
@@ -16,15 +17,29 @@ Conventions (as in ``../shared/docs/baselines.md``):
 
 Inputs are the same tensors on every call: graphs whose features fit in the 60 MB L2 are
 measured warm in L2, as the stock baselines were.
+
+Results: :func:`environment` (GPU model, versions, commit, time, measured bandwidth) goes into
+every JSON file; :func:`write_json` writes atomically; :func:`markdown_table` and
+:func:`env_header` make the markdown. The benchmark graphs are :mod:`benchmarks.graphs`.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import gc
+import json
+import os
+import platform
 import statistics
+import subprocess
 import time
+from importlib import metadata
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 
 OOM = "OOM"
 Number = Union[float, str, None]
@@ -239,33 +254,60 @@ def autocast(device: torch.device, dtype_name: Optional[str]):
     return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype_name])
 
 
+# ----------------------------------------------------------------------------- frameworks
+_FRAMEWORKS = None
+
+
+def frameworks():
+    """``tests/frameworks.py``, loaded by path: the one place that knows how to import DGL past
+    its GraphBolt failure on newer torch, stock PyG's CPU-only torch_scatter workaround and the
+    host-synchronisation counter. Tests and benchmarks share it; no test imports a benchmark."""
+    global _FRAMEWORKS
+    if _FRAMEWORKS is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_gfp_frameworks", REPO_ROOT / "tests" / "frameworks.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _FRAMEWORKS = mod
+    return _FRAMEWORKS
+
+
 def import_pyg():
     """``torch_geometric`` with its ``nn`` package loaded, or None after printing why it does
-    not import (the layer benchmarks then have nothing to measure and exit 0)."""
+    not import (the layer benchmarks then have nothing to measure and exit 0). A CPU-only
+    torch_scatter is kept away from CUDA tensors (stock then runs torch's scatter_reduce)."""
     try:
         import torch_geometric as pyg
         import torch_geometric.nn  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         print(f"torch_geometric is not importable ({exc}); nothing to benchmark")
         return None
-    scatter_without_cpu_only_torch_scatter(pyg)
+    frameworks().scatter_without_cpu_only_torch_scatter(pyg)
     return pyg
 
 
-def scatter_without_cpu_only_torch_scatter(pyg) -> None:
-    """PyG routes scatter (e.g. SAGEConv's max) to torch_scatter whenever it imports; a
-    CPU-only build (what the device runs get, built from source for NeighborLoader's sampling)
-    then fails on CUDA tensors ("Not compiled with CUDA support"). Stock is measured (and, in
-    the tests, compared) as it runs without torch_scatter: torch's own scatter_reduce."""
-    if not (getattr(pyg.typing, "WITH_TORCH_SCATTER", False) and torch.cuda.is_available()):
-        return
+def import_dgl():
+    """DGL (through ``tests/frameworks.py``), or None."""
     try:
-        cuda_version = torch.ops.torch_scatter.cuda_version()
-    except Exception:  # noqa: BLE001 - an old build without the op: leave PyG's choice alone
-        return
-    if cuda_version == -1:
-        pyg.typing.WITH_TORCH_SCATTER = False
-        print("torch_scatter is a CPU-only build: PyG's scatter uses torch's scatter_reduce in this run")
+        return frameworks().import_dgl()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def count_syncs(fn: Callable[[], object], device: Optional[torch.device] = None) -> Optional[int]:
+    """Host synchronisations torch reports while ``fn()`` runs (``tests/frameworks.py``'s
+    counter); None on a non-CUDA ``device``."""
+    return frameworks().count_syncs(fn, device)
+
+
+def fastpath():
+    """``(gnn_fastpath, None)``, or ``(None, why)`` when it does not import (stock rows only)."""
+    try:
+        import gnn_fastpath
+    except Exception as exc:  # noqa: BLE001
+        return None, f"gnn_fastpath does not import: {type(exc).__name__}: {exc}"
+    return gnn_fastpath, None
 
 
 # ----------------------------------------------------------------------------- watchdog
@@ -292,25 +334,174 @@ def watchdog(seconds: Optional[float]):
     return guard()
 
 
-#: The warning torch gives at every synchronising operation under set_sync_debug_mode("warn")
-#: (the mode's own "prototype feature" warning, given when it is switched on, is not one).
-SYNC_WARNING = "called a synchronizing CUDA operation"
+# ----------------------------------------------------------------------------- command lines
+def pick_device(text: str) -> torch.device:
+    """``--device``: ``auto`` (cuda when available), ``cuda`` or ``cpu``."""
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(text)
 
 
-def count_syncs(fn: Callable[[], object], device: Optional[torch.device] = None) -> Optional[int]:
-    """Host synchronisations torch reports while ``fn()`` runs (``set_sync_debug_mode("warn")``;
-    the package's kernel launches never synchronise); None on a non-CUDA ``device``."""
-    if device is not None and device.type != "cuda":
+def names(text: Optional[str], known: Sequence[str], option: str) -> List[str]:
+    """A comma list of names, each one of ``known`` (SystemExit naming the unknown ones)."""
+    out = [t.strip() for t in (text or "").split(",") if t.strip()]
+    bad = [t for t in out if t not in known]
+    if bad:
+        raise SystemExit(f"{option}: unknown {bad}; known: {', '.join(known)}")
+    return out
+
+
+def int_list(text: str, option: str) -> List[int]:
+    """A comma list of positive integers."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"{option}: expected a comma list of integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise SystemExit(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
+# ----------------------------------------------------------------------------- environment
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
         return None
-    import warnings
+    except Exception:  # noqa: BLE001 - broken metadata must not stop a benchmark
+        return None
 
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return sum(SYNC_WARNING in str(w.message) for w in caught)
+
+def git_commit() -> Optional[str]:
+    """``GNN_FASTPATH_COMMIT`` when set (the device copy has no .git), else ``git rev-parse HEAD``."""
+    env = os.environ.get("GNN_FASTPATH_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            sha = out.stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                   capture_output=True, text=True, timeout=10)
+            return sha + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def cupy_info() -> Dict[str, Optional[str]]:
+    info: Dict[str, Optional[str]] = {"cupy": _version("cupy-cuda13x") or _version("cupy-cuda12x") or _version("cupy")}
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+        if torch.cuda.is_available():
+            info["cupy_cuda_runtime"] = str(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def environment(bandwidth: Optional[dict] = None) -> dict:
+    """What the numbers were measured on: GPU, versions, commit, time, measured bandwidth."""
+    env = {
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_geometric": _version("torch_geometric") or _version("torch-geometric"),
+        "dgl": _version("dgl"),
+        "numpy": _version("numpy"),
+        "gnn_fastpath": None,
+        "gpu": None,
+        "gpu_count": 0,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+    }
+    env.update(cupy_info())
+    try:
+        import gnn_fastpath
+
+        env["gnn_fastpath"] = getattr(gnn_fastpath, "__version__", None)
+        env["gnn_fastpath_cuda"] = gnn_fastpath.cuda.unavailable_reason() or "available"
+    except Exception as exc:  # noqa: BLE001
+        env["gnn_fastpath"] = f"import failed: {type(exc).__name__}: {exc}"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                   gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                   sm_count=props.multi_processor_count,
+                   l2_mb=round(getattr(props, "L2_cache_size", 0) / 1e6, 1),
+                   capability=f"{props.major}.{props.minor}")
+    env["gnn_fastpath_env"] = {k: v for k, v in os.environ.items() if k.startswith("GNN_FASTPATH_")}
+    if bandwidth:
+        env["bandwidth_gb_s"] = round(bandwidth["gb_s"], 1)
+        env["bandwidth_probe"] = bandwidth
+    return env
+
+
+def env_header(env: dict) -> str:
+    """One markdown paragraph naming the machine and versions."""
+    bw = env.get("bandwidth_gb_s")
+    parts = [
+        f"GPU: {env.get('gpu') or 'none'}",
+        f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')})",
+        f"CuPy {env.get('cupy')}",
+        f"PyG {env.get('torch_geometric')}",
+        f"commit {env.get('git_commit')}",
+        f"{env.get('timestamp_utc')}",
+    ]
+    if bw:
+        parts.append(f"measured copy bandwidth {bw:,.0f} GB/s")
+    if env.get("gnn_fastpath_env"):
+        parts.append("env " + " ".join(f"{k}={v}" for k, v in sorted(env["gnn_fastpath_env"].items())))
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------- results
+def out_dir(path=None) -> Path:
+    """The results directory (created by the first write into it)."""
+    return Path(path) if path is not None else DEFAULT_OUT
+
+
+def write_json(path, payload: dict) -> Path:
+    """Write atomically (a partial file never replaces a complete one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def write_text(path, text: str) -> None:
+    """Write ``text`` where ``path`` says (None or empty: nowhere), parents created."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+def publish(payload: dict, text: str, json_path=None, md_path=None) -> None:
+    """Print a benchmark's markdown ``text`` and write its JSON ``payload`` and the text where
+    asked (paths None or empty: not written)."""
+    print(text)
+    if json_path:
+        write_json(json_path, payload)
+    write_text(md_path, text)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str], headers: Optional[Sequence[str]] = None,
+                   formatters: Optional[Dict[str, callable]] = None) -> str:
+    """A GitHub markdown table of ``rows`` (dicts) over ``columns``."""
+    headers = list(headers or columns)
+    formatters = formatters or {}
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            f = formatters.get(c)
+            cells.append(f(v) if f is not None else ("" if v is None else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
