@@ -21,6 +21,7 @@ from torch import Tensor
 
 from . import launch, worklist
 from .block_layout import WINDOW, BlockLayout
+from .dot_kernels import merge_split_rows, sum_split_rows
 
 SOURCE = "block_attention.cu"
 #: Warps per thread block: forward and dq pass, dk/dv pass (static shared memory per warp:
@@ -164,14 +165,6 @@ def usable(graph, p: float = 0.0) -> bool:
     return True
 
 
-def _dot():
-    """The dot family's launcher, whose merge kernels the split windows share (imported here,
-    not at module level: it imports this module)."""
-    from . import dot_attention
-
-    return dot_attention
-
-
 def _name(kernel: str, D: int, device: torch.device, *dtypes: torch.dtype) -> launch.Kernel:
     return KERNELS.kernel(device, kernel, *(launch.ctype(d) for d in dtypes), D)
 
@@ -197,7 +190,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, scale: float, out_dtype: Opt
             n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H, scale=scale,
             keep_bits=dropout_bits(graph, H, p, seed, offset, False)[0] if p > 0 else None, p=p, out=out,
             lse=lse, part_acc=part_acc, part_ml=part_ml)
-        _dot().merge_split_rows(wk.split, wk.n_split, part_acc, part_ml, out, lse)
+        merge_split_rows(wk.split, wk.n_split, part_acc, part_ml, out, lse)
     return out, lse
 
 
@@ -228,7 +221,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             lse=lse,
             items=wk.chunks.items, n_items=wk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_rows=n_dst, H=H,
             scale=scale, keep_bits=keep, p=p, dq=dq, delta=delta, part_dq=part_dq)
-        _dot().sum_split_rows(wk.split, wk.n_split, part_dq, dq)
+        sum_split_rows(wk.split, wk.n_split, part_dq, dq)
     src = source_layout(graph)
     swk = work(graph, src)
     if swk.chunks.n_items * H:
@@ -239,6 +232,6 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
             cols=src.cols, masks=src.masks(), counts=src.counts(), q=q, k=k, v=v, grad_out16=grad_out16, lse=lse,
             delta=delta, items=swk.chunks.items, n_items=swk.chunks.n_items, chunk_blocks=CHUNK_BLOCKS, n_src=n_src,
             H=H, scale=scale, keep_bits=keep_src, p=p, dk=dk, dv=dv, part_dk=part_dk, part_dv=part_dv)
-        _dot().sum_split_rows(swk.split, swk.n_split, part_dk, dk)
-        _dot().sum_split_rows(swk.split, swk.n_split, part_dv, dv)
+        sum_split_rows(swk.split, swk.n_split, part_dk, dk)
+        sum_split_rows(swk.split, swk.n_split, part_dv, dv)
     return dq, dk, dv

@@ -32,12 +32,11 @@ from torch import Tensor
 
 from .. import config, tuning
 from . import block_attention, launch, row_attention, worklist
+# The family and the split-row merges, shared with block_attention (which cannot import this
+# module: this one imports it).
+from .dot_kernels import KERNELS, KERNELS_RNG, SOURCE, THREADS, merge_split_rows, sum_split_rows  # noqa: F401
+from .dot_kernels import blocks as _blocks
 
-SOURCE = "dot_attention.cu"
-THREADS = 256
-#: The kernels with the dropout key from the seed, offset scalars; KERNELS_RNG: from the rng
-#: tensor (row_attention.stream_families), for the kernels that take a dropout stream.
-KERNELS, KERNELS_RNG = row_attention.stream_families(SOURCE, {"DOT_THREADS": THREADS})
 #: Rows longer than this are cut into chunks of this many edges, each run by its own warp
 #: and merged afterwards (super-node load balance).
 CHUNK_EDGES = 256
@@ -205,10 +204,6 @@ def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype,
     return family.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
 
 
-def _blocks(n_threads: int) -> int:
-    return launch.cdiv(n_threads, THREADS)
-
-
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     return row_attention.work(graph, CHUNK_EDGES, source_major)
 
@@ -283,27 +278,6 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
             logits=logits, alpha=alpha, H=H, dropped=int(return_attention == "dropped"), p=p, seed=seed,
             offset=offset, rng=rng)
     return out, lse, alpha
-
-
-def merge_split_rows(split: Tensor, n_split: int, part_acc: Optional[Tensor], part_ml: Optional[Tensor],
-                     out: Tensor, lse: Tensor) -> None:
-    """Forward of split rows: out [N, H, D] (any storage dtype) and lse [N, H] of each entry
-    (row, first slot, slots, _) of ``split`` from the (m, l) [slots, H, 2] and unnormalised
-    accumulator [slots, H, D] float32 partial states of its slots (an entry of 0 slots: none)."""
-    H, D = out.shape[1:]
-    if n_split and H * D:
-        KERNELS.kernel(out.device, "dot_fwd_merge", launch.ctype(out.dtype)).launch(
-            _blocks(n_split * H * D), THREADS, split=split, n_split=n_split, part_acc=part_acc, part_ml=part_ml,
-            out=out, lse=lse, H=H, D=D)
-
-
-def sum_split_rows(split: Tensor, n_split: int, part: Optional[Tensor], dst: Tensor) -> None:
-    """Rows of ``dst`` (any storage dtype) named by ``split`` (as :func:`merge_split_rows`) =
-    sums of their float32 partial rows, rounded once."""
-    row_len = dst[0].numel() if dst.numel() else 0
-    if n_split and row_len:
-        KERNELS.kernel(dst.device, "dot_sum_partials", launch.ctype(dst.dtype)).launch(
-            _blocks(n_split * row_len), THREADS, split=split, n_split=n_split, part=part, dst=dst, row_len=row_len)
 
 
 def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor, lse: Tensor,

@@ -206,14 +206,3 @@ def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
     begin = torch.where(used, torch.minimum(ip[owner] + local * chunk, ip[owner + 1]), nnz)
     vindptr = torch.cat([begin, ip[-1:]]).to(torch.int32)
     return vindptr, torch.where(used, owner, n_rows)
-
-
-def virtual_items(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
-    """:func:`virtual_rows` as work items: (``items`` int32 [cap, 4] = (row, edge begin, edge
-    end, row) with the unused tail's row clamped to the last row (empty ranges), ``owner``
-    int64 [cap] with that tail at ``n_rows``), for kernels that take chunk items."""
-    vindptr, owner = virtual_rows(indptr, nnz, chunk)
-    n_rows = indptr.numel() - 1
-    row = owner.clamp(max=max(n_rows - 1, 0))
-    items = torch.stack([row, vindptr[:-1].to(torch.int64), vindptr[1:].to(torch.int64), owner], 1)
-    return items.to(torch.int32).contiguous(), owner
