@@ -5,14 +5,15 @@
 
 Imports with nothing but torch and numpy: CuPy, a GPU, DGL and PyG are all optional.
 """
-from . import cuda, ops
+from . import cuda, ops, registry
 from .graph import Graph
-from .integrations import register_graph_adapters
 from .ops import dot_attention, gat_attention, gatv2_attention, segment_reduce, spmm
 from .stats import FastpathFallbackWarning, reset_stats, stats
 from .switch import disable, enable, enabled, is_enabled
 
-register_graph_adapters()  # Graph.of(DGL graph / PyG EdgeIndex); imports neither framework
+# Graph.of(DGL graph / PyG EdgeIndex): imports neither the frameworks nor their integrations
+# (gnn_fastpath.registry loads an integration by name once one of its graphs shows up).
+registry.register_graph_adapters()
 
 __version__ = "0.1.0"
 

@@ -1,31 +1,31 @@
 """enable() / disable(): patch the supported DGL and PyG layer classes in place.
 
-Patching sets one class attribute, ``__call__``, on each supported class (see
-:mod:`gnn_fastpath.integrations.shim`); disable() restores each class's own ``__dict__``
-exactly as it was (deleting the attribute where the class had none).
+Patching sets one class attribute, ``__call__`` (each shim's ``patched_call()``, see
+:mod:`gnn_fastpath.integrations.shim`), on each supported class; disable() restores each
+class's own ``__dict__`` exactly as it was (deleting the attribute where the class had none).
 
-Each framework's integration (``gnn_fastpath.integrations.<framework>``) imports the
-framework in its ``shims()`` and raises the import error unchanged; its ``not_installed(exc)``
-tells "not installed" (skipped silently unless named) from "installed but cannot be imported"
-(warned, or an ImportError when named). enable() logs what it patched on the
-``"gnn_fastpath"`` logger.
+Each framework's integration (``gnn_fastpath.integrations.<framework>``) is loaded by name
+and registers itself with :mod:`gnn_fastpath.registry`; nothing here imports it. It imports
+the framework in its ``shims()`` and raises the import error unchanged; its
+``not_installed(exc)`` tells "not installed" (skipped silently unless named) from "installed
+but cannot be imported" (warned, or an ImportError when named). enable() logs what it patched
+on the ``"gnn_fastpath"`` logger.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import threading
 import warnings
 from typing import Dict, Iterable, Iterator, List, Tuple, Union
 
-from . import config
+from . import config, registry
 
-FRAMEWORKS = ("dgl", "pyg")
+FRAMEWORKS = tuple(registry.FRAMEWORKS)
 CPU_MODES = config.CPU_MODES
 #: What ``enable(frameworks=...)`` takes: None (every installed framework), a name, or names.
 Frameworks = Union[None, str, Iterable[str]]
-_NAMES = {"dgl": "DGL", "pyg": "PyG"}
+_NAMES = {name: f.title for name, f in registry.FRAMEWORKS.items()}
 _MISSING = object()
 _lock = threading.RLock()
 _log = logging.getLogger("gnn_fastpath")
@@ -48,8 +48,8 @@ def _normalise_frameworks(frameworks) -> tuple:
     return frameworks
 
 
-def _integration(framework: str):
-    return importlib.import_module(f"gnn_fastpath.integrations.{framework}")
+def _integration(framework: str) -> registry.Integration:
+    return registry.integration(framework)
 
 
 def _shims_for(framework: str) -> List:
@@ -73,7 +73,7 @@ def _import_error(framework: str, exc: BaseException) -> ImportError:
     name = _NAMES[framework]
     state = "is not installed" if _not_installed(framework, exc) else "is installed but cannot be imported"
     return ImportError(f"gnn_fastpath.enable(frameworks={framework!r}): {name} {state} "
-                       f"({_describe(exc)}). To use it, {_integration(framework).INSTALL}.",
+                       f"({_describe(exc)}). To use it, {_integration(framework).install}.",
                        name=getattr(exc, "name", None))
 
 
@@ -85,7 +85,7 @@ def _warn_broken(broken: List[Tuple[str, BaseException]], patched: Tuple[str, ..
         return
     _warned.update((f, _describe(exc)) for f, exc in new)
     parts = [f"{_NAMES[f]} ({f!r}) is installed but cannot be imported ({_describe(exc)}), so its layers "
-             f"are not patched; to use it, {_integration(f).INSTALL}" for f, exc in new]
+             f"are not patched; to use it, {_integration(f).install}" for f, exc in new]
     done = f"patched: {', '.join(patched)}" if patched else "nothing was patched"
     warnings.warn(f"gnn_fastpath.enable(): {'; '.join(parts)} ({done})", UserWarning, stacklevel=3)
 
@@ -158,7 +158,6 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
     if not config.setting("GNN_FASTPATH"):
         _log.warning("GNN_FASTPATH=0: enable() does nothing")
         return ()
-    from .integrations.shim import make_call
 
     with _lock:
         loaded: Dict[str, List] = {}
@@ -178,7 +177,7 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
                 cls = shim.cls
                 if cls not in _patched:
                     _patched[cls] = cls.__dict__.get("__call__", _MISSING)
-                    cls.__call__ = make_call(shim)
+                    cls.__call__ = shim.patched_call()
                 classes.setdefault(framework, []).append(cls.__name__)
         patched = tuple(f for f in FRAMEWORKS if f in classes)
         _state.update(enabled=bool(_patched), cpu=cpu,

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import ops
-from ..graph import Graph
+from gnn_fastpath import ops
+from gnn_fastpath.graph import Graph
 
 
 def normalize(x: Tensor) -> Tensor:

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import ops
-from ..graph import Graph, GraphTensors
+from gnn_fastpath import ops
+from gnn_fastpath.graph import Graph, GraphTensors
 
 
 #: The 16-bit dtypes: a message of one of these is computed from float32 node terms.

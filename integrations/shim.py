@@ -33,29 +33,11 @@ import torch
 from torch import Tensor
 from torch.nn.modules import module as _module_mod
 
-from .. import config
-from ..ops import dispatch, library
-from ..ops._checks import check_real
-from ..stats import record_compiled, record_fallback, record_fused
-
-
-class Unsupported(Exception):
-    """Raised by a fused forward for inputs it does not cover; the stock forward runs.
-
-    No ``super().__init__``: torch.compile traces a fused forward, and dynamo cannot trace
-    BaseException's constructor (it would break the graph at every fallback); ``args`` and
-    ``str()`` come from the two attributes instead."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        self.reason = reason
-        self.detail = detail
-
-    @property
-    def args(self):
-        return (self.reason, self.detail)
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+from gnn_fastpath import config
+from gnn_fastpath.ops import dispatch, library
+from gnn_fastpath.ops._checks import check_real
+from gnn_fastpath.ops.dispatch import Unsupported
+from gnn_fastpath.stats import record_compiled, record_fallback, record_fused
 
 
 @dataclass
@@ -89,6 +71,11 @@ class Shim:
         """The op family ``module`` runs on."""
         return self.op(module) if callable(self.op) else self.op
 
+    def patched_call(self) -> Callable:
+        """The class-level ``__call__`` that :func:`gnn_fastpath.enable` installs on ``cls``
+        (:func:`make_call`)."""
+        return make_call(self)
+
 
 _PYG_HOOK_DICTS = (
     "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
@@ -114,11 +101,6 @@ _fx_check = (getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
 
 def _is_fx_tracing() -> bool:
     return bool(_fx_check is not None and _fx_check())
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
 # Modules seen with every parameter materialised. Lazy parameters only ever materialise, so
@@ -198,7 +180,7 @@ def result_dtype(fn: Callable[..., Any], device: torch.device, *dtypes: torch.dt
     lookup; the first evaluation runs a few zero-element operations (no kernel launches).
     """
     kind = device.type
-    if _is_compiling():  # traced: evaluated on fake tensors (dead code); filling the memo would be guarded
+    if dispatch.is_compiling():  # traced: evaluated on fake tensors (dead code); filling the memo would be guarded
         return _evaluate_dtypes(fn, device, dtypes)
     key = (fn, kind, dtypes, autocast_dtype(kind))
     found = _result_dtypes.get(key)
@@ -332,9 +314,9 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
 
     ``stats()`` records the backend the layer's ops actually ran on (:class:`dispatch.recording`);
     an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
-    :class:`dispatch.FallbackRequired`, and the layer falls back like any other case.
+    :class:`Unsupported` too, and the layer falls back like any other case.
     """
-    if _is_compiling():
+    if dispatch.is_compiling():
         return _run_compiled(shim, module, args, kwargs)
     blocker = _framework_blocker(shim, module)
     backend = None
@@ -347,7 +329,7 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
         try:
             with dispatch.recording() as ran:
                 out = shim.forward(module, backend, *args, **kwargs)
-        except (Unsupported, dispatch.FallbackRequired) as exc:
+        except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
         else:
             record_fused(shim.key, ran.backend or backend)

@@ -21,6 +21,12 @@ def philox_seed(p: float) -> Tuple[int, int]:
     return int(seed), int(offset)
 
 
+def as_float32(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` as the kernels read it: contiguous float32 (itself when it already is); None
+    stays None."""
+    return None if t is None else t.to(torch.float32).contiguous()
+
+
 def keep(ctx, graph, dropout: float, seed: int, offset: int, return_attention) -> None:
     """Keep what the backward needs besides the saved tensors (``lse`` among them)."""
     ctx.graph = graph

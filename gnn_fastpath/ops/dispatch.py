@@ -17,7 +17,7 @@ they are checked:
 
 Inside a patched layer's call (:class:`recording`), an op that would end on the reference
 for any reason but ``forced`` (or ``cpu`` with ``enable(cpu="reference")``) raises
-:class:`FallbackRequired`: the layer then runs its stock forward and ``stats()`` counts a
+:class:`Unsupported`: the layer then runs its stock forward and ``stats()`` counts a
 fallback with that reason. The layers ask again through :func:`require` as soon as they know
 the graph (and the head shape), before any of their submodules run, so a fallback never runs
 the projections, feature dropout or submodule hooks twice. Outside a layer, the op runs its
@@ -51,10 +51,18 @@ class Decision:
     detail: str = ""
 
 
-class FallbackRequired(Exception):
-    """Raised by an op inside a patched layer's call when the fused kernels cannot serve it."""
+class Unsupported(Exception):
+    """The fused path does not cover this call: the patched layer runs its stock forward and
+    ``stats()`` counts a fallback with ``reason``. Raised by a fused forward for inputs it does
+    not cover (before doing any work; the integrations import it as
+    ``gnn_fastpath.integrations.shim.Unsupported``) and by an op inside a patched layer's call
+    when the fused kernels cannot serve it (:func:`require`, :func:`choose`).
 
-    def __init__(self, reason: str, detail: str = ""):  # no super().__init__: see shim.Unsupported
+    No ``super().__init__``: torch.compile traces a fused forward, and dynamo cannot trace
+    BaseException's constructor (it would break the graph at every fallback); ``args`` and
+    ``str()`` come from the two attributes instead."""
+
+    def __init__(self, reason: str, detail: str = ""):
         self.reason = reason
         self.detail = detail
 
@@ -126,7 +134,8 @@ class recording:
 _warned: set = set()
 
 
-def _compiling() -> bool:
+def is_compiling() -> bool:
+    """Whether torch.compile (dynamo) is tracing this call (the one test of it in the package)."""
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
@@ -148,15 +157,15 @@ def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
 
 def require(op: str, device: torch.device, dtype: torch.dtype, graph=None,
             heads: Optional[Tuple[int, int]] = None) -> None:
-    """Inside a patched layer's call: raise :class:`FallbackRequired` now when op ``op``
+    """Inside a patched layer's call: raise :class:`Unsupported` now when op ``op``
     will not run fused on this graph (and head shape); outside a layer, nothing. Under
     torch.compile, nothing: the traced layer decided before it started (its graph is tensors,
     whose limits the operators' shapes carry)."""
-    if _compiling() or getattr(_local, "call", None) is None:
+    if is_compiling() or getattr(_local, "call", None) is None:
         return
     decision = decide(device, dtype, graph, kernel_limit(op, heads))
     if not accepted(decision):
-        raise FallbackRequired(decision.reason, decision.detail)
+        raise Unsupported(decision.reason, decision.detail)
 
 
 def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None,
@@ -166,7 +175,7 @@ def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None,
     call = getattr(_local, "call", None)
     if call is not None:
         if not accepted(decision):
-            raise FallbackRequired(decision.reason, decision.detail)
+            raise Unsupported(decision.reason, decision.detail)
         if call.backend != REFERENCE:
             call.backend = decision.backend
     elif decision.backend == REFERENCE and device.type == "cuda" and not config.reference_forced():

@@ -87,7 +87,7 @@ from .. import reference
 from ..graph import GraphTensors
 from ..cuda import gat_attention as kernels
 from ..reference._precision import check_out_dtype
-from ._attention import incoming, keep, outputs, philox_seed
+from ._attention import as_float32, incoming, keep, outputs, philox_seed
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from . import library
@@ -157,11 +157,6 @@ def gat_attention(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, ed
                                    dropout, edge_weight, out_dtype=out_dtype)
 
 
-def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
-    """``t`` as the kernels read it: contiguous float32 (itself when it already is)."""
-    return None if t is None else t.to(torch.float32).contiguous()
-
-
 class GATAttentionFunction(torch.autograd.Function):
     """Fused GAT attention (see the module docstring): saves ``lse`` [N_dst, H] and the
     inputs, recomputes alpha in the backward.
@@ -177,7 +172,7 @@ class GATAttentionFunction(torch.autograd.Function):
         x_src = x_src.contiguous()
         scalars = (score_src, score_dst, edge_score, edge_weight)
         ctx.scalar_dtypes = tuple(None if t is None else t.dtype for t in scalars)
-        out, lse, alpha = kernels.forward(graph, x_src, *(_float32(t) for t in scalars), negative_slope, dropout,
+        out, lse, alpha = kernels.forward(graph, x_src, *(as_float32(t) for t in scalars), negative_slope, dropout,
                                           seed, offset, return_attention, out_dtype)
         # the scalar inputs are saved as given (a 16-bit one is converted again in the
         # backward rather than kept as a float32 copy)
@@ -196,7 +191,7 @@ class GATAttentionFunction(torch.autograd.Function):
             return (None,) * 5 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         dx_src, *scalar_grads = kernels.backward(
-            ctx.graph, x_src, *(_float32(t) for t in (score_src, score_dst, edge_score, edge_weight)), out, lse,
+            ctx.graph, x_src, *(as_float32(t) for t in (score_src, score_dst, edge_score, edge_weight)), out, lse,
             grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset,
             needs)
         # summed in float32, cast once to each tensor's own dtype

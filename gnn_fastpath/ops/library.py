@@ -36,6 +36,7 @@ from torch import Tensor
 from .. import reference
 from ..graph.tensors import N_OPERANDS, GraphTensors, as_graph
 from ..reference._precision import product_dtype
+from ._attention import as_float32
 
 NAMESPACE = "gnn_fastpath"
 AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "register_autograd", "impl"))
@@ -169,10 +170,6 @@ def _incoming(out: Tensor, grad_out: Optional[Tensor], grad_alpha: Optional[Tens
     return grad_out, grad_alpha
 
 
-def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.to(torch.float32).contiguous()
-
-
 # ------------------------------------------------------------------------------- gat_attention
 def _gat_forward(*args):
     gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
@@ -181,7 +178,7 @@ def _gat_forward(*args):
     if x_src.is_cuda:
         from ..cuda import gat_attention as kernels
 
-        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), *(_float32(t) for t in (
+        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), *(as_float32(t) for t in (
             score_src, score_dst, edge_score, edge_weight)), slope, p, *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
     with _fixed_rng(rng):
@@ -209,7 +206,7 @@ def _gat_backward(*args):
     if x_src.is_cuda:
         from ..cuda import gat_attention as kernels
 
-        dx, *dscalars = kernels.backward(graph, x_src.contiguous(), *(_float32(t) for t in scalars), out, lse,
+        dx, *dscalars = kernels.backward(graph, x_src.contiguous(), *(as_float32(t) for t in scalars), out, lse,
                                          grad_out, alpha, grad_alpha, code == 2, slope, p, *_stream(rng), tuple(needs))
         dscalars = [None if g is None else g.to(t.dtype) for g, t in zip(dscalars, scalars)]
         return _grads_or_empty([dx] + dscalars, x_src)
@@ -251,7 +248,7 @@ def _gatv2_forward(*args):
         from ..cuda import gatv2_attention as kernels
 
         et = None if edge_term is None else edge_term.contiguous()
-        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, slope,
+        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, slope,
                                           p, *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
     with _fixed_rng(rng):
@@ -278,7 +275,7 @@ def _gatv2_backward(*args):
 
         et = None if edge_term is None else edge_term.contiguous()
         dx_src, dx_dst, datt, d_et = kernels.backward(
-            graph, x_src.contiguous(), x_dst.contiguous(), _float32(att), et, out, lse, grad_out, alpha, grad_alpha,
+            graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, out, lse, grad_out, alpha, grad_alpha,
             code == 2, slope, p, *_stream(rng), tuple(needs))
         return _grads_or_empty([dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_et], x_src)
     ret = _ATTENTION_VALUES[code]

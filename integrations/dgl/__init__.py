@@ -5,10 +5,14 @@
 a framework that is not installed silently and reports one that is installed but broken.
 Nothing here works around a broken DGL (the test harness's ``tests/frameworks.py`` does, for
 the PyPI wheel's GraphBolt import; the package never patches DGL's import machinery).
+
+Importing it registers it with the core (:mod:`gnn_fastpath.registry`): :func:`shims` for
+``enable()``, and :func:`is_graph` / :func:`describe_graph` for ``Graph.of``.
 """
+from gnn_fastpath import registry
 
 #: The top-level package this integration patches.
-PACKAGE = "dgl"
+PACKAGE = registry.FRAMEWORKS["dgl"].package
 
 #: What to install when ``import dgl`` fails (``enable()`` puts it in its error and warning).
 INSTALL = ("install DGL's own build for your torch and CUDA versions from "
@@ -36,3 +40,19 @@ def shims():
     from .layers import SHIMS
 
     return list(SHIMS)
+
+
+def is_graph(obj) -> bool:
+    """Whether ``obj`` is a DGL graph or block (by its class's module: imports nothing)."""
+    return registry.comes_from(type(obj), PACKAGE) and hasattr(obj, "canonical_etypes")
+
+
+def describe_graph(obj, num_nodes):
+    """``Graph.of``'s adapter for DGL graphs (:func:`gnn_fastpath.integrations.dgl.graph.describe`)."""
+    from .graph import describe
+
+    return describe(obj, num_nodes)
+
+
+registry.register(registry.Integration(framework="dgl", install=INSTALL, shims=shims, not_installed=not_installed,
+                                       is_graph=is_graph, describe_graph=describe_graph))

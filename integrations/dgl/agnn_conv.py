@@ -28,10 +28,10 @@ that is not a block (stock's ``dstdata`` write replaces the source keys there:
 """
 from __future__ import annotations
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from .. import agnn
-from ..shim import Shim, Unsupported, check_like
-from .graph import (check_call, check_pair_frames, check_zero_in_degree, features_of, graph_of, sparse_cast,
+from ..shim import Unsupported, check_like
+from .graph import (check_call, check_pair_frames, check_zero_in_degree, graph_of, sparse_cast,
                     split_feat)
 
 
@@ -72,9 +72,3 @@ def fused_forward(module, backend, graph, feat):
     if not q.dtype == k.dtype == v.dtype:
         raise Unsupported("dtype", f"beta {beta.dtype} with {feat_src.dtype} features (stock mixes them)")
     return agnn.attention(G, q, k, v)
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import AGNNConv
-
-    return Shim(key="dgl.AGNNConv", cls=AGNNConv, forward=fused_forward, op="dot_attention", features=features_of)

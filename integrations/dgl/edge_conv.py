@@ -58,11 +58,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from .. import edge_conv
-from ..shim import Shim, Unsupported, autocast_dtype, check_like, has_module_hooks, linear_dtype
+from ..shim import Unsupported, autocast_dtype, check_like, has_module_hooks, linear_dtype
 from . import ties
-from .graph import check_call, check_pair_frames, check_zero_in_degree, features_of, graph_of, node_features
+from .graph import check_call, check_pair_frames, check_zero_in_degree, graph_of, node_features
 
 
 def _check_inputs(module, g, feat, n_src: int, n_dst: int, is_block: bool):
@@ -106,9 +106,3 @@ def fused_forward(module, backend, graph, feat):
     out = edge_conv.reduce_postponed(G, u, p, "max", tie_break=tie, non_finite="drop", negate=True,
                                      empty_rows=bool(module._allow_zero_in_degree))
     return out.to(message_dtype)
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import EdgeConv
-
-    return Shim(key="dgl.EdgeConv", cls=EdgeConv, forward=fused_forward, op="segment_reduce", features=features_of)

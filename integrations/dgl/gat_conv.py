@@ -41,11 +41,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
-from ..shim import Shim, Unsupported, check_like
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
+from ..shim import Unsupported, check_like
 from .graph import (check_attention_modules, check_attention_vector, check_call, check_features,
-                    check_zero_in_degree, features_of, graph_of, sparse_cast)
+                    check_zero_in_degree, graph_of, sparse_cast)
 
 
 def _edge_weight(edge_weight, num_edges: int, like: Tensor):
@@ -112,9 +112,3 @@ def fused_forward(module, backend, graph, feat, edge_weight=None, get_attention=
             alpha = alpha.to(torch.promote_types(alpha.dtype, edge_weight.dtype))
         return rst, alpha.unsqueeze(-1)
     return rst
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import GATConv
-
-    return Shim(key="dgl.GATConv", cls=GATConv, forward=fused_forward, op="gat_attention", features=features_of)

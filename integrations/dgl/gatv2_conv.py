@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ... import ops
-from ...ops.dispatch import require
-from ..shim import Shim, has_module_hooks
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
+from ..shim import has_module_hooks
 from .graph import (check_attention_modules, check_attention_vector, check_call, check_features,
-                    check_zero_in_degree, features_of, graph_of, sparse_cast)
+                    check_zero_in_degree, graph_of, sparse_cast)
 
 
 def _check_module(module, x: Tensor):
@@ -91,10 +91,3 @@ def fused_forward(module, backend, graph, feat, get_attention=False):
     if get_attention:
         return rst, alpha.unsqueeze(-1)
     return rst
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import GATv2Conv
-
-    return Shim(key="dgl.GATv2Conv", cls=GATv2Conv, forward=fused_forward, op="gatv2_attention",
-                features=features_of)

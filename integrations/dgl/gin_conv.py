@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
-from ..shim import Shim, Unsupported, check_like
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
+from ..shim import Unsupported, check_like
 from . import ties
-from .graph import (apply_optional, broadcasts, check_call, features_of, graph_of, node_features,
+from .graph import (apply_optional, broadcasts, check_call, graph_of, node_features,
                     scalar_edge_weight, sparse_cast)
 
 
@@ -82,9 +82,3 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
         neigh = ops.spmm(G, h, edge_weight=w, norm="right" if aggr == "mean" else "none")
     rst = (1 + module.eps) * feat_dst + neigh
     return apply_optional(rst, module.apply_func, module.activation)
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import GINConv
-
-    return Shim(key="dgl.GINConv", cls=GINConv, forward=fused_forward, op=op_for, features=features_of)

@@ -16,7 +16,7 @@ from typing import Callable, Hashable, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...graph import Graph
+from gnn_fastpath.graph import Graph
 from ..shim import Unsupported, autocast_dtype, check_like, finite_number, has_module_hooks
 
 #: Stock DGL's message for zero in-degree destinations (GATv2Conv, GraphConv, ... in 2.1.0).

@@ -42,10 +42,10 @@ from typing import Optional
 
 import torch
 
-from ... import ops
-from ...ops.dispatch import require
-from ..shim import Shim, Unsupported, check_like, out_dtype_of, result_dtype
-from .graph import check_call, check_zero_in_degree, dgl_error, features_of, graph_of, sparse_cast
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
+from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
+from .graph import check_call, check_zero_in_degree, dgl_error, graph_of, sparse_cast
 
 _NORMS = ("none", "both", "right", "left")
 _EXTERNAL_WEIGHT_MESSAGE = (
@@ -262,9 +262,3 @@ def fused_forward(module, backend, graph, feat, weight=None, edge_weight=None):
     if module._activation is not None:
         rst = module._activation(rst)
     return rst
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import GraphConv
-
-    return Shim(key="dgl.GraphConv", cls=GraphConv, forward=fused_forward, op="spmm", features=features_of)

@@ -1,4 +1,5 @@
-"""The DGL shims: ``SHIMS`` lists one :class:`~gnn_fastpath.integrations.shim.Shim` per layer.
+"""The DGL shims: which classes enable() patches and the fused forward of each (one table,
+as the PyG shims' ``integrations/pyg/layers.py``).
 
 Imported only once ``import dgl`` has succeeded (see ``__init__.shims``).
 """
@@ -6,14 +7,22 @@ from __future__ import annotations
 
 from typing import List
 
-from ..shim import Shim
-from .agnn_conv import make_shim as _agnn_conv
-from .edge_conv import make_shim as _edge_conv
-from .gat_conv import make_shim as _gat_conv
-from .gatv2_conv import make_shim as _gatv2_conv
-from .gin_conv import make_shim as _gin_conv
-from .graph_conv import make_shim as _graph_conv
-from .sage_conv import make_shim as _sage_conv
+from dgl.nn.pytorch.conv import AGNNConv, EdgeConv, GATConv, GATv2Conv, GINConv, GraphConv, SAGEConv
 
-SHIMS: List[Shim] = [_gatv2_conv(), _gat_conv(), _graph_conv(), _sage_conv(), _agnn_conv(), _gin_conv(),
-                     _edge_conv()]
+from ..shim import Shim
+from . import agnn_conv, edge_conv, gat_conv, gatv2_conv, gin_conv, graph_conv, sage_conv
+from .graph import features_of
+
+SHIMS: List[Shim] = [
+    Shim(key="dgl.GATv2Conv", cls=GATv2Conv, forward=gatv2_conv.fused_forward, op="gatv2_attention",
+         features=features_of),
+    Shim(key="dgl.GATConv", cls=GATConv, forward=gat_conv.fused_forward, op="gat_attention", features=features_of),
+    Shim(key="dgl.GraphConv", cls=GraphConv, forward=graph_conv.fused_forward, op="spmm", features=features_of),
+    Shim(key="dgl.SAGEConv", cls=SAGEConv, forward=sage_conv.fused_forward, op=sage_conv.op_for,
+         features=features_of),
+    Shim(key="dgl.AGNNConv", cls=AGNNConv, forward=agnn_conv.fused_forward, op="dot_attention",
+         features=features_of),
+    Shim(key="dgl.GINConv", cls=GINConv, forward=gin_conv.fused_forward, op=gin_conv.op_for, features=features_of),
+    Shim(key="dgl.EdgeConv", cls=EdgeConv, forward=edge_conv.fused_forward, op="segment_reduce",
+         features=features_of),
+]

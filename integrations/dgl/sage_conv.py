@@ -53,12 +53,12 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
-from ...graph import Graph
-from ..shim import Shim, Unsupported, check_like
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
+from gnn_fastpath.graph import Graph
+from ..shim import Unsupported, check_like
 from . import ties
-from .graph import (apply_optional, broadcasts, check_call, check_pair_frames, features_of, graph_of,
+from .graph import (apply_optional, broadcasts, check_call, check_pair_frames, graph_of,
                     scalar_edge_weight, sparse_cast, split_feat)
 
 _AGGREGATORS = ("mean", "gcn", "pool")
@@ -157,9 +157,3 @@ def fused_forward(module, backend, graph, feat, edge_weight=None):
     else:
         rst = module.fc_self(h_self) + h_neigh
     return apply_optional(rst, module.activation, module.norm)
-
-
-def make_shim() -> Shim:
-    from dgl.nn.pytorch.conv import SAGEConv
-
-    return Shim(key="dgl.SAGEConv", cls=SAGEConv, forward=fused_forward, op=op_for, features=features_of)

@@ -3,10 +3,14 @@
 :func:`shims` never swallows the error of ``import torch_geometric``: it raises it unchanged,
 and :func:`not_installed` tells the two cases apart for :func:`gnn_fastpath.enable`, which
 skips a framework that is not installed silently and reports one that is installed but broken.
+
+Importing it registers it with the core (:mod:`gnn_fastpath.registry`): :func:`shims` for
+``enable()``, and :func:`is_graph` / :func:`describe_graph` for ``Graph.of``.
 """
+from gnn_fastpath import registry
 
 #: The top-level package this integration patches.
-PACKAGE = "torch_geometric"
+PACKAGE = registry.FRAMEWORKS["pyg"].package
 
 #: What to install when ``import torch_geometric`` fails (``enable()`` puts it in its error
 #: and warning).
@@ -34,3 +38,20 @@ def shims():
     from .layers import SHIMS
 
     return list(SHIMS)
+
+
+def is_graph(obj) -> bool:
+    """Whether ``obj`` is a PyG ``EdgeIndex`` (through the MRO, so that subclasses are taken
+    too; by the classes' modules: imports nothing)."""
+    return any(cls.__name__ == "EdgeIndex" and registry.comes_from(cls, PACKAGE) for cls in type(obj).__mro__)
+
+
+def describe_graph(obj, num_nodes):
+    """``Graph.of``'s adapter for an ``EdgeIndex`` (:func:`gnn_fastpath.integrations.pyg.graph.describe`)."""
+    from .graph import describe
+
+    return describe(obj, num_nodes)
+
+
+registry.register(registry.Integration(framework="pyg", install=INSTALL, shims=shims, not_installed=not_installed,
+                                       is_graph=is_graph, describe_graph=describe_graph))

@@ -25,8 +25,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import ops
-from ...graph import Graph
+from gnn_fastpath import ops
+from gnn_fastpath.graph import Graph
 from ..shim import Unsupported, check_like
 from .graph import EdgeIndex, check_sparse_product, is_sparse, sparse_values, split_pair
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...graph import Graph
-from ...ops.dispatch import require
+from gnn_fastpath.graph import Graph
+from gnn_fastpath.ops.dispatch import require
 from .. import agnn
 from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
 from .graph import check_message_passing, graph_of, pyg_softmax, replace_self_loops

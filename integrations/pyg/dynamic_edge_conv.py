@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported
 from .aggregation import check_module, op_of, reduce_of, split
 from .edge_conv import check_features, split_nn, fused_body

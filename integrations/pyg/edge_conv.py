@@ -70,7 +70,7 @@ from typing import List, Tuple
 
 from torch import Tensor, nn
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from .. import edge_conv
 from ..shim import Unsupported, has_module_hooks, linear_dtype
 from .aggregation import aggregate, aggregation, check_module, node_counts, op_of, reduce_of, split

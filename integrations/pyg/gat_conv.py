@@ -48,8 +48,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported, check_like, finite_number
 from .graph import (EdgeIndex, attention_dropout, attention_out_dtype, attention_result, attention_self_loops,
                     check_inputs, check_message_passing, check_return_attention, graph_of, is_sparse,

@@ -43,8 +43,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported, finite_number
 from .graph import (attention_dropout, attention_out_dtype, attention_result, attention_self_loops, check_inputs,
                     check_like, check_message_passing, check_return_attention, graph_of, looped_edge_attr,

@@ -49,12 +49,12 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import ops
-from ...ops.dispatch import require
-from ...graph import Graph
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import is_compiling, require
+from gnn_fastpath.graph import Graph
 from ..shim import Unsupported, linear_dtype
 from .graph import (append_self_loops, check_inputs, check_like, check_message_passing, check_sparse_product,
-                    compiling, edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values,
+                    edge_weight_of, graph_of, is_sparse, replace_self_loops, sparse_values,
                     TracedLooped)
 
 
@@ -152,7 +152,7 @@ def forward(module, backend: str, x, edge_index, edge_weight=None):
                                                "(stock builds the sparse tensor it caches)")
         graph, weight = _normalised_sparse(module, edge_index, n, x)
     else:
-        if module.cached and compiling():
+        if module.cached and is_compiling():
             # the cache holds stock's looped edge_index, whose compacted edge order a traced
             # graph (static shapes, loops kept in the extra row) cannot give: stock builds it
             raise Unsupported("compile", "the first cached=True call under torch.compile (stock builds the cache)")

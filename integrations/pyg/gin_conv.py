@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported
 from .aggregation import aggregate, aggregation, check_module, node_counts, op_of, reduce_of, split
 from .graph import check_inputs, graph_of, pair_features

@@ -25,9 +25,10 @@ from typing import Callable, Hashable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...graph import Graph, GraphTensors
-from ...graph.tensors import from_coo
-from ...graph.convert import edge_index_to_coo, tensor_version
+from gnn_fastpath.graph import Graph, GraphTensors
+from gnn_fastpath.graph.tensors import from_coo
+from gnn_fastpath.graph.convert import edge_index_to_coo, tensor_version
+from gnn_fastpath.ops.dispatch import is_compiling
 from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
 
 try:  # PyG >= 2.5
@@ -125,7 +126,7 @@ def check_return_attention(return_attention_weights, module=None) -> None:
     compacted looped edge list, a data-dependent shape), decided before any work is traced."""
     if not (return_attention_weights is None or isinstance(return_attention_weights, bool)):
         raise Unsupported("return_attention_weights", f"return_attention_weights={return_attention_weights!r}")
-    if return_attention_weights and module is not None and module.add_self_loops and compiling():
+    if return_attention_weights and module is not None and module.add_self_loops and is_compiling():
         raise Unsupported("compile", "attention weights of a layer adding self loops under torch.compile")
 
 
@@ -186,7 +187,7 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
     if edge_index.device != like.device:
         raise Unsupported("device", f"edge_index is on {edge_index.device}, features on {like.device}")
     if edge_index.layout in _SPARSE:
-        if compiling():
+        if is_compiling():
             raise Unsupported("compile", "a torch.sparse adjacency under torch.compile (stock runs)")
         if edge_index.dim() != 2 or edge_index.dense_dim() != 0:
             raise Unsupported("edge_index", f"sparse adjacency of shape {tuple(edge_index.shape)} "
@@ -207,17 +208,12 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
         if rows not in (None, n_src) or cols not in (None, n_dst):
             raise Unsupported("size", f"EdgeIndex sparse size {(rows, cols)} but the features give "
                                       f"({n_src}, {n_dst})")
-    if compiling():
+    if is_compiling():
         return traced_graph(edge_index, n_src, n_dst)
     try:
         return Graph.of(edge_index, num_nodes=(n_src, n_dst))
     except ValueError as exc:  # node ids out of range: stock reports its own error
         raise Unsupported("edge_index", str(exc)) from None
-
-
-def compiling() -> bool:
-    """Whether torch.compile is tracing this call (the layers then build GraphTensors)."""
-    return torch.compiler.is_compiling()
 
 
 def traced_graph(edge_index: Tensor, n_src: int, n_dst: int, removed: Optional[Tensor] = None) -> GraphTensors:

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...ops.dispatch import require
+from gnn_fastpath.ops.dispatch import require
 from ..shim import linear_dtype
 from .aggregation import (aggregate, aggregation, check_module, csr_gives_pointer, node_counts, op_of,
                           reduce_of, runs_fused, split)

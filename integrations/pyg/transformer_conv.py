@@ -37,8 +37,8 @@ import math
 
 import torch
 
-from ... import ops
-from ...ops.dispatch import require
+from gnn_fastpath import ops
+from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported, out_dtype_of, result_dtype
 from .graph import (attention_dropout, check_inputs, check_like, check_message_passing, graph_of, pair_features,
                     pyg_softmax, split_pair)

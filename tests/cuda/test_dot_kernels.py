@@ -29,7 +29,7 @@ MODES = ("atomic", "transposed")
 def dot_attention_cuda(graph, q, k, v, scale=None, edge_term=None, return_attention=False, dropout=0.0):
     """The public op, asserted to have run the fused kernels: a reference fallback here
     would compare the reference with itself."""
-    with dispatch.recording() as call:  # a fallback raises dispatch.FallbackRequired in here
+    with dispatch.recording() as call:  # a fallback raises dispatch.Unsupported in here
         res = dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout)
     assert call.backend == CUDA, f"dot_attention ran on {call.backend}, not the CUDA kernels"
     return res

@@ -77,14 +77,14 @@ def test_recording_inside_a_layer(kernels_here, monkeypatch):
     with dispatch.recording() as ran:
         assert dispatch.choose("spmm", CPU, torch.float32) == "reference"  # accepted: cpu="reference"
         assert ran.backend == "reference"
-        with pytest.raises(dispatch.FallbackRequired) as exc:
+        with pytest.raises(dispatch.Unsupported) as exc:
             dispatch.choose("spmm", CUDA0, torch.float32, _graph(False))
         assert exc.value.reason == "int32"
     with dispatch.recording() as ran:
         assert dispatch.choose("spmm", CUDA0, torch.float32, _graph()) == "cuda"
     assert ran.backend == "cuda"
     monkeypatch.setattr(config, "_cpu", {"mode": "stock"})
-    with dispatch.recording(), pytest.raises(dispatch.FallbackRequired, match="cpu"):
+    with dispatch.recording(), pytest.raises(dispatch.Unsupported, match="cpu"):
         dispatch.choose("spmm", CPU, torch.float32)
     assert getattr(dispatch._local, "call", None) is None  # closed
 
@@ -96,8 +96,8 @@ def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypat
     with dispatch.recording() as ran:
         dispatch.require("spmm", CUDA0, torch.float32, _graph())  # fits: nothing, nothing recorded
         assert ran.backend is None
-        with pytest.raises(dispatch.FallbackRequired) as exc:
+        with pytest.raises(dispatch.Unsupported) as exc:
             dispatch.require("gatv2_attention", CUDA0, torch.float32, _graph(), heads=(2, 600))
         assert exc.value.reason == "kernel_limit"
-        with pytest.raises(dispatch.FallbackRequired, match="int32"):
+        with pytest.raises(dispatch.Unsupported, match="int32"):
             dispatch.require("spmm", CUDA0, torch.float32, _graph(False))
