@@ -2,13 +2,14 @@
 in which results are committed. Imports the harness only, never a benchmark tool.
 
     python -m benchmarks.report summary RESULT.json [...]     # compact markdown tables
-    python -m benchmarks.report compact RESULT.json OUT.json  # for benchmarks/results/
+    python -m benchmarks.report compact RESULT.json OUT.json [--commit SHA] [--note TEXT]
 
 ``summary``: ops and layers JSON as one line per measurement (the CUDA backend, the reference
 beside it; the 16-bit / fp32 table when the file has it); every other benchmark's JSON as its
 verdict tables (``targets``, ``sampled_targets``, ``compiled``). ``compact``: the same payload
-without the per-call lists (``*_all``, losses), the plan (``settings.order``) and the bandwidth
-probe's details, one row per line: what the tables and plots are made from.
+headed by ``run`` (date, GPU, commit) without the per-call lists (``*_all``, losses), the plan
+(``settings.order``) and probe and tuner details, one row per line: what the tables and plots
+in RESULTS.md are made from.
 """
 from __future__ import annotations
 
@@ -158,21 +159,35 @@ def summarize(paths: Sequence[str]) -> str:
 
 
 # ----------------------------------------------------------------------------- compact form
-def compact(payload: dict) -> dict:
-    """``payload`` without what no table needs: per-call lists, losses, the plan, probe details."""
+#: Keys the compact form drops wherever they occur: raw per-call and per-round lists, losses,
+#: the plan, probe and tuner details (the tables use the medians and choices beside them).
+DROPPED = ("losses", "order", "bandwidth_probe", "rounds_ms", "runs", "tuning_report", "tuning_classes",
+           "fastpath_stats")
 
-    def strip(d: dict) -> dict:
-        out = {}
-        for k, v in d.items():
-            if k.endswith("_all") or k in ("losses", "order", "bandwidth_probe", "host_ms_all"):
-                continue
-            out[k] = strip(v) if isinstance(v, dict) else v
-        return out
 
-    out = strip(payload)
-    for key in ("rows", "loaders", "graphs", "train"):
-        if isinstance(out.get(key), list):
-            out[key] = [strip(r) if isinstance(r, dict) else r for r in out[key]]
+def compact(payload: dict, commit: str = None, note: str = None) -> dict:
+    """``payload`` without what no table needs (keys ending in ``_all`` and :data:`DROPPED`, at
+    any depth), headed by ``run``: the date, GPU and commit of the run (``commit``: the tree that
+    ran, where the file's own ``git_commit`` is wrong, e.g. a device copy whose .git lagged)."""
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if not k.endswith("_all") and k not in DROPPED}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    env = payload.get("environment") or {}
+    run = dict(payload.get("run") or {})
+    run.setdefault("date", str(env.get("timestamp_utc") or env.get("date") or "")[:10] or None)
+    run.setdefault("gpu", env.get("gpu") or payload.get("gpu") or payload.get("device"))
+    run.setdefault("commit", env.get("git_commit"))
+    if commit:
+        run["commit"] = commit
+    if note:
+        run["note"] = note
+    out = {"run": run}
+    out.update(strip({k: v for k, v in payload.items() if k != "run"}))
     return out
 
 
@@ -194,18 +209,24 @@ def compact_dumps(payload: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import sys
+    import argparse
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) >= 2 and argv[0] == "summary":
-        print(summarize(argv[1:]))
-        return 0
-    if len(argv) == 3 and argv[0] == "compact":
-        Path(argv[2]).write_text(compact_dumps(compact(json.loads(Path(argv[1]).read_text()))))
-        return 0
-    print("usage: python -m benchmarks.report summary RESULT.json [...]\n"
-          "       python -m benchmarks.report compact RESULT.json OUT.json")
-    return 2
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summary", help="compact markdown tables of result JSON files")
+    s.add_argument("files", nargs="+")
+    c = sub.add_parser("compact", help="the compact form of a result JSON file (for benchmarks/results/)")
+    c.add_argument("file")
+    c.add_argument("out")
+    c.add_argument("--commit", default=None, help="the tree that ran, when the file's git_commit is wrong")
+    c.add_argument("--note", default=None, help="one line on what the run was")
+    args = p.parse_args(argv)
+    if args.cmd == "summary":
+        print(summarize(args.files))
+    else:
+        payload = compact(json.loads(Path(args.file).read_text()), args.commit, args.note)
+        Path(args.out).write_text(compact_dumps(payload))
+    return 0
 
 
 if __name__ == "__main__":
