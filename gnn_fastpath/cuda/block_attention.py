@@ -33,12 +33,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: window's q fragments and a 16 x D float32 accumulator per warp).
 MAX_HEAD_DIM = 128
 # The rule (tuning off: dot_attention.forward_algorithm / backward_mode) takes these kernels
-# wherever they are offered. On the H200, bf16, their kernel time of forward + backward against
-# the CSR kernels' (source-major backward) was 0.62-0.97 on tolokers, arxiv-skewdst, roads-like
-# and a clustered block model for H x D = 4 x 128, 4 x 64, 4 x 32, 8 x 16, and 0.75-1.07 on
-# arxiv-like (slower at D = 128 only)
-# (benchmarks/results/2026-11-26-h200-issue14-c/kernel_times_bfcd3f9.md). The tuner, on by
-# default, times both per size class.
+# wherever they are offered: the tensor cores' blocks beat the CSR kernels on the benchmark
+# graphs in 16 bits but for the widest heads on the least clustered ones (benchmarks/RESULTS.md).
+# The tuner, on by default, times both per size class.
 #: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
 #: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp
 #: busy while the rest of the GPU idles).

@@ -148,7 +148,7 @@ def backward_mode(graph, block: bool = False, dtype: Optional[torch.dtype] = Non
     out-edges or more on average, and for 16-bit rows on every graph that outlived a training
     step: their atomic pass adds into float32 copies of dk and dv (zeroed, then cast), which
     costs more than the transpose on every benchmark graph in bfloat16, low-degree ones included
-    (benchmarks/results/2026-11-26-h200-issue14/bench_tuning.md). On a graph of one step (a
+    (benchmarks/RESULTS.md, tuning). On a graph of one step (a
     sampled batch) the mean out-degree alone decides: 16-bit rows add no transpose there."""
     forced = config.setting("GNN_FASTPATH_DOT_BWD")
     if forced is not None and (forced != "block" or block):

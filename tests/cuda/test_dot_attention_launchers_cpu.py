@@ -123,8 +123,8 @@ def test_rng_tensor(launches, monkeypatch, variant, H, D, dtypes):
 def test_backward_rule(monkeypatch):
     """The rule without tuning: the source-major pass from a mean out-degree of
     TRANSPOSED_MIN_MEAN_DEGREE, and for 16-bit rows on any graph that outlived a step (their
-    atomic pass adds into float32 copies of dk and dv; benchmarks/results/2026-11-26-h200-
-    issue14); a graph of one step keeps the degree rule; block where offered; static graphs
+    atomic pass adds into float32 copies of dk and dv; benchmarks/RESULTS.md, tuning); a graph of
+    one step keeps the degree rule; block where offered; static graphs
     atomic; a forced variant wins."""
     from gnn_fastpath import Graph
     from gnn_fastpath.graph.tensors import as_graph, of_graph

@@ -230,7 +230,7 @@ def _outlive(g):
 def test_backward_rule(monkeypatch):
     """The rule without tuning: atomic, except the one-pass backward for 16-bit rows on an
     undirected graph of at most FUSED_MAX_MEAN_DEGREE in-edges per node that outlived a step
-    (roads-like in bf16, benchmarks/results/2026-11-26-h200-issue14-e); symmetry is read only
+    (roads-like in bf16; benchmarks/RESULTS.md, tuning); symmetry is read only
     for such graphs; a forced variant wins."""
     from gnn_fastpath.graph.tensors import as_graph, of_graph
 

@@ -425,7 +425,7 @@ def test_pyg_gpu(pyg, name, mode, dtype):
     counted fused on "cuda"."""
     fused, _ = _compare_pyg(name, CUDA, mode, dtype, "cuda")
     if mode != "module" and name.startswith(("GATv2Conv", "TransformerConv")):
-        # measured stock behaviour (benchmarks/results/2026-11-25-h200-issue10/autocast_dtypes.json)
+        # measured stock behaviour (benchmarks/results/2026-11-25-h200-autocast-dtypes.json)
         assert all(t.dtype == torch.float32 for t in fused.outs)
 
 
