@@ -84,21 +84,20 @@ import torch.nn.functional as F
 from torch import nn
 
 EXAMPLES = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(EXAMPLES)
-for _path in (EXAMPLES, REPO_ROOT):  # _common (examples/) and benchmarks.graphs (repository root)
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+# _common comes from examples/; benchmarks/graphs.py is loaded by path (_common._bench_graphs), which
+# keeps the repository root off sys.path, where it would shadow an installed gnn_fastpath.
+if EXAMPLES not in sys.path:
+    sys.path.insert(0, EXAMPLES)
 
-from _common import DATASETS, default_scale, enable_fastpath, import_pyg, load_node_data  # noqa: E402
+from _common import (DATASETS, _bench_graphs, default_scale, enable_fastpath, import_pyg,  # noqa: E402
+                     load_node_data)
 
 LAYERS = ("gatv2", "transformer", "gcn", "sage_max")
 
 
 # --------------------------------------------------------------------------- arguments
 def _synthetic_names() -> Tuple[str, ...]:
-    from benchmarks.graphs import SYNTHETIC
-
-    return tuple(SYNTHETIC)
+    return tuple(_bench_graphs().SYNTHETIC)
 
 
 def _fanouts(text: str) -> List[int]:
@@ -230,9 +229,7 @@ def load_data(args):
     from torch_geometric.data import Data
 
     if args.dataset in _synthetic_names():
-        from benchmarks.graphs import load
-
-        graph = load(args.dataset, seed=args.seed, scale=args.scale)
+        graph = _bench_graphs().load(args.dataset, seed=args.seed, scale=args.scale)
         n = graph.num_nodes
         x, y = _learnable_features(n, args.features, args.classes, args.seed)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed + 2))
