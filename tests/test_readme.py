@@ -1,15 +1,21 @@
 """The README stays true to the code: every fallback reason the package can record is in the
-"Check it is working" table (and every key there is one the code records), and the set-up
-commands are unchanged."""
+"Check it is working" table (and every key there is one the code records), the set-up
+commands are unchanged, CI runs the README's test command, the example commands name scripts
+that take their arguments, and every link of the table of contents leads to a heading."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SOURCES = sorted((ROOT / "gnn_fastpath").rglob("*.py")) + sorted((ROOT / "integrations").rglob("*.py"))
 SHIM = ROOT / "integrations" / "shim.py"
+QUICK_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[pyg]" && python examples/quickstart.py'
+TEST_COMMAND = ('pip install torch==2.13.0 && pip install -e ".[test,dgl]" && bash .ci/install-torch-sparse '
+                "&& pytest tests")
 
 _KEY = r"([a-z][a-z0-9_]*)"
 # Where a fallback reason is written down in the code.
@@ -73,12 +79,73 @@ def test_every_reason_in_the_readme_table_exists():
 
 def test_set_up_commands_unchanged():
     section = _section("Set up")
-    for command in ('pip install torch==2.13.0 && pip install -e ".[pyg]" && python examples/quickstart.py',
-                    'pip install torch==2.13.0 && pip install -e ".[test,dgl]" && FORCE_ONLY_CPU=1 pip install --no-build-isolation torch-scatter==2.1.2 torch-sparse==0.6.18 && pytest tests'):
+    for command in (QUICK_COMMAND, TEST_COMMAND):
         assert f"```bash\n{command}\n```" in section
 
 
+def test_ci_runs_the_readme_test_command():
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert TEST_COMMAND in lines, "CI must run the README's test command exactly, on a line of its own"
+    script = TEST_COMMAND.split("bash ")[1].split()[0]
+    assert (ROOT / script).is_file(), script
+
+
+def _example_commands():
+    """(script, argv) of each command in the README's Examples block."""
+    match = re.search(r"^### Examples\n.*?```bash\n(.*?)```", _section("Set up"), re.M | re.S)
+    assert match, 'the "Set up" section has no "### Examples" command block'
+    commands = []
+    for line in match.group(1).splitlines():
+        words = line.split("#")[0].split()
+        script = next(w for w in words if w.startswith("examples/"))
+        commands.append((script, words[words.index(script) + 1:]))
+    return commands
+
+
+def test_example_commands_take_their_arguments():
+    commands = _example_commands()
+    assert {script for script, _ in commands} >= {"examples/quickstart.py", "examples/pyg_neighbor_loader.py",
+                                                   "examples/dgl_neighbor_sampler.py", "examples/pyg_ddp.py"}
+    for script, argv in commands:
+        path = ROOT / script
+        assert path.is_file(), script
+        spec = importlib.util.spec_from_file_location(f"_readme_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+            if hasattr(module, "parse_args"):
+                module.parse_args(argv)
+            else:
+                assert argv == [], (script, argv)
+        finally:
+            sys.modules.pop(spec.name, None)
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def test_table_of_contents_links_lead_to_headings():
+    text = README.read_text()
+    anchors = {_anchor(t) for t in re.findall(r"^#{1,4} (.+)$", text, re.M)}
+    contents = _section("Contents")
+    links = re.findall(r"\]\(#([^)]+)\)", contents)
+    assert len(links) >= 10, links
+    missing = [a for a in re.findall(r"\]\(#([^)]+)\)", text) if a not in anchors]
+    assert not missing, f"links to no heading: {missing}"
+    # every top-level section is listed
+    top = [_anchor(t) for t in re.findall(r"^## (.+)$", text, re.M) if t != "Contents"]
+    assert [a for a in top if a not in links] == [], "sections missing from the table of contents"
+
+
 def test_readme_sections_exist():
-    for title in ("Set up", "Installing DGL", "What runs fused today", "Check it is working",
-                  "Architecture", "Switches", "Troubleshooting"):
+    for title in ("Contents", "Set up", "Installing DGL", "What runs fused today", "Check it is working",
+                  "Architecture", "Switches", "Troubleshooting", "License"):
         _section(title)
+
+
+def test_troubleshooting_comes_before_the_reference_material():
+    titles = re.findall(r"^## (.+)$", README.read_text(), re.M)
+    assert titles[:3] == ["Contents", "Set up", "Troubleshooting"], titles
