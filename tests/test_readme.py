@@ -1,7 +1,8 @@
 """The README stays true to the code: every fallback reason the package can record is in the
 "Check it is working" table (and every key there is one the code records), the set-up
 commands are unchanged, CI runs the README's test command, the example commands name scripts
-that take their arguments, and every link of the table of contents leads to a heading."""
+that take their arguments, every link of the table of contents leads to a heading, and links
+to repository files (benchmark results) lead to files and headings that exist."""
 from __future__ import annotations
 
 import importlib.util
@@ -138,6 +139,18 @@ def test_table_of_contents_links_lead_to_headings():
     # every top-level section is listed
     top = [_anchor(t) for t in re.findall(r"^## (.+)$", text, re.M) if t != "Contents"]
     assert [a for a in top if a not in links] == [], "sections missing from the table of contents"
+
+
+def test_links_to_repository_files_resolve():
+    """Relative links lead to files of the repository, and their anchors to headings there."""
+    links = re.findall(r"\]\(([^)#:]+)(?:#([^)]+))?\)", README.read_text())
+    assert links, "the README links to no repository file"
+    for path, anchor in links:
+        target = ROOT / path
+        assert target.exists(), path
+        if anchor:
+            headings = re.findall(r"^#{1,4} (.+)$", target.read_text(), re.M)
+            assert anchor in {_anchor(h) for h in headings}, f"{path}#{anchor}"
 
 
 def test_readme_sections_exist():
