@@ -14,8 +14,7 @@ an older ``bench_train`` file; single layers: ``bench_layers``) it writes, besid
   dtype; layers: the forward's peak), "OOM" where stock ran out of memory.
 
 The title names the GPU, the commit and the date the JSON records (``run`` of a committed
-compact file first: its commit is the tree that ran). Needs matplotlib (``pip install
-matplotlib``); files of another benchmark are skipped with a note.
+compact file first: its commit is the tree that ran). Needs matplotlib (``pip install -e ".[bench]"``); files of another benchmark are skipped with a note.
 """
 from __future__ import annotations
 

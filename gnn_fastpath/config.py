@@ -150,7 +150,7 @@ SETTINGS = (
             "min/max reduction: feature chunks of 4 floats per lane", _optional_int_in(1, 4, (1, 2, 4))),
     Setting("GNN_FASTPATH_VEC16", "", "8, 16 (empty: per kernel family)",
             "bytes per vector access of 16-bit features (16: 8 halves per lane; 8: 4, the float32 lane layout); "
-            "empty: 16 for dot attention, 8 for the others (measured fastest on the H200)",
+            "empty: 16 for dot attention, 8 for the others (see benchmarks/RESULTS.md)",
             _optional_choice("8", "16")),
 )
 
