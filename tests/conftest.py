@@ -81,5 +81,14 @@ def shared_data():
 
 
 @pytest.fixture(autouse=True)
+def _release_gpu_cache():
+    """Hand cached GPU memory back after a test that holds much of it: the GPU tests run in
+    several pytest-xdist workers on one GPU, and one worker's cache must not starve the others."""
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > 2**30:
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
