@@ -14,37 +14,16 @@ F_IN = 6
 N = 12
 
 
-def _gatv2(**kw):
-    from torch_geometric.nn import GATv2Conv
-
-    return GATv2Conv(F_IN, 4, **kw)
+#: Each patched layer (its torch_geometric.nn name) and the constructor arguments it runs with.
+LAYERS = {"GATv2Conv": {}, "GATConv": {}, "TransformerConv": {}, "GCNConv": {}, "SAGEConv": dict(aggr="max")}
 
 
-def _gat(**kw):
-    from torch_geometric.nn import GATConv
+def _layer(name, **kw):
+    import torch_geometric.nn
 
-    return GATConv(F_IN, 4, **kw)
-
-
-def _transformer(**kw):
-    from torch_geometric.nn import TransformerConv
-
-    return TransformerConv(F_IN, 4, **kw)
+    return getattr(torch_geometric.nn, name)(F_IN, 4, **LAYERS[name], **kw)
 
 
-def _gcn(**kw):
-    from torch_geometric.nn import GCNConv
-
-    return GCNConv(F_IN, 4, **kw)
-
-
-def _sage(**kw):
-    from torch_geometric.nn import SAGEConv
-
-    return SAGEConv(F_IN, 4, aggr="max", **kw)
-
-
-LAYERS = {"GATv2Conv": _gatv2, "GATConv": _gat, "TransformerConv": _transformer, "GCNConv": _gcn, "SAGEConv": _sage}
 HOOKS = ["forward", "forward_pre", "propagate_forward_pre", "propagate_forward", "message_forward",
          "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre", "edge_update_forward"]
 
@@ -56,18 +35,18 @@ def _inputs(dtype=torch.float32):
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_fallback_cpu_stock(check, layer):
-    check.fallback(LAYERS[layer](), *_inputs(), reason="cpu", cpu="stock")
+    check.fallback(_layer(layer), *_inputs(), reason="cpu", cpu="stock")
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_fallback_float64(check, layer):
-    check.fallback(LAYERS[layer]().double(), *_inputs(torch.float64), reason="dtype")
+    check.fallback(_layer(layer).double(), *_inputs(torch.float64), reason="dtype")
 
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_fallback_hooks(check, layer, hook):
-    conv = LAYERS[layer]()
+    conv = _layer(layer)
     getattr(conv, f"register_{hook}_hook")(lambda *args: None)
     check.fallback(conv, *_inputs(), reason="hooks")
 
@@ -76,7 +55,7 @@ def test_fallback_hooks(check, layer, hook):
 def test_fallback_explain(check, layer):
     from torch_geometric.explain.algorithm.utils import set_masks
 
-    conv = LAYERS[layer]()
+    conv = _layer(layer)
     x, edge_index = _inputs()
     set_masks(conv, torch.randn(edge_index.size(1)), edge_index, apply_sigmoid=True)
     check.fallback(conv, x, edge_index, reason="explain")
@@ -84,7 +63,7 @@ def test_fallback_explain(check, layer):
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_fallback_decomposed_layers(check, layer):
-    check.fallback(LAYERS[layer](decomposed_layers=2), *_inputs(), reason="decomposed_layers")
+    check.fallback(_layer(layer, decomposed_layers=2), *_inputs(), reason="decomposed_layers")
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -102,7 +81,7 @@ def test_fallback_when_an_op_cannot_run_fused(check, layer, monkeypatch):
         return real(device, dtype, graph, limit)
 
     monkeypatch.setattr(dispatch, "decide", decide)
-    conv = LAYERS[layer]()
+    conv = _layer(layer)
     calls = []
     for sub in conv.modules():  # every submodule (the projections) runs once per call: stock's
         if sub is not conv:
@@ -125,7 +104,7 @@ def test_int32_limit_falls_back_on_cuda(layer, monkeypatch):
     from gnn_fastpath import FastpathFallbackWarning, Graph
 
     monkeypatch.setattr(Graph, "fits_int32", lambda self: False)
-    conv = LAYERS[layer]().cuda()
+    conv = _layer(layer).cuda()
     x, edge_index = (t.cuda() for t in _inputs())
     expected = copy.deepcopy(conv)(x, edge_index)
     gnn_fastpath.reset_stats()
