@@ -1,5 +1,6 @@
-"""What the two attention ops' autograd Functions share: the Philox seed of the fused
-dropout, what the forward keeps in ctx, and the shape of their outputs and incoming grads."""
+"""What the attention ops' autograd Functions share: the Philox seed of the fused dropout,
+what the forward keeps in ctx besides the saved tensors, and the shape of their outputs and
+incoming grads."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -27,11 +28,13 @@ def as_float32(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.to(torch.float32).contiguous()
 
 
-def keep(ctx, graph, dropout: float, seed: int, offset: int, return_attention) -> None:
-    """Keep what the backward needs besides the saved tensors (``lse`` among them)."""
-    ctx.graph = graph
-    ctx.dropout, ctx.seed, ctx.offset = dropout, seed, offset
-    ctx.alpha_dropped = return_attention == "dropped"
+def keep(ctx, dropout: float, seed, offset, return_attention) -> None:
+    """Keep the scalars the backward needs (the graph and the tensors, ``lse`` and the rng
+    tensor among them, go through :func:`gnn_fastpath.ops.library.save`). ``seed`` as the
+    Function took it: ints, or the rng tensor (saved, so None here)."""
+    ctx.dropout, ctx.offset = dropout, offset
+    ctx.seed = None if isinstance(seed, Tensor) else seed
+    ctx.return_attention = return_attention
     ctx.set_materialize_grads(False)
 
 

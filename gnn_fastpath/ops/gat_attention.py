@@ -2,8 +2,11 @@
 
 Layer -> op -> kernel: PyG and DGL ``GATConv`` call :func:`gat_attention`; its CUDA path is
 :class:`GATAttentionFunction`, one call per pass into the launcher
-:mod:`gnn_fastpath.cuda.gat_attention`, whose kernels are ``cuda/gat_attention.cu``; the
-reference is :func:`gnn_fastpath.reference.gat_attention`. The logit of GAT needs only one
+:mod:`gnn_fastpath.cuda.gat_attention` (through :func:`_forward`/:func:`_backward`), whose
+kernels are ``cuda/gat_attention.cu``; under ``torch.compile`` the same Function calls the
+operators ``torch.ops.gnn_fastpath.gat_attention``/``gat_attention_backward``
+(:mod:`.library`), whose implementations call the same two functions; the reference is
+:func:`gnn_fastpath.reference.gat_attention`. The logit of GAT needs only one
 scalar per (node, head) on each side (``score_src = a_src . W x_j``, ``score_dst = a_dst . W
 x_i``, computed by the layer), so per edge the fused kernels read one scalar and the source
 row: cheaper than GATv2, whose logit needs the whole [H, D] rows of both ends.
@@ -147,8 +150,11 @@ def gat_attention(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, ed
     out_dtype = check_out_dtype(out_dtype, x_src.dtype, "the features' dtype")
     graph = graph_on(graph, x_src)
     if isinstance(graph, GraphTensors):
-        return library.gat_attention(graph, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
-                                     dropout, edge_weight, out_dtype)
+        # the attention backward on a static graph walks destinations (atomic): no source-major CSR
+        graph = graph.destination_major()
+        return library.unpad_result(graph, GATAttentionFunction.apply(
+            x_src, score_src, graph.pad(score_dst), edge_score, edge_weight, graph, negative_slope, return_attention,
+            dropout, library.draw_rng(dropout, x_src), None, out_dtype))
     if choose("gat_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATAttentionFunction.apply(x_src, score_src, score_dst, edge_score, edge_weight, graph,
@@ -159,41 +165,91 @@ def gat_attention(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, ed
 
 class GATAttentionFunction(torch.autograd.Function):
     """Fused GAT attention (see the module docstring): saves ``lse`` [N_dst, H] and the
-    inputs, recomputes alpha in the backward.
+    inputs, recomputes alpha in the backward. The one autograd route, eager and compiled:
+    on a Graph it calls :func:`_forward`/:func:`_backward`, on a GraphTensors the operators
+    (which call them).
 
     ``apply(x_src, score_src, score_dst, edge_score, edge_weight, graph, negative_slope,
     return_attention, dropout, seed, offset, out_dtype=None)``; returns ``out`` or ``(out,
     alpha)`` in ``out_dtype`` (None: x_src's dtype). Dtypes as :func:`gat_attention`'s.
+    ``seed``/``offset``: the Philox key as ints, or ``seed`` an int64 [2] rng tensor (read on
+    the device) and ``offset`` None; on a GraphTensors, the rng tensor or None.
     """
 
     @staticmethod
     def forward(ctx, x_src, score_src, score_dst, edge_score, edge_weight, graph, negative_slope, return_attention,
                 dropout, seed, offset, out_dtype=None):
-        x_src = x_src.contiguous()
-        scalars = (score_src, score_dst, edge_score, edge_weight)
-        ctx.scalar_dtypes = tuple(None if t is None else t.dtype for t in scalars)
-        out, lse, alpha = kernels.forward(graph, x_src, *(as_float32(t) for t in scalars), negative_slope, dropout,
-                                          seed, offset, return_attention, out_dtype)
+        x_src = x_src.contiguous()  # saved as the kernels read it
         # the scalar inputs are saved as given (a 16-bit one is converted again in the
         # backward rather than kept as a float32 copy)
-        ctx.save_for_backward(x_src, *scalars, out, lse, alpha)
+        scalars = (score_src, score_dst, edge_score, edge_weight)
+        if isinstance(graph, GraphTensors):
+            out, lse, alpha = library.op("gat_attention")(
+                *graph.operands, x_src, *scalars, negative_slope, dropout, library.rng_of(seed),
+                library.ATTENTION_CODES[return_attention], out_dtype)
+            alpha = alpha if return_attention else None
+        else:
+            out, lse, alpha = _forward(graph, x_src, *scalars, negative_slope, dropout, seed, offset, return_attention,
+                                       out_dtype)
+        library.save(ctx, graph, x_src, *scalars, out, lse, alpha, library.rng_of(seed))
         ctx.negative_slope = negative_slope
-        keep(ctx, graph, dropout, seed, offset, return_attention)
+        keep(ctx, dropout, seed, offset, return_attention)
         return outputs(out, alpha, return_attention)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
-        x_src, score_src, score_dst, edge_score, edge_weight, out, lse, alpha = ctx.saved_tensors
+        graph, (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, alpha, rng) = library.saved(ctx)
         needs = tuple(ctx.needs_input_grad[:5])
         none = (None,) * 7
         if (grad_out is None and grad_alpha is None) or not any(needs):
             return (None,) * 5 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
-        dx_src, *scalar_grads = kernels.backward(
-            ctx.graph, x_src, *(as_float32(t) for t in (score_src, score_dst, edge_score, edge_weight)), out, lse,
-            grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset,
-            needs)
-        # summed in float32, cast once to each tensor's own dtype
-        scalar_grads = [None if g is None else g.to(dt) for g, dt in zip(scalar_grads, ctx.scalar_dtypes)]
-        return (dx_src, *scalar_grads) + none
+        tensors = (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha)
+        if ctx.on_operators:
+            grads = library.present(library.op("gat_attention_backward")(
+                *graph.operands, *tensors, ctx.negative_slope, ctx.dropout, rng,
+                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
+        else:
+            grads = _backward(graph, *tensors, ctx.negative_slope, ctx.dropout, ctx.seed if rng is None else rng,
+                              ctx.offset, ctx.return_attention, needs)
+        return tuple(grads) + none
+
+
+def _forward(graph, x_src, score_src, score_dst, edge_score, edge_weight, negative_slope, dropout, seed, offset,
+             return_attention, out_dtype, use_reference=False):
+    """(out, lse, alpha or None) on ``graph``: the launcher, with x_src contiguous and the
+    scalar inputs as float32; ``use_reference``: the reference op instead (the CPU operator;
+    its dropout mask from torch's CPU generator seeded by the rng tensor ``seed``; lse is
+    zeros, as its backward recomputes)."""
+    if use_reference:
+        with torch.no_grad(), library.fixed_rng(seed):  # an operator's output records no autograd
+            result = reference.gat_attention(graph, x_src, score_src, score_dst, edge_score, negative_slope,
+                                             return_attention, dropout, edge_weight, out_dtype=out_dtype)
+        out, alpha = result if return_attention else (result, None)
+        return out, torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32), alpha
+    return kernels.forward(graph, x_src.contiguous(), *(as_float32(t) for t in (
+        score_src, score_dst, edge_score, edge_weight)), negative_slope, dropout, seed, offset, return_attention,
+        out_dtype)
+
+
+def _backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha,
+              negative_slope, dropout, seed, offset, return_attention, needs, use_reference=False):
+    """(dx_src, d score_src, d score_dst, d edge_score, d edge_weight), None where ``needs``
+    is False; each in its input's dtype. ``use_reference``: by autograd through the reference
+    op recomputed with the forward's mask."""
+    scalars = (score_src, score_dst, edge_score, edge_weight)
+    if use_reference:
+        def run(x, s, t, u, w):
+            with library.fixed_rng(seed):
+                r = reference.gat_attention(graph, x, s, t, u, negative_slope, return_attention, dropout, w,
+                                            out_dtype=out.dtype)
+            return r if return_attention else (r,)
+
+        grads = (grad_out, grad_alpha) if return_attention else (grad_out,)
+        return library.reference_grads(run, (x_src,) + scalars, needs, grads)
+    dx_src, *scalar_grads = kernels.backward(
+        graph, x_src.contiguous(), *(as_float32(t) for t in scalars), out, lse, grad_out, alpha, grad_alpha,
+        return_attention == "dropped", negative_slope, dropout, seed, offset, tuple(needs))
+    # summed in float32, cast once to each tensor's own dtype
+    return [dx_src] + [None if g is None else g.to(t.dtype) for g, t in zip(scalar_grads, scalars)]

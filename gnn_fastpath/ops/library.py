@@ -1,28 +1,30 @@
-"""The kernel families as PyTorch custom operators (``torch.ops.gnn_fastpath.*``).
+"""The kernel families as PyTorch custom operators (``torch.ops.gnn_fastpath.*``): opaque
+kernels for the compiler, under the one autograd route of each family.
 
-``torch.compile`` cannot trace into an autograd Function that launches CuPy kernels and
-keeps a Python Graph in its context, so the compiled path runs the same kernels through
-operators registered with :mod:`torch.library`:
+Each family has ONE autograd Function (``GATAttentionFunction`` in :mod:`.gat_attention`,
+...), used eagerly and by ``torch.compile`` alike (FlashAttention's ``flash_attn_interface``
+is the model): its forward and backward call the family's plain ``_forward``/``_backward``
+(the glue and the launcher, written once). On an eager :class:`~gnn_fastpath.graph.Graph` they
+call them directly; on a :class:`~gnn_fastpath.graph.tensors.GraphTensors` (what a compiled
+layer builds) they call the operators defined here, whose implementations call the same
+``_forward``/``_backward`` on :func:`~gnn_fastpath.graph.tensors.as_graph`, and dynamo traces
+the Function itself. So:
 
 - one forward and one backward operator per family (``gat_attention`` and
   ``gat_attention_backward``, ...), with a CUDA implementation (the launchers of
   :mod:`gnn_fastpath.cuda`), a CPU implementation (the reference ops: ``enable(cpu=
-  "reference")`` compiles too), and a fake implementation that gives shapes and dtypes
-  without touching data;
-- autograd registered on the forward operator (:func:`torch.library.register_autograd`), whose
-  backward calls the backward operator: the compiled backward graph holds custom operators
-  too, and AOTAutograd saves exactly what the math names (``lse``, the inputs);
-- the graph enters as tensors (:class:`~gnn_fastpath.graph.tensors.GraphTensors`: int32
-  CSR, optional transpose, ``n_src``), never as a Python object; inside, the launchers see a
-  static Graph (:func:`~gnn_fastpath.graph.tensors.as_graph`) whose launch geometry depends on
-  shapes alone, so a CUDA graph recorded by ``mode="reduce-overhead"`` replays correctly on
-  new graphs of the same size;
+  "reference")`` compiles too; the backward recomputes the reference with autograd), and a
+  fake implementation that gives shapes and dtypes without touching data; no autograd is
+  registered on them (the Function is the autograd);
+- the graph enters as tensors, never as a Python object: the Function saves the
+  GraphTensors' tensors with ``save_for_backward`` (:func:`save`, :func:`saved`); inside an
+  operator, the launchers see a static Graph whose launch geometry depends on shapes alone,
+  so a CUDA graph recorded by ``mode="reduce-overhead"`` replays correctly on new graphs of
+  the same size;
 - attention dropout takes its Philox ``(seed, offset)`` from an int64 [2] tensor ``rng``
   drawn on the features' device by the caller's traced code (torch's generator, which CUDA
-  graphs advance on every replay), and the backward reads the same tensor.
+  graphs advance on every replay), and the backward reads the same tensor (saved).
 
-The public ops (:func:`gnn_fastpath.gat_attention`, ...) route here when their ``graph`` is a
-:class:`GraphTensors`; the eager path keeps its autograd Functions over cached Graphs.
 :data:`AVAILABLE` is False on torch without :func:`torch.library.register_fake` (< 2.4):
 the layers then run stock code under compilation, as before.
 """
@@ -63,10 +65,6 @@ def _define(name: str, schema: str, impl: Callable, fake: Callable) -> None:
     torch.library.register_fake(_qualname(name), fake, lib=_lib)
 
 
-def _op(name: str):
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
-
-
 def _graph(args: Sequence) -> Tuple[GraphTensors, tuple]:
     return GraphTensors(*args[:N_GRAPH]), tuple(args[N_GRAPH:])
 
@@ -91,7 +89,45 @@ def _grads_or_empty(grads: Sequence[Optional[Tensor]], like: Tensor) -> Tuple[Te
     return tuple(_empty(like) if g is None else g for g in grads)
 
 
-def _reference_grads(run: Callable[..., Tuple[Tensor, ...]], inputs: Sequence[Optional[Tensor]],
+def op(name: str):
+    """The operator ``gnn_fastpath::name``."""
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+def save(ctx, graph, *tensors: Optional[Tensor]) -> None:
+    """Keep ``graph`` and ``tensors`` for a Function's backward: a GraphTensors' tensors go
+    through ``save_for_backward`` with the others (nothing but tensors and numbers crosses a
+    compiled graph), an eager Graph stays on ``ctx``."""
+    ctx.on_operators = isinstance(graph, GraphTensors)
+    if ctx.on_operators:
+        ctx.n_src = graph.n_src
+        ctx.save_for_backward(*graph.operands[:N_GRAPH - 1], *tensors)
+    else:
+        ctx.graph = graph
+        ctx.save_for_backward(*tensors)
+
+
+def saved(ctx) -> Tuple[object, tuple]:
+    """(the graph, the tensors) :func:`save` kept."""
+    tensors = ctx.saved_tensors
+    if ctx.on_operators:
+        k = N_GRAPH - 1
+        return GraphTensors(*tensors[:k], ctx.n_src), tuple(tensors[k:])
+    return ctx.graph, tuple(tensors)
+
+
+def rng_of(seed) -> Optional[Tensor]:
+    """The operators' ``rng`` argument from a Function's ``seed``: the int64 [2] tensor, or
+    None (no dropout)."""
+    return seed if isinstance(seed, Tensor) else None
+
+
+def present(grads: Sequence[Tensor], needs: Sequence[bool]) -> Tuple[Optional[Tensor], ...]:
+    """A backward operator's gradients with the placeholders of unneeded ones as None."""
+    return tuple(g if n else None for g, n in zip(grads, needs))
+
+
+def reference_grads(run: Callable[..., Tuple[Tensor, ...]], inputs: Sequence[Optional[Tensor]],
                      needs: Sequence[bool], grads: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:
     """The gradients of ``run(*inputs)`` (a tuple of outputs) for the inputs ``needs`` marks,
     by recomputing the reference with autograd (the CPU backward operators)."""
@@ -123,12 +159,13 @@ def _autograd_dispatch():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
 
 
-class _fixed_rng:
-    """The CPU reference's dropout mask drawn from torch's CPU generator seeded by ``rng``, so
-    the backward recomputation draws the forward's mask."""
+class fixed_rng:
+    """The CPU reference's dropout mask drawn from torch's CPU generator seeded by ``rng`` (the
+    operators' int64 [2] tensor), so the backward recomputation draws the forward's mask; a
+    no-op for anything but a tensor (no dropout: the seed scalars ``0``)."""
 
-    def __init__(self, rng: Optional[Tensor]):
-        self.rng = rng
+    def __init__(self, rng):
+        self.rng = rng if isinstance(rng, Tensor) else None
 
     def __enter__(self):
         if self.rng is not None:
@@ -172,20 +209,11 @@ def _incoming(out: Tensor, grad_out: Optional[Tensor], grad_alpha: Optional[Tens
 
 # ------------------------------------------------------------------------------- gat_attention
 def _gat_forward(*args):
-    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
-    graph = as_graph(gt)
-    ret = _ATTENTION_VALUES[code]
-    if x_src.is_cuda:
-        from ..cuda import gat_attention as kernels
+    from .gat_attention import _forward
 
-        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), *(as_float32(t) for t in (
-            score_src, score_dst, edge_score, edge_weight)), slope, p, *_stream(rng), ret, out_dtype)
-        return out, lse, alpha if alpha is not None else _empty(out)
-    with _fixed_rng(rng):
-        result = reference.gat_attention(graph, x_src, score_src, score_dst, edge_score, slope, ret, p, edge_weight,
-                                         out_dtype=out_dtype)
-    out, alpha = result if ret else (result, None)
-    lse = torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32)  # the CPU backward recomputes
+    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
+    out, lse, alpha = _forward(as_graph(gt), x_src, score_src, score_dst, edge_score, edge_weight, slope, p,
+                               *_stream(rng), _ATTENTION_VALUES[code], out_dtype, use_reference=not x_src.is_cuda)
     return out, lse, alpha if alpha is not None else _empty(out)
 
 
@@ -198,27 +226,13 @@ def _gat_forward_fake(*args):
 
 
 def _gat_backward(*args):
+    from .gat_attention import _backward
+
     gt, rest = _graph(args)
-    (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha, slope, p, rng,
-     code, needs) = rest
-    graph = as_graph(gt)
-    scalars = (score_src, score_dst, edge_score, edge_weight)
-    if x_src.is_cuda:
-        from ..cuda import gat_attention as kernels
-
-        dx, *dscalars = kernels.backward(graph, x_src.contiguous(), *(as_float32(t) for t in scalars), out, lse,
-                                         grad_out, alpha, grad_alpha, code == 2, slope, p, *_stream(rng), tuple(needs))
-        dscalars = [None if g is None else g.to(t.dtype) for g, t in zip(dscalars, scalars)]
-        return _grads_or_empty([dx] + dscalars, x_src)
-    ret = _ATTENTION_VALUES[code]
-
-    def run(x, s, t, u, w):
-        with _fixed_rng(rng):
-            r = reference.gat_attention(graph, x, s, t, u, slope, ret, p, w, out_dtype=out.dtype)
-        return r if ret else (r,)
-
-    grads = (grad_out, grad_alpha) if ret else (grad_out,)
-    return _grads_or_empty(_reference_grads(run, (x_src,) + scalars, needs, grads), x_src)
+    tensors, (slope, p, rng, code, needs) = rest[:10], rest[10:]
+    grads = _backward(as_graph(gt), *tensors, slope, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
+                      use_reference=not tensors[0].is_cuda)
+    return _grads_or_empty(grads, tensors[0])
 
 
 def _gat_backward_fake(*args):
@@ -227,16 +241,6 @@ def _gat_backward_fake(*args):
     needs = rest[-1]
     inputs = (x_src, score_src, score_dst, edge_score, edge_weight)
     return tuple(torch.empty_like(t) if (n and t is not None) else _empty(x_src) for t, n in zip(inputs, needs))
-
-
-def _gat_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
-    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, _) = _graph(ctx.inputs)
-    out, lse, alpha = ctx.output
-    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    grads = _op("gat_attention_backward")(*gt.operands, x_src, score_src, score_dst, edge_score, edge_weight, out, lse,
-                                          grad_out, _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code,
-                                          needs)
-    return grads
 
 
 # ----------------------------------------------------------------------------- gatv2_attention
@@ -251,7 +255,7 @@ def _gatv2_forward(*args):
         out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, slope,
                                           p, *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
-    with _fixed_rng(rng):
+    with fixed_rng(rng):
         result = reference.gatv2_attention(graph, x_src, x_dst, att, slope, edge_term, ret, p, out_dtype=out_dtype)
     out, alpha = result if ret else (result, None)
     lse = torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32)
@@ -281,12 +285,12 @@ def _gatv2_backward(*args):
     ret = _ATTENTION_VALUES[code]
 
     def run(xs, xd, a, et):
-        with _fixed_rng(rng):
+        with fixed_rng(rng):
             r = reference.gatv2_attention(graph, xs, xd, a, slope, et, ret, p, out_dtype=out.dtype)
         return r if ret else (r,)
 
     grads = (grad_out, grad_alpha) if ret else (grad_out,)
-    return _grads_or_empty(_reference_grads(run, (x_src, x_dst, att, edge_term), needs, grads), x_src)
+    return _grads_or_empty(reference_grads(run, (x_src, x_dst, att, edge_term), needs, grads), x_src)
 
 
 def _gatv2_backward_fake(*args):
@@ -299,7 +303,7 @@ def _gatv2_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
     gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, _) = _graph(ctx.inputs)
     out, lse, alpha = ctx.output
     grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return _op("gatv2_attention_backward")(*gt.operands, x_src, x_dst, att, edge_term, out, lse, grad_out,
+    return op("gatv2_attention_backward")(*gt.operands, x_src, x_dst, att, edge_term, out, lse, grad_out,
                                            _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code, needs)
 
 
@@ -315,7 +319,7 @@ def _dot_forward(*args):
         out, lse, alpha = kernels.forward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, scale, p,
                                           *_stream(rng), ret, out_dtype)
         return out, lse, alpha if alpha is not None else _empty(out)
-    with _fixed_rng(rng):
+    with fixed_rng(rng):
         result = reference.dot_attention(graph, q, k, v, scale, edge_term, ret, p, out_dtype)
     out, alpha = result if ret else (result, None)
     lse = torch.zeros(graph.n_dst, q.shape[1], dtype=torch.float32)
@@ -345,12 +349,12 @@ def _dot_backward(*args):
     ret = _ATTENTION_VALUES[code]
 
     def run(q_, k_, v_, et):
-        with _fixed_rng(rng):
+        with fixed_rng(rng):
             r = reference.dot_attention(graph, q_, k_, v_, scale, et, ret, p, out.dtype)
         return r if ret else (r,)
 
     grads = (grad_out, grad_alpha) if ret else (grad_out,)
-    return _grads_or_empty(_reference_grads(run, (q, k, v, edge_term), needs, grads), q)
+    return _grads_or_empty(reference_grads(run, (q, k, v, edge_term), needs, grads), q)
 
 
 def _dot_backward_fake(*args):
@@ -363,7 +367,7 @@ def _dot_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
     gt, (q, k, v, edge_term, scale, p, rng, code, _) = _graph(ctx.inputs)
     out, lse, alpha = ctx.output
     grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return _op("dot_attention_backward")(*gt.operands, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
+    return op("dot_attention_backward")(*gt.operands, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
                                          grad_alpha, scale, p, rng, code, needs)
 
 
@@ -410,7 +414,7 @@ def _spmm_backward(*args):
     def run(x_, w):
         return (reference.spmm(graph, x_, w, norm, grad_out.dtype),)
 
-    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), grad_out)
+    return _grads_or_empty(reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), grad_out)
 
 
 def _spmm_backward_fake(*args):
@@ -424,7 +428,7 @@ def _spmm_call_backward(ctx, needs, grad_out):
     gt, (x, edge_weight, norm, _) = _graph(ctx.inputs)
     # x is read only for the edge-weight gradient: passing it otherwise would make the
     # compiled forward keep it alive for the backward
-    return _op("spmm_backward")(*gt.operands, x if needs[1] else None, edge_weight, norm, grad_out.contiguous(),
+    return op("spmm_backward")(*gt.operands, x if needs[1] else None, edge_weight, norm, grad_out.contiguous(),
                                 x.dtype, needs[0], needs[1])
 
 
@@ -483,7 +487,7 @@ def _segment_backward(*args):
     def run(x_, w):
         return (reference.segment_reduce(graph, x_, reduce, w, tie_break, non_finite),)
 
-    return _grads_or_empty(_reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
+    return _grads_or_empty(reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
 
 
 def _segment_backward_fake(*args):
@@ -495,7 +499,7 @@ def _segment_backward_fake(*args):
 def _segment_call_backward(ctx, needs, grad_out, grad_aux):
     gt, (x, edge_weight, reduce, tie_break, non_finite, _) = _graph(ctx.inputs)
     result, aux = ctx.output
-    return _op("segment_reduce_backward")(*gt.operands, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
+    return op("segment_reduce_backward")(*gt.operands, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
                                           non_finite, needs[0], needs[1])
 
 
@@ -513,7 +517,6 @@ if AVAILABLE:
             "Tensor lse, Tensor grad_out, Tensor? alpha, Tensor? grad_alpha, float negative_slope, "
             f"{_ATTENTION_TAIL}, bool[] needs) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
             _gat_backward, _gat_backward_fake)
-    _autograd_backward("gat_attention", N_GRAPH + 10, [N_GRAPH + i for i in range(5)], _gat_call_backward)
 
     _define("gatv2_attention",
             "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, float negative_slope, "
@@ -555,7 +558,7 @@ if AVAILABLE:
 
 
 # ------------------------------------------------------------------------ what the ops call
-def _rng(dropout: float, like: Tensor) -> Optional[Tensor]:
+def draw_rng(dropout: float, like: Tensor) -> Optional[Tensor]:
     """The Philox (seed, offset) of one dropout call, drawn on ``like``'s device by torch's
     generator (traced: a CUDA graph draws anew on every replay)."""
     if dropout <= 0.0:
@@ -563,34 +566,30 @@ def _rng(dropout: float, like: Tensor) -> Optional[Tensor]:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)
 
 
-# The attention operators get the destination-major CSR alone: their static backward is the
-# atomic one (cuda/*_attention.py backward_mode), so the source-major build is dead code.
 def _attention_result(out: Tensor, alpha: Tensor, return_attention):
     return (out, alpha) if return_attention else out
 
 
-def gat_attention(graph: GraphTensors, x_src, score_src, score_dst, edge_score, negative_slope, return_attention,
-                  dropout, edge_weight, out_dtype):
-    """:func:`gnn_fastpath.gat_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gat_attention")(*graph.destination_major().operands, x_src, score_src, graph.pad(score_dst), edge_score,
-                                         edge_weight, negative_slope, dropout, _rng(dropout, x_src),
-                                         ATTENTION_CODES[return_attention], out_dtype)
-    return _attention_result(graph.unpad(out), alpha, return_attention)
+def unpad_result(graph: GraphTensors, result):
+    """An attention Function's result (``out`` or ``(out, alpha)``) without the extra row."""
+    if isinstance(result, tuple):
+        return (graph.unpad(result[0]),) + tuple(result[1:])
+    return graph.unpad(result)
 
 
 def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
                     out_dtype):
     """:func:`gnn_fastpath.gatv2_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("gatv2_attention")(*graph.destination_major().operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
-                                           dropout, _rng(dropout, x_src), ATTENTION_CODES[return_attention],
+    out, _, alpha = op("gatv2_attention")(*graph.destination_major().operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
+                                           dropout, draw_rng(dropout, x_src), ATTENTION_CODES[return_attention],
                                            out_dtype)
     return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
 def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attention, dropout, out_dtype):
     """:func:`gnn_fastpath.dot_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = _op("dot_attention")(*graph.destination_major().operands, graph.pad(q), k, v, edge_term, scale, dropout,
-                                         _rng(dropout, k), ATTENTION_CODES[return_attention], out_dtype)
+    out, _, alpha = op("dot_attention")(*graph.destination_major().operands, graph.pad(q), k, v, edge_term, scale, dropout,
+                                         draw_rng(dropout, k), ATTENTION_CODES[return_attention], out_dtype)
     return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
@@ -607,12 +606,12 @@ def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
         deg = torch.zeros(graph.n_src, dtype=exact, device=graph.device).index_add_(
             0, graph.indices.to(torch.int64), real).clamp_(min=1)
         x = (x * _column(deg.reciprocal() if norm == "left" else deg.rsqrt(), x)).to(x.dtype)
-        out = graph.unpad(_op("spmm")(*graph.operands, x, edge_weight, "none", out_dtype))
+        out = graph.unpad(op("spmm")(*graph.operands, x, edge_weight, "none", out_dtype))
         if norm == "left":
             return out
         in_deg = graph.in_degree().to(exact).clamp_(min=1)
         return (out * _column(in_deg.rsqrt(), out)).to(out.dtype)
-    return graph.unpad(_op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype))
+    return graph.unpad(op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype))
 
 
 def _column(t: Tensor, like: Tensor) -> Tensor:
@@ -624,6 +623,6 @@ def segment_reduce(graph: GraphTensors, x, reduce, edge_weight, tie_break, non_f
     """:func:`gnn_fastpath.segment_reduce` on the operator (arguments checked by the caller)."""
     need_grad = torch.is_grad_enabled() and (x.requires_grad or (edge_weight is not None
                                                                  and edge_weight.requires_grad))
-    result, _ = _op("segment_reduce")(*graph.destination_major().operands, x, edge_weight, reduce, tie_break,
+    result, _ = op("segment_reduce")(*graph.destination_major().operands, x, edge_weight, reduce, tie_break,
                                       non_finite, need_grad)
     return graph.unpad(result)

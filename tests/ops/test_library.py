@@ -16,6 +16,9 @@ import gnn_fastpath
 from gnn_fastpath import Graph, reference
 from gnn_fastpath.graph.tensors import GraphTensors, as_graph, from_coo
 from gnn_fastpath.ops import library
+from gnn_fastpath.ops.dot_attention import DotAttentionFunction
+from gnn_fastpath.ops.gat_attention import GATAttentionFunction
+from gnn_fastpath.ops.gatv2_attention import GATv2AttentionFunction
 
 from zoo import random_edges
 
@@ -304,8 +307,9 @@ def op_graph(request, coo) -> GraphTensors:
 
 @pytest.mark.parametrize("case", OP_CASES, ids=lambda c: c.name)
 def test_forward_operator_opcheck(case, op_graph):
-    """Schema, fake implementation, autograd registration and AOT dispatch with dynamic shapes
-    of the forward operator (inputs requiring grad: the registered autograd runs too)."""
+    """Schema, fake implementation, autograd registration (none: the family's Function is the
+    autograd, so outputs must not require grad) and AOT dispatch with dynamic shapes of the
+    forward operator."""
     _assert_opcheck(getattr(L, _family(case)).default, case.forward(op_graph))
 
 
@@ -460,15 +464,17 @@ P = 0.4
 
 
 def _operator_fn(family, gt, names, t, rng, code, p=P, out_dtype=torch.float64):
-    """f(*differentiable inputs) -> (out, alpha) through the forward operator with a fixed rng."""
+    """f(*differentiable inputs) -> out or (out, alpha) through the family's autograd Function
+    on the GraphTensors (so through its forward and backward operators) with a fixed rng."""
     scalar = 0.6 if family == "dot_attention" else SLOPE
+    function = {"gat_attention": GATAttentionFunction, "gatv2_attention": GATv2AttentionFunction,
+                "dot_attention": DotAttentionFunction}[family]
 
     def f(*diff):
         values = dict(t)
         values.update(zip(names, diff))
         tensors = [values[k] for k in _shapes(family, 1, 1, 1)]
-        out, _, alpha = getattr(L, family)(*gt.operands, *tensors, scalar, p, rng, code, out_dtype)
-        return (out, alpha) if code else out
+        return function.apply(*tensors, gt, scalar, library._ATTENTION_VALUES[code], p, rng, None, out_dtype)
 
     return f
 
@@ -488,8 +494,8 @@ def _reference(family, graph, t, code, p=P):
 @pytest.mark.parametrize("family", ATTENTION)
 @pytest.mark.parametrize("code", [0, 1, 2])
 def test_dropout_backward_uses_the_forward_mask(graphs, coo, family, code):
-    """gradcheck through the operator with dropout > 0: the analytical backward (the backward
-    operator) agrees with finite differences of the forward, which holds only if it drops the
+    """gradcheck through the Function on the operators with dropout > 0: the analytical
+    backward (the backward operator) agrees with finite differences of the forward, which holds only if it drops the
     forward's edges; outputs and gradients equal the reference run with the same rng seed.
     The mask is real (some kept weight is dropped), fixed by ``rng`` and changes with it."""
     gt, _ = graphs
@@ -511,7 +517,7 @@ def test_dropout_backward_uses_the_forward_mask(graphs, coo, family, code):
     leaves = [v.detach().clone().requires_grad_() for v in diff]
     ref_inputs = dict(t)
     ref_inputs.update(zip(names, leaves))
-    with library._fixed_rng(rng):
+    with library.fixed_rng(rng):
         ref = _reference(family, as_graph(gt), ref_inputs, code)
     ops_out = f(*diff)
     ops_out, ref = (ops_out if code else (ops_out,)), (ref if code else (ref,))
