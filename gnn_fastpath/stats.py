@@ -7,7 +7,9 @@ re-arms the warnings. The reasons are the keys of :mod:`gnn_fastpath.ops.dispatc
 (``autocast``, ``hooks``, ``subclass``, ...) and of each layer's ``Unsupported("...")``; the
 README section "Check it is working" lists them all with their meaning (a test keeps that
 table in step with the code). ``stats(tuning=True)`` adds what tuning cost, where and how
-much, beside the layers under ``"tuning"`` (:func:`gnn_fastpath.tuning.report`).
+much, beside the layers under ``"tuning"`` (:func:`gnn_fastpath.tuning.report`);
+``stats(plans=True)`` the kernel plans that ran, under ``"plans"``
+(:func:`gnn_fastpath.cuda.plans.report`).
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def record_compiled(layer: str, outcome: str) -> None:
     compiled[outcome] += 1
 
 
-def stats(tuning: bool = False) -> Dict[str, Dict[str, Dict[str, int]]]:
+def stats(tuning: bool = False, plans: bool = False) -> Dict[str, Dict[str, Dict[str, int]]]:
     """Per layer class, fused calls by backend and fallbacks by reason, as plain data.
 
     Example: ``{"pyg.TransformerConv": {"fused": {"cuda": 12, "reference": 0},
@@ -80,6 +82,13 @@ def stats(tuning: bool = False) -> Dict[str, Dict[str, Dict[str, int]]]:
     "budget_left_ms": ..., "classes": {"<size class>": {"op": ..., "state": ..., "calls": ...,
     "trials": ..., "ms": ..., ...}}}`` (a key asked for, so that code reading every other value
     as a layer's counts keeps working).
+
+    With ``plans=True`` the result also holds ``"plans"``: the kernel plans that ran since the
+    last :func:`reset_stats`, per kernel family, each with its pass, its key (the call
+    signature it is cached under on the Graph: shapes, dtypes, alignment, the settings, the
+    graph's state), its calls, how many were built for that key (one per graph) and the plan
+    (variant, what decided it, the rule's pick, its parameters, a pending tuner choice)
+    (:func:`gnn_fastpath.cuda.plans.report`).
     """
     with _lock:
         out = {}
@@ -94,15 +103,22 @@ def stats(tuning: bool = False) -> Dict[str, Dict[str, Dict[str, int]]]:
         from . import tuning as tuner
 
         out["tuning"] = tuner.report()
+    if plans:
+        from .cuda import plans as planner
+
+        out["plans"] = planner.report()
     return out
 
 
 def reset_stats() -> None:
     """Clear all counters, re-arm the once-per-reason fallback warnings and restart the tuning
-    report (:func:`gnn_fastpath.tuning.reset_report`: the tuner's budget and choices stay)."""
+    report (:func:`gnn_fastpath.tuning.reset_report`: the tuner's budget and choices stay) and
+    the plans report (:func:`gnn_fastpath.cuda.plans.reset_report`: cached plans stay)."""
     from . import tuning
+    from .cuda import plans
 
     with _lock:
         _counts.clear()
         _warned.clear()
     tuning.reset_report()
+    plans.reset_report()

@@ -20,7 +20,8 @@ times the variants of a *size class* on the calls' own inputs and keeps the fast
 
 Where tuning time goes
 ----------------------
-Into :func:`choose` (the launchers reach it through :func:`choose_on_graph`), on calls of a
+Into :func:`choose` (the launchers reach it through their plans, :mod:`gnn_fastpath.cuda.plans`,
+and :func:`choice_on_graph`), on calls of a
 class that has no choice yet, as *extra* calls of the op on the call's own inputs (their
 results are dropped; the call itself then runs the chosen variant, or the rule's pick). What
 a launcher prepares before asking (GATv2's symmetry detection on a graph used again) is its
@@ -458,11 +459,19 @@ def choose_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.d
     on ``graph`` under ``key`` (the call's decision, width and dtype), so that the next calls
     on the graph cost one dictionary lookup: a step that is short on the GPU is bound by host
     time, which must not grow with tuning on. While a class waits for its race, each call
-    asks again (a few lookups), which counts its calls."""
+    asks again (a few lookups), which counts its calls. The launchers reach it through their
+    plans (:func:`gnn_fastpath.cuda.plans.run`, via :func:`choice_on_graph`)."""
+    return choice_on_graph(graph, key, klass, device, run, variants, default)[0]
+
+
+def choice_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.device,
+                    run: Callable[[str], object], variants, default: str) -> Tuple[str, bool]:
+    """:func:`choose_on_graph`'s (variant, whether it is final): a final choice is what every
+    later call of ``key`` on ``graph`` gets without asking (a plan then keeps it)."""
     memo = ("tuned", key, cache_path())
     found = graph.memo_get(memo)
     if found is not None:
-        return found
+        return found, True
     name_key = ("tuning class", key)
     name = graph.memo_get(name_key)
     if name is None:
@@ -471,7 +480,7 @@ def choose_on_graph(graph, key: tuple, klass: Callable[[], str], device: torch.d
     chosen, final = _choose(name, {v: (lambda v=v: run(v)) for v in variants}, default, device, None)
     if final:
         graph.memo_set(memo, chosen)
-    return chosen
+    return chosen, final
 
 
 def report() -> dict:

@@ -10,9 +10,11 @@ bfloat16); out and the attention weights (and so grad_out, grad_alpha) have dtyp
 float32. The kernels are instantiated for the pair (:func:`launch.ctype` names); statistics
 (lse, delta), partial states and atomic accumulators are float32 whatever TI is.
 
-Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_DOT_BWD`` (``atomic``
-or ``transposed`` dk/dv, or ``block``; unset: by the graph, or timed) and
-``GNN_FASTPATH_DOT_FWD`` (``csr`` or ``block``; unset: by the graph, or timed).
+Settings (:mod:`gnn_fastpath.config`, read by the plans, :func:`plan_forward` and
+:func:`plan_backward`, whose keys hold them: a change takes effect at the next call):
+``GNN_FASTPATH_DOT_BWD`` (``atomic`` or ``transposed`` dk/dv, or ``block``; unset: by the
+graph, or timed), ``GNN_FASTPATH_DOT_FWD`` (``csr`` or ``block``; unset: by the graph, or
+timed) and ``GNN_FASTPATH_VEC16``. The launchers take the plan (:mod:`gnn_fastpath.cuda.plans`).
 
 Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for 16-bit q, k,
 v without edge term or returned attention, on an eager graph that outlived a training step (its
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from . import block_attention, launch, row_attention, worklist
+from . import block_attention, launch, plans, row_attention, worklist
 # The family and the split-row merges, shared with block_attention (which cannot import this
 # module: this one imports it).
 from .dot_kernels import KERNELS, KERNELS_RNG, SOURCE, THREADS, merge_split_rows, sum_split_rows  # noqa: F401
@@ -218,6 +220,84 @@ def _config(graph, *tensors: Optional[Tensor]) -> Config:
     return cfg
 
 
+def _forward_klass(graph, H: int, D: int, dtype: torch.dtype) -> str:
+    return _block_class(forward_class(graph, H * D, dtype), graph, D)
+
+
+def _backward_klass(graph, H: int, D: int, dtype: torch.dtype, block: bool) -> str:
+    klass = backward_class(graph, H * D, dtype)
+    return _block_class(klass, graph, D) if block else klass
+
+
+#: Settings the forward's and the backward's plans read (part of their keys).
+FORWARD_SETTINGS = ("GNN_FASTPATH_DOT_FWD", "GNN_FASTPATH_VEC16") + plans.TUNE_SETTINGS
+BACKWARD_SETTINGS = ("GNN_FASTPATH_DOT_BWD", "GNN_FASTPATH_VEC16") + plans.TUNE_SETTINGS
+
+
+def _signature(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, attention: bool,
+               seed, *rows: Optional[Tensor]) -> tuple:
+    """What :func:`block_offered`, the rules and the instantiation read of a call (a plan's key,
+    with the settings): shapes, dtypes and alignment of the rows, dropout on or off and by
+    host integers or a tensor, whether attention is returned, and the graph's changing state."""
+    return (tuple(q.shape[1:]), plans.layout(q, k, v, edge_term, *rows), p > 0, bool(attention),
+            isinstance(seed, Tensor), graph.static, graph.outlived_a_step())
+
+
+def plan_forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, return_attention,
+                 out_dtype: Optional[torch.dtype], seed) -> plans.Plan:
+    """The forward's plan: ``"block"`` or ``"csr"`` (``GNN_FASTPATH_DOT_FWD``, or
+    :func:`forward_algorithm` of :func:`block_offered`; with ``GNN_FASTPATH_TUNE=1`` and the
+    block kernels offered, a pending tuner choice between :data:`FORWARDS`), ``block`` (whether
+    offered) and the CSR kernels' instantiation ``cfg``."""
+    to = out_dtype or q.dtype
+    out = torch.empty(0, dtype=to)  # stands for the fresh output: its dtype, an aligned address
+    attention = bool(return_attention)
+    key = (_signature(graph, q, k, v, edge_term, p, attention, seed, out), plans.snapshot(*FORWARD_SETTINGS))
+
+    def build():
+        forced = config.setting("GNN_FASTPATH_DOT_FWD")
+        block = forced != "csr" and block_offered(graph, q, k, v, edge_term, p, attention, out_dtype, seed,
+                                                  forced == "block")
+        algorithm = forward_algorithm(block)
+        tune = None
+        if block and forced is None and tuning.enabled():
+            H, D = q.shape[1:]
+            tune = plans.Tune(("dot_attention.forward", H, D, q.dtype), FORWARDS, _forward_klass, (H, D, q.dtype))
+        return plans.Plan("dot_attention.forward", algorithm, "setting" if forced is not None else "rule",
+                          rule=algorithm, params=(("block", block), ("cfg", _config(graph, q, k, v, edge_term, out))),
+                          tune=tune)
+
+    return plans.resolve(graph, "dot_attention.forward", key, build)
+
+
+def plan_backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], out: Tensor,
+                  grad_out: Tensor, attention: bool, p: float, seed) -> plans.Plan:
+    """The backward's plan: ``GNN_FASTPATH_DOT_BWD``, else :func:`backward_mode` (``"block"``
+    where :func:`block_offered`), and with ``GNN_FASTPATH_TUNE=1`` on an eager graph a pending
+    tuner choice (the block variant among the candidates where offered); ``block`` and the CSR
+    kernels' instantiation ``cfg``. ``attention``: the call returned attention (or takes its
+    gradient)."""
+    key = (_signature(graph, q, k, v, edge_term, p, attention, seed, out, grad_out),
+           plans.snapshot(*BACKWARD_SETTINGS))
+
+    def build():
+        forced = config.setting("GNN_FASTPATH_DOT_BWD")
+        block = forced in (None, "block") and block_offered(graph, q, k, v, edge_term, p, attention, out.dtype,
+                                                             seed, forced == "block", backward=True)
+        mode = backward_mode(graph, block, q.dtype)
+        tune = None
+        if forced is None and not graph.static and tuning.enabled():
+            H, D = q.shape[1:]
+            tune = plans.Tune(("dot_attention.backward", H, D, q.dtype, block),
+                              BACKWARDS if block else BACKWARDS[:2], _backward_klass, (H, D, q.dtype, block))
+        decided = "setting" if forced is not None and (forced != "block" or block) else "rule"
+        return plans.Plan("dot_attention.backward", mode, decided, rule=mode,
+                          params=(("block", block), ("cfg", _config(graph, q, k, v, edge_term, out, grad_out))),
+                          tune=tune)
+
+    return plans.resolve(graph, "dot_attention.backward", key, build)
+
+
 def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], scale: float, p: float,
             seed: Union[int, Tensor], offset: Optional[int], return_attention,
             out_dtype: Optional[torch.dtype] = None,
@@ -227,24 +307,19 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     weights, or after dropout for ``"dropped"``) only when ``return_attention``, else None.
     The dropout stream: ints ``seed, offset``, or an int64 tensor [2] on q's GPU as ``seed``
     with ``offset`` None (read by the kernels: CUDA-graph safe; :func:`row_attention.philox_stream`).
-    ``algorithm``: ``"csr"`` or ``"block"`` (None: :func:`forward_algorithm`, or with
-    ``GNN_FASTPATH_TUNE=1`` the variant measured fastest)."""
+    ``algorithm``: ``"csr"`` or ``"block"`` (None: the plan's, :func:`plan_forward`: the
+    setting, :func:`forward_algorithm`, or with ``GNN_FASTPATH_TUNE=1`` the variant measured
+    fastest)."""
     graph.note_pass("forward")
-    if algorithm is None:
-        forced = config.setting("GNN_FASTPATH_DOT_FWD")
-        block = forced != "csr" and block_offered(graph, q, k, v, edge_term, p, bool(return_attention), out_dtype,
-                                                  seed, forced == "block")
-        algorithm = forward_algorithm(block)
-        if block and forced is None and tuning.enabled():
-            def run(variant):
-                return forward(graph, q, k, v, edge_term, scale, p, seed, offset, return_attention, out_dtype,
-                               variant)
+    plan = plan_forward(graph, q, k, v, edge_term, p, return_attention, out_dtype, seed)
+    if algorithm is not None:
+        plan = plan.pick(algorithm, "caller")
+    else:
+        def run(variant):
+            return forward(graph, q, k, v, edge_term, scale, p, seed, offset, return_attention, out_dtype, variant)
 
-            H, D = q.shape[1:]
-            algorithm = tuning.choose_on_graph(
-                graph, ("dot_attention.forward", H, D, q.dtype),
-                lambda: _block_class(forward_class(graph, H * D, q.dtype), graph, D), q.device, run, FORWARDS,
-                algorithm)
+        plan = plans.run(graph, plan, q.device, run)
+    algorithm = plan.variant
     if algorithm == "block":
         out, lse = block_attention.forward(graph, q, k, v, scale, out_dtype, p, seed, offset)
         return out, lse, None
@@ -262,7 +337,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     logits = None if alpha is None else alpha if to == torch.float32 else torch.empty((graph.num_edges, H), **f32)
     kc = graph.kernel_csr()
     work = _work(graph)
-    cfg = _config(graph, q, k, v, edge_term, out)
+    cfg = plan.cfg
     part_acc = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
     part_ml = torch.empty((work.n_slots, H, 2), **f32) if work.n_slots else None
     head_blocks = launch.cdiv(H, cfg.heads_per_warp("dot_fwd"))
@@ -285,9 +360,9 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
              scale: float, p: float, seed: Union[int, Tensor], offset: Optional[int], need_d_edge_term: bool,
              mode: Optional[str] = None):
     """Gradients ``(dq, dk, dv, d_edge_term)`` in q's dtype (d_edge_term None unless
-    ``need_d_edge_term``). ``mode``: ``"atomic"``, ``"transposed"`` or ``"block"`` (None:
-    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this
-    size class).
+    ``need_d_edge_term``). ``mode``: ``"atomic"``, ``"transposed"`` or ``"block"`` (None: the
+    plan's, :func:`plan_backward`: the setting, :func:`backward_mode`, or with
+    ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this size class).
 
     ``grad_out`` [N_dst, H, D] (and ``grad_alpha``, the gradient of the returned attention
     ``alpha``, None when there is none) have out's dtype. dk, dv come from atomics in the
@@ -298,22 +373,17 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     graph.note_pass("backward")
     device = q.device
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
-    if mode is None:
-        forced = config.setting("GNN_FASTPATH_DOT_BWD")
-        block = forced in (None, "block") and block_offered(
-            graph, q, k, v, edge_term, p, alpha is not None or grad_alpha is not None, out.dtype, seed,
-            forced == "block", backward=True)
-        mode = backward_mode(graph, block, q.dtype)
-        if forced is None and not graph.static and tuning.enabled():
-            def run(variant):
-                return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
-                                scale, p, *given_stream, need_d_edge_term, variant)
+    plan = plan_backward(graph, q, k, v, edge_term, out, grad_out, alpha is not None or grad_alpha is not None, p,
+                         seed)
+    if mode is not None:
+        plan = plan.pick(mode, "caller")
+    else:
+        def run(variant):
+            return backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
+                            scale, p, *given_stream, need_d_edge_term, variant)
 
-            H, D = q.shape[1:]
-            klass = (lambda: _block_class(backward_class(graph, H * D, q.dtype), graph, D)) if block else \
-                (lambda: backward_class(graph, H * D, q.dtype))
-            mode = tuning.choose_on_graph(graph, ("dot_attention.backward", H, D, q.dtype, block), klass, device,
-                                          run, BACKWARDS if block else BACKWARDS[:2], mode)
+        plan = plans.run(graph, plan, device, run)
+    mode = plan.variant
     if mode == "block":
         dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale, p, seed, offset)
         return dq, dk, dv, None
@@ -323,7 +393,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     f32 = dict(dtype=torch.float32, device=device)
     kc = graph.kernel_csr()
     work = _work(graph)
-    cfg = _config(graph, q, k, v, edge_term, out, grad_out)
+    cfg = plan.cfg
     transposed = mode == "transposed"
     dq = torch.empty_like(q)
     if transposed:

@@ -10,7 +10,9 @@ the GATv2 family's (:mod:`gnn_fastpath.cuda.row_attention`).
 Backward variant (:func:`backward_mode`): ``"atomic"`` (one destination-major pass; dx_src and
 d score_src by atomics) or ``"transposed"`` (a source-major pass; d score_dst by scalar
 atomics). The setting ``GNN_FASTPATH_GAT_BWD`` forces one; by default the rule or, with
-``GNN_FASTPATH_TUNE=1``, the variant measured fastest for the size class.
+``GNN_FASTPATH_TUNE=1``, the variant measured fastest for the size class. All of it is decided
+in :func:`plan_forward` / :func:`plan_backward` (:mod:`gnn_fastpath.cuda.plans`: once per call
+signature, kept on the Graph); the launchers take the plan.
 
 Dtypes: x_src in storage dtype T (float32, float16, bfloat16); score_src, score_dst,
 edge_score and edge_weight float32 (the op converts them); out and alpha in ``out_dtype`` (T
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from . import launch, row_attention, worklist
+from . import launch, plans, row_attention, worklist
 from .row_attention import Config
 
 SOURCE = "gat_attention.cu"
@@ -148,6 +150,45 @@ def _grid(kernel: launch.Kernel, n_work: int) -> int:
     return row_attention.grid(kernel, n_work, PERSISTENT_MIN_ITEMS_PER_WARP)
 
 
+#: Settings the forward's and the backward's plans read (part of their keys).
+FORWARD_SETTINGS = ("GNN_FASTPATH_VEC16",)
+BACKWARD_SETTINGS = ("GNN_FASTPATH_GAT_BWD", "GNN_FASTPATH_VEC16") + plans.TUNE_SETTINGS
+
+
+def plan_forward(graph, x_src: Tensor, out: Tensor) -> plans.Plan:
+    """The forward's plan: one variant, its instantiation (``cfg``, from the head width, the
+    dtypes, the rows' alignment and ``GNN_FASTPATH_VEC16``) and the work list's chunk length."""
+    H, D = x_src.shape[1], x_src.shape[2]
+    key = (H, D, plans.layout(x_src, out), plans.snapshot(*FORWARD_SETTINGS))
+
+    def build():
+        return plans.Plan("gat_attention.forward", "fused", "fixed",
+                          params=(("cfg", _config(D, x_src, out)), ("chunk", CHUNK_EDGES)))
+
+    return plans.resolve(graph, "gat_attention.forward", key, build)
+
+
+def plan_backward(graph, x_src: Tensor, out: Tensor, grad_out: Tensor) -> plans.Plan:
+    """The backward's plan: ``GNN_FASTPATH_GAT_BWD``, else :func:`backward_mode` (and with
+    ``GNN_FASTPATH_TUNE=1`` on an eager graph, a pending tuner choice between
+    :data:`BACKWARDS`, settled by :func:`plans.run`); the instantiation ``cfg`` and the work
+    list's chunk length."""
+    H, D, T = x_src.shape[1], x_src.shape[2], x_src.dtype
+    key = (H, D, plans.layout(x_src, out, grad_out), plans.snapshot(*BACKWARD_SETTINGS), graph.static,
+           graph.outlived_a_step())
+
+    def build():
+        forced = config.setting("GNN_FASTPATH_GAT_BWD")
+        rule = backward_mode(graph, T)
+        tune = None
+        if not forced and not graph.static and tuning.enabled():
+            tune = plans.Tune(("gat_attention.backward", H * D, T), BACKWARDS, backward_class, (H * D, T))
+        return plans.Plan("gat_attention.backward", rule, "setting" if forced else "rule", rule=rule,
+                          params=(("cfg", _config(D, x_src, out, grad_out)), ("chunk", CHUNK_EDGES)), tune=tune)
+
+    return plans.resolve(graph, "gat_attention.backward", key, build)
+
+
 def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_score: Optional[Tensor],
             edge_weight: Optional[Tensor], slope: float, p: float, seed: Union[int, Tensor], offset: Optional[int],
             return_attention, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
@@ -170,9 +211,10 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     out, lse, alpha, logits = buf.out, buf.lse, buf.alpha, buf.logits
     if n_dst == 0:
         return out, lse, alpha
+    plan = plans.run(graph, plan_forward(graph, x_src, out))
     kc = graph.kernel_csr()
     work = _work(graph)
-    cfg = _config(D, x_src, out)
+    cfg = plan.cfg
     ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
     n_tiles = cfg.n_tiles(H)
     row_attention.with_chunks(buf, work)
@@ -204,9 +246,9 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
     Inputs as :func:`forward`'s; ``out`` (saved), ``grad_out`` [N_dst, H, D] contiguous,
     ``alpha`` and ``grad_alpha`` [M, H] (caller order, the gradient of the returned attention,
     None when there is none) in out's dtype; the dropout stream as the forward's. dx_src comes
-    back in T, the others in float32. ``mode``: ``"atomic"`` or ``"transposed"`` (None:
-    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this
-    size class).
+    back in T, the others in float32. ``mode``: ``"atomic"`` or ``"transposed"`` (None: the
+    plan's, :func:`plan_backward`: the setting, :func:`backward_mode`, or with
+    ``GNN_FASTPATH_TUNE=1`` the variant measured fastest for this size class).
     """
     dev = x_src.device
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
@@ -227,9 +269,19 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
         dx = torch.zeros(n_src, H, D, dtype=T, device=dev) if need_x else None
         return dx, d_s, d_t, d_u, d_w
 
+    plan = plan_backward(graph, x_src, out, grad_out)
+    if mode is not None:
+        plan = plan.pick(mode, "caller")
+    else:
+        def run(variant):
+            return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
+                            grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
+
+        plan = plans.run(graph, plan, dev, run)
+    mode = plan.variant
     kc = graph.kernel_csr()
     work = _work(graph)
-    cfg = _config(D, x_src, out, grad_out)
+    cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     n_tiles = cfg.n_tiles(H)
     stream = KERNELS if rng is None else KERNELS_RNG  # gat_delta too: one module with the source-major pass
@@ -245,16 +297,6 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
                   grad_alpha_dropped=int(alpha_dropped), H=H, D_rt=D, slope=slope, p=p, seed=seed, offset=offset,
                   rng=rng, d_score_src=d_s, d_score_dst=d_t, d_edge_score=d_u, d_edge_weight=d_w)
 
-    if mode is None:
-        mode = backward_mode(graph, T)
-        if not config.setting("GNN_FASTPATH_GAT_BWD") and not graph.static and tuning.enabled():
-            def run(variant):
-                return backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha,
-                                grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
-
-            mode = tuning.choose_on_graph(graph, ("gat_attention.backward", H * D, T),
-                                          lambda: backward_class(graph, H * D, T), dev, run, BACKWARDS,
-                                          mode)
     if mode == "atomic":
         dx_acc = torch.zeros(n_src, H, D, **f32) if need_x else None  # float4 atomics add into it
         n_work = work.n_items * n_tiles

@@ -5,10 +5,12 @@ instantiation for the head width, fetch the cached work lists, allocate outputs 
 on torch's current stream. The autograd Function and the design note are in
 :mod:`gnn_fastpath.ops.gatv2_attention`.
 
-Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_GATV2_CHUNK`` (rows
-longer than this are cut into chunks), ``GNN_FASTPATH_GATV2_BWD`` (the backward variant,
-:data:`BACKWARDS`; empty: the rule, or with ``GNN_FASTPATH_TUNE=1`` the variant measured
-fastest for the size class).
+Settings (:mod:`gnn_fastpath.config`, read by the plans, :func:`plan_forward` and
+:func:`plan_backward`, whose keys hold them: a change takes effect at the next call):
+``GNN_FASTPATH_GATV2_CHUNK`` (rows longer than this are cut into chunks),
+``GNN_FASTPATH_GATV2_BWD`` (the backward variant, :data:`BACKWARDS`; empty: the rule, or with
+``GNN_FASTPATH_TUNE=1`` the variant measured fastest for the size class),
+``GNN_FASTPATH_VEC16``. The launchers take the plan (:mod:`gnn_fastpath.cuda.plans`).
 
 Dtypes: features (x_src, x_dst, edge_term) in one storage dtype T (float32, float16,
 bfloat16), ``att`` float32 (the op converts it), outputs in ``out_dtype`` (T or float32).
@@ -26,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from . import launch, row_attention, worklist
+from . import launch, plans, row_attention, worklist
 from .row_attention import MAX_D, SPECIALISED, SPECIALISED_16, Config  # noqa: F401 (this module's names)
 
 SOURCE = "gatv2_attention.cu"
@@ -133,12 +135,13 @@ def backward_mode(graph, dtype: torch.dtype) -> str:
     return "fused" if graph.reverse_edges_if_cheap() is not None else "atomic"
 
 
-def backward_class(graph, width: int, dtype: torch.dtype, undirected: bool) -> str:
+def backward_class(graph, width: int, dtype: torch.dtype, undirected: bool, chunk: Optional[int] = None) -> str:
     """The tuner's size class (:func:`gnn_fastpath.tuning.size_class`) of this backward on
-    ``graph``: undirected graphs (where the fused variant runs) are classes of their own."""
+    ``graph``: undirected graphs (where the fused variant runs) are classes of their own.
+    ``chunk``: the work list's chunk length (None: ``GNN_FASTPATH_GATV2_CHUNK``)."""
     decision = "gatv2_attention.backward" + ("|undirected" if undirected else "")
     return tuning.size_class(decision, graph.n_src, graph.n_dst, graph.num_edges, width, dtype,
-                             _work(graph).n_split_items)
+                             _work(graph, chunk=chunk).n_split_items)
 
 
 def reverse_ids(graph, detect: bool = False) -> Optional[Tensor]:
@@ -172,8 +175,12 @@ def _datt_shared_bytes(need_att: bool, H: int, D: int, rng: Optional[Tensor]) ->
     return H * D * 4 if need_att and fits else 0
 
 
-def _work(graph, source_major: bool = False) -> worklist.RowChunks:
-    return row_attention.work(graph, config.setting("GNN_FASTPATH_GATV2_CHUNK"), source_major, order="degree")
+def _work(graph, source_major: bool = False, chunk: Optional[int] = None) -> worklist.RowChunks:
+    """The row-chunk work list for rows cut at ``chunk`` edges (the plan's; None:
+    ``GNN_FASTPATH_GATV2_CHUNK``)."""
+    if chunk is None:
+        chunk = config.setting("GNN_FASTPATH_GATV2_CHUNK")
+    return row_attention.work(graph, chunk, source_major, order="degree")
 
 
 _blocks = row_attention.blocks
@@ -182,6 +189,61 @@ _blocks = row_attention.blocks
 def _grid(kernel: launch.Kernel, n_work: int, shared_mem: int = 0, always_persistent: bool = False) -> int:
     """Blocks for a launch over ``n_work`` warp-sized work items (see PERSISTENT_MIN_ITEMS_PER_WARP)."""
     return row_attention.grid(kernel, n_work, PERSISTENT_MIN_ITEMS_PER_WARP, shared_mem, always_persistent)
+
+
+#: Settings the forward's and the backward's plans read (part of their keys).
+FORWARD_SETTINGS = ("GNN_FASTPATH_GATV2_CHUNK", "GNN_FASTPATH_VEC16")
+BACKWARD_SETTINGS = ("GNN_FASTPATH_GATV2_BWD", "GNN_FASTPATH_GATV2_CHUNK", "GNN_FASTPATH_VEC16") \
+    + plans.TUNE_SETTINGS
+
+
+def plan_forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor],
+                 out: Tensor) -> plans.Plan:
+    """The forward's plan: one variant, its instantiation ``cfg`` (:func:`forward_config` of the
+    rows' dtypes, alignment and ``GNN_FASTPATH_VEC16``) and the work list's ``chunk``
+    (``GNN_FASTPATH_GATV2_CHUNK``)."""
+    H, D = x_src.shape[1], x_src.shape[2]
+    key = (H, D, plans.layout(x_src, x_dst, att, edge_term, out), plans.snapshot(*FORWARD_SETTINGS))
+
+    def build():
+        cfg = forward_config(_config(D, x_src, x_dst, att, edge_term, out), x_src.dtype)
+        return plans.Plan("gatv2_attention.forward", "fused", "fixed",
+                          params=(("cfg", cfg), ("chunk", config.setting("GNN_FASTPATH_GATV2_CHUNK"))))
+
+    return plans.resolve(graph, "gatv2_attention.forward", key, build)
+
+
+def plan_backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], out: Tensor,
+                  grad_out: Tensor, need_src: bool) -> plans.Plan:
+    """The backward's plan. Without a source gradient to compute (or without rows or edges)
+    the destination pass alone (``"atomic"``, fixed). Else ``GNN_FASTPATH_GATV2_BWD``, or the
+    rule (:func:`backward_mode`), and with ``GNN_FASTPATH_TUNE=1`` on an eager graph that
+    outlived a training step a pending tuner choice (only graphs used again weigh variants:
+    a transpose or the symmetry detection pays over the steps that follow; a sampled batch's
+    graph keeps atomics), between the three variants on an undirected graph, else the first
+    two. Parameters: the instantiation ``cfg`` and the work list's ``chunk``."""
+    H, D, T = x_src.shape[1], x_src.shape[2], x_src.dtype
+    source = bool(need_src and graph.n_dst and graph.num_edges)
+    key = (H, D, source, plans.layout(x_src, x_dst, att, edge_term, out, grad_out),
+           plans.snapshot(*BACKWARD_SETTINGS), graph.static, graph.outlived_a_step())
+
+    def build():
+        chunk = config.setting("GNN_FASTPATH_GATV2_CHUNK")
+        params = (("cfg", _config(D, x_src, x_dst, att, edge_term, out, grad_out)), ("chunk", chunk))
+        if not source:
+            return plans.Plan("gatv2_attention.backward", "atomic", "fixed", rule="atomic", params=params)
+        forced = config.setting("GNN_FASTPATH_GATV2_BWD")
+        rule = forced or backward_mode(graph, T)
+        tune = None
+        if not forced and not graph.static and tuning.enabled() and graph.outlived_a_step():
+            undirected = graph.reverse_edges_if_cheap() is not None
+            tune = plans.Tune(("gatv2_attention.backward", H * D, T, undirected),
+                              BACKWARDS if undirected else BACKWARDS[:2], backward_class,
+                              (H * D, T, undirected, chunk))
+        return plans.Plan("gatv2_attention.backward", rule, "setting" if forced else "rule", rule=rule,
+                          params=params, tune=tune)
+
+    return plans.resolve(graph, "gatv2_attention.backward", key, build)
 
 
 def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optional[Tensor], slope: float,
@@ -206,9 +268,10 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     out, lse, alpha, logits = buf.out, buf.lse, buf.alpha, buf.logits
     if n_dst == 0:
         return out, lse, alpha
+    plan = plans.run(graph, plan_forward(graph, x_src, x_dst, att, edge_term, out))
     kc = graph.kernel_csr()
-    work = _work(graph)
-    cfg = forward_config(_config(D, x_src, x_dst, att, edge_term, out), x_src.dtype)
+    work = _work(graph, chunk=plan.chunk)
+    cfg = plan.cfg
     ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
     has_et = edge_term is not None
     n_tiles = cfg.n_tiles(H)
@@ -244,10 +307,10 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     ``grad_out`` [N_dst, H, D] contiguous, ``alpha`` and ``grad_alpha`` [M, H] (caller order,
     the gradient of the returned attention, None when there is none) in out's dtype; the
     dropout stream as the forward's. dx_src, dx_dst, d_edge_term come back in T, datt in
-    float32 (the op casts it to att's dtype). ``mode``: one of :data:`BACKWARDS` (None:
-    ``GNN_FASTPATH_GATV2_BWD``, else with ``GNN_FASTPATH_TUNE=1`` on a graph that outlived a
-    training step the variant measured fastest for this size class, else the rule,
-    :func:`backward_mode`).
+    float32 (the op casts it to att's dtype). ``mode``: one of :data:`BACKWARDS` (None: the
+    plan's, :func:`plan_backward`: ``GNN_FASTPATH_GATV2_BWD``, else with ``GNN_FASTPATH_TUNE=1``
+    on a graph that outlived a training step the variant measured fastest for this size class,
+    else the rule, :func:`backward_mode`).
     """
     dev = x_src.device
     given_stream = (seed, offset)  # as given: the timed runs of a tuned choice take the same stream
@@ -259,27 +322,23 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
     f32 = dict(dtype=torch.float32, device=dev)
     need_src, need_dst, need_att, need_et = needs
     need_et = need_et and edge_term is not None
-    if need_src and n_dst and M:
-        forced = config.setting("GNN_FASTPATH_GATV2_BWD")
-        if mode is None:
-            mode = forced or backward_mode(graph, T)
-            # only graphs used again weigh variants: a transpose or the symmetry detection pays
-            # over the steps that follow, and a sampled batch's graph (one step) keeps atomics
-            if not forced and not graph.static and tuning.enabled() and graph.outlived_a_step():
-                def run(variant):
-                    return backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
-                                    alpha_dropped, slope, p, *given_stream, needs, variant)
+    plan = plan_backward(graph, x_src, x_dst, att, edge_term, out, grad_out, need_src)
+    if mode is not None:
+        plan = plan.pick(mode, "caller")
+    else:
+        def run(variant):
+            return backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
+                            alpha_dropped, slope, p, *given_stream, needs, variant)
 
-                undirected = graph.reverse_edges_if_cheap() is not None
-                mode = tuning.choose_on_graph(graph, ("gatv2_attention.backward", H * D, T, undirected),
-                                              lambda: backward_class(graph, H * D, T, undirected), dev, run,
-                                              BACKWARDS if undirected else BACKWARDS[:2], mode)
+        plan = plans.run(graph, plan, dev, run)
+    mode = plan.variant
+    if need_src and n_dst and M:
         if mode == "fused":
             reverse = reverse_ids(graph, detect=True)
             if reverse is not None:
                 return _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha,
-                                       alpha_dropped, slope, p, seed, offset, rng, needs, reverse)
-            mode = "transposed"
+                                       alpha_dropped, slope, p, seed, offset, rng, needs, reverse, plan)
+            mode = "transposed"  # not undirected after all: the fused variant's fallback
     transposed = mode == "transposed"
 
     dx_src = dx_src_acc = None  # acc: what the atomic variant adds into (float32)
@@ -300,8 +359,8 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
         return dx_src, dx_dst, datt, d_edge_term
 
     kc = graph.kernel_csr()
-    work = _work(graph)
-    cfg = _config(D, x_src, x_dst, att, edge_term, out, grad_out)
+    work = _work(graph, chunk=plan.chunk)
+    cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     has_et = edge_term is not None
     n_tiles = cfg.n_tiles(H)
@@ -327,7 +386,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
 
     if transposed and n_src:
         scsr = graph.kernel_source_csr()
-        swork = _work(graph, source_major=True)
+        swork = _work(graph, source_major=True, chunk=plan.chunk)
         src_acc, src_index = _accumulator(dx_src, graph, swork, source_major=True)
         src = stream.kernel(dev, "gatv2_bwd_src", ti, to, *cfg.args(has_et))
         n_swork = swork.n_items * n_tiles
@@ -341,11 +400,12 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
 
 
 def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, alpha_dropped,
-                    slope, p, seed, offset, rng, needs, reverse):
+                    slope, p, seed, offset, rng, needs, reverse, plan):
     """:func:`backward`'s ``"fused"`` variant on an undirected graph (``reverse``: the caller
     ids of the reverse edges, :func:`reverse_ids`): delta of every row, then one pass for
     both gradients of each node (gatv2_bwd_undirected). Arguments as :func:`backward`'s,
-    the dropout stream already resolved (``rng``, ``seed``, ``offset``)."""
+    the dropout stream already resolved (``rng``, ``seed``, ``offset``); ``plan`` the
+    backward's (instantiation, chunk length)."""
     dev = x_src.device
     n, M = graph.n_dst, graph.num_edges
     H, D = x_src.shape[1], x_src.shape[2]
@@ -354,8 +414,8 @@ def _backward_fused(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alp
     _, need_dst, need_att, need_et = needs
     need_et = need_et and edge_term is not None
     kc = graph.kernel_csr()
-    work = _work(graph)
-    cfg = _config(D, x_src, x_dst, att, edge_term, out, grad_out)
+    work = _work(graph, chunk=plan.chunk)
+    cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     n_tiles = cfg.n_tiles(H)
     stream = KERNELS if rng is None else KERNELS_RNG

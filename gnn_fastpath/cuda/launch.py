@@ -318,14 +318,15 @@ def bytes16(default: int) -> int:
     return int(forced) if forced else default
 
 
-def vector_width(F: int, *tensors: Optional[Tensor], vec16_bytes: int = 16) -> int:
+def vector_width(F: int, *tensors: Optional[Tensor], vec16_bytes: int = 16, resolved: bool = False) -> int:
     """Elements per vector access for rows of width F over ``tensors``: 16 bytes of the
     narrowest dtype (4 floats; 8 halves, or 4 where :func:`bytes16` of ``vec16_bytes`` is 8)
     when F allows and every tensor is aligned, else 4 (8-byte 16-bit accesses, float4), else
-    1 (scalar)."""
+    1 (scalar). ``resolved``: ``vec16_bytes`` is already the width to use (a plan read
+    ``GNN_FASTPATH_VEC16``), not the family's default."""
     sizes = [t.element_size() for t in tensors if t is not None]
     narrowest = min(sizes) if sizes else 4
-    widest = (bytes16(vec16_bytes) if narrowest == 2 else 16) // narrowest
+    widest = ((vec16_bytes if resolved else bytes16(vec16_bytes)) if narrowest == 2 else 16) // narrowest
     for vec in (widest, 4):
         if F % vec == 0 and vector_ok(vec, *tensors):
             return vec
@@ -367,7 +368,8 @@ def resident_blocks(k: Kernel, threads: int, shared_mem: int = 0) -> int:
 # ----------------------------------------------------------------------------------------
 # Lane groups over feature rows (min/max reduction, SpMM, SDDMM: aggregation kernels).
 
-def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1, vec16_bytes: int = 16) -> Tuple[int, int, int, int]:
+def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1, vec16_bytes: int = 16,
+                resolved: bool = False) -> Tuple[int, int, int, int]:
     """(VEC, T, CH, feature blocks) for rows of width F.
 
     VEC = :func:`vector_width` (16-byte loads: 4 floats or 8 halves, when F and every
@@ -375,9 +377,10 @@ def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1, vec16_bytes: int 
     lane (at most ``max_chunks``, only with a full warp); one feature block
     (``blockIdx.y``) covers T * VEC * CH features. Wide rows therefore get several groups
     (F = 512, CH = 1: four warps with one 16-byte load per lane and edge), which keeps
-    registers low and many rows in flight.
+    registers low and many rows in flight. ``vec16_bytes`` and ``resolved`` as
+    :func:`vector_width`'s.
     """
-    vec = vector_width(F, *tensors, vec16_bytes=vec16_bytes)
+    vec = vector_width(F, *tensors, vec16_bytes=vec16_bytes, resolved=resolved)
     width = F // vec
     lanes = min(32, next_pow2(max(width, 1)))
     chunks = 1

@@ -12,11 +12,13 @@ output ``out`` float32 or x's dtype (promote_types(x, w) as the op decides), wei
 directly when those are float32, else into float32 scratch buffers cast once at the end
 (adding into 16-bit memory would round at every atomic).
 
-Settings (:mod:`gnn_fastpath.config`, read per call): ``GNN_FASTPATH_SR_CHUNKS`` (feature
-chunks of 4 floats per lane; empty: :func:`rule_chunks`, or with ``GNN_FASTPATH_TUNE=1`` the
-forward's count measured fastest per size class), ``GNN_FASTPATH_SR_BWD`` (atomic or
-source-major backward, :func:`backward_mode`) and ``GNN_FASTPATH_SR_SCATTER`` (the atomic
-scatter's thread order, :func:`scatter_order`).
+Settings (:mod:`gnn_fastpath.config`, read by the plans, :func:`plan_forward` and
+:func:`plan_backward`, whose keys hold them: a change takes effect at the next call):
+``GNN_FASTPATH_SR_CHUNKS`` (feature chunks of 4 floats per lane; empty: :func:`rule_chunks`,
+or with ``GNN_FASTPATH_TUNE=1`` the forward's count measured fastest per size class),
+``GNN_FASTPATH_SR_BWD`` (atomic or source-major backward, :func:`backward_mode`),
+``GNN_FASTPATH_SR_SCATTER`` (the atomic scatter's thread order, :func:`scatter_order`) and
+``GNN_FASTPATH_VEC16``. The launchers take the plan (:mod:`gnn_fastpath.cuda.plans`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from . import launch, worklist
+from . import launch, plans, worklist
 
 SOURCE = "segment_reduce.cu"
 THREADS = 128
@@ -91,7 +93,7 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
             need_aux: bool, out: Tensor, max_chunks: Optional[int] = None) -> Optional[Tensor]:
     """``out`` [n_dst, F] = sign * max_k round_out((sign * w_k) * x[src_k]) per row; returns aux.
 
-    ``max_chunks``: feature chunks per lane (None: :func:`forward_chunks`).
+    ``max_chunks``: feature chunks per lane (None: the plan's, :func:`plan_forward`).
 
     ``x`` [n_src, F] float32/float16/bfloat16, ``w`` float32 [M] or None, ``out`` float32
     or x's dtype (messages are rounded to it, see segment_reduce.cu). The saved state is int32
@@ -112,9 +114,12 @@ def forward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, 
     if n_dst == 0 or F == 0:
         return state
     if max_chunks is None:
-        max_chunks = forward_chunks(graph, x, w, sign, tie_break, non_finite, need_aux, out)
+        plan = _forward_plan(graph, x, w, sign, tie_break, non_finite, need_aux, out)
+    else:
+        plan = plan_forward(graph, x, w, need_aux, out).pick(str(max_chunks), "caller")
+    max_chunks = int(plan.variant)
     kc = graph.kernel_csr()
-    fcfg = launch.lane_groups(F, x, out, max_chunks=max_chunks, vec16_bytes=VEC16_BYTES)
+    fcfg = launch.lane_groups(F, x, out, max_chunks=max_chunks, vec16_bytes=plan.vec16_bytes, resolved=True)
     vec, lanes, chunks, fblocks = fcfg
     mode = MODES[tie_break] if need_aux else MODE_VALUE
     nf = NON_FINITE[non_finite]
@@ -184,28 +189,50 @@ def _source_aligned_chunks(graph) -> torch.Tensor:
     return graph.memo(("segment_reduce", "source_aligned_chunks"), build)
 
 
+#: Settings the forward's and the backward's plans read (part of their keys).
+FORWARD_SETTINGS = ("GNN_FASTPATH_SR_CHUNKS", "GNN_FASTPATH_VEC16") + plans.TUNE_SETTINGS
+BACKWARD_SETTINGS = ("GNN_FASTPATH_SR_BWD", "GNN_FASTPATH_SR_SCATTER", "GNN_FASTPATH_SR_CHUNKS",
+                     "GNN_FASTPATH_VEC16") + plans.TUNE_SETTINGS
+
+
+def plan_forward(graph, x: Tensor, w: Optional[Tensor], need_aux: bool, out: Tensor) -> plans.Plan:
+    """The forward's plan: its variant is the feature chunks per lane (``"1"``, ``"2"``,
+    ``"4"``): ``GNN_FASTPATH_SR_CHUNKS``, else :func:`rule_chunks`, and with
+    ``GNN_FASTPATH_TUNE=1`` on an eager graph a pending tuner choice (fewer chunks issue fewer
+    instructions per edge at once, more keep more loads in flight; which wins depends on the
+    graph); ``vec16_bytes``: the 16-bit vector width (``GNN_FASTPATH_VEC16`` or
+    :data:`VEC16_BYTES`)."""
+    F = x.size(1)
+    weighted = w is not None
+    key = (F, bool(need_aux), weighted, plans.layout(x, out), plans.snapshot(*FORWARD_SETTINGS), graph.static)
+
+    def build():
+        params = (("vec16_bytes", launch.bytes16(VEC16_BYTES)),)
+        chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
+        if chunks is not None:
+            return plans.Plan("segment_reduce.forward", str(chunks), "setting", rule=str(chunks), params=params)
+        rule = str(rule_chunks(graph, x.dtype))
+        tune = None
+        if tuning.enabled() and not graph.static:
+            tune = plans.Tune(("segment_reduce.forward", F, x.dtype, out.dtype, need_aux, weighted), ("1", "2", "4"),
+                              forward_class, (F, x.dtype, out.dtype, need_aux, weighted))
+        return plans.Plan("segment_reduce.forward", rule, "rule", rule=rule, params=params, tune=tune)
+
+    return plans.resolve(graph, "segment_reduce.forward", key, build)
+
+
 def forward_chunks(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str, non_finite: str,
                    need_aux: bool, out: Tensor) -> int:
-    """Feature chunks per lane of the forward: ``GNN_FASTPATH_SR_CHUNKS``, else with
-    ``GNN_FASTPATH_TUNE=1`` the count measured fastest for the size class (fewer chunks issue
-    fewer instructions per edge at once, more keep more loads in flight; which wins depends on
-    the graph), else :func:`rule_chunks`."""
-    chunks = config.setting("GNN_FASTPATH_SR_CHUNKS")
-    if chunks is not None:
-        return chunks
-    rule = rule_chunks(graph, x.dtype)
-    if not tuning.enabled() or graph.static:
-        return rule
-    F = x.size(1)
+    """Feature chunks per lane of the forward: the variant of :func:`plan_forward`'s plan (the
+    tuner's choice settled with this call's inputs)."""
+    return int(_forward_plan(graph, x, w, sign, tie_break, non_finite, need_aux, out).variant)
 
+
+def _forward_plan(graph, x, w, sign, tie_break, non_finite, need_aux, out) -> plans.Plan:
     def run(variant):
         return forward(graph, x, w, sign, tie_break, non_finite, need_aux, out, int(variant))
 
-    weighted = w is not None
-    return int(tuning.choose_on_graph(
-        graph, ("segment_reduce.forward", F, x.dtype, out.dtype, need_aux, weighted),
-        lambda: forward_class(graph, F, x.dtype, out.dtype, need_aux, weighted), x.device, run, ("1", "2", "4"),
-        str(rule)))
+    return plans.run(graph, plan_forward(graph, x, w, need_aux, out), x.device, run)
 
 
 def rule_chunks(graph, dtype: Optional[torch.dtype] = None) -> int:
@@ -315,8 +342,9 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
 
     ``out`` and ``grad_out`` in the output's dtype, ``x`` in its own, ``w`` float32. dx comes
     back in x's dtype; dw float32 (the op casts it to the weight's dtype). ``mode``: how the
-    single winners' gradients are scattered, ``"atomic"`` or ``"transposed"`` (None:
-    :func:`backward_mode`, or with ``GNN_FASTPATH_TUNE=1`` the one measured fastest).
+    single winners' gradients are scattered, ``"atomic"`` or ``"transposed"`` (None: the
+    plan's, :func:`plan_backward`: the setting, :func:`backward_mode`, or with
+    ``GNN_FASTPATH_TUNE=1`` the one measured fastest).
     """
     device = x.device
     F = x.size(1)
@@ -325,18 +353,15 @@ def backward(graph, x: Tensor, w: Optional[Tensor], sign: float, tie_break: str,
     dx = torch.zeros(x.shape, dtype=torch.float32, device=device) if need_dx else None
     dw = torch.zeros(graph.num_edges, dtype=torch.float32, device=device) if need_dw else None
     if state.numel() == state_size(graph.n_dst, F) and graph.n_dst * F != 0:
-        if mode is None:
-            mode = backward_mode(graph, tie_break)
-            if config.setting("GNN_FASTPATH_SR_BWD") is None and _may_go_source_major(graph, tie_break) \
-                    and tuning.enabled():
-                def run(variant):
-                    return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
+        plan = plan_backward(graph, x, w, tie_break, out, state, grad_out, need_dx, need_dw)
+        if mode is not None:
+            plan = plan.pick(mode, "caller")
+        else:
+            def run(variant):
+                return backward(graph, x, w, sign, tie_break, out, state, grad_out, need_dx, need_dw, variant)
 
-                mode = tuning.choose_on_graph(
-                    graph, ("segment_reduce.backward", F, x.dtype, out.dtype, need_dx, need_dw, w is not None),
-                    lambda: backward_class(graph, F, x.dtype, out.dtype, w is not None, need_dw), device, run,
-                    BACKWARDS, mode)
-        _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, F), grad_out, dx, dw, mode)
+            plan = plans.run(graph, plan, device, run)
+        _backward(graph, x, w, sign, tie_break, out, *saved_state(state, graph.n_dst, F), grad_out, dx, dw, plan)
     return (None if dx is None else dx.to(x.dtype)), dw
 
 
@@ -347,6 +372,38 @@ BACKWARDS = ("atomic", "transposed")
 #: most this many out-edges on average: it beats the atomics on such sparse graphs only; on
 #: denser ones reading aux per edge costs more than the atomics.
 TRANSPOSED_MAX_MEAN_DEGREE = 3.0
+
+
+def plan_backward(graph, x: Tensor, w: Optional[Tensor], tie_break: str, out: Tensor, state: Tensor,
+                  grad_out: Tensor, need_dx: bool, need_dw: bool) -> plans.Plan:
+    """The backward's plan: ``"atomic"`` or ``"transposed"`` (``GNN_FASTPATH_SR_BWD``, or
+    :func:`backward_mode`, and with ``GNN_FASTPATH_TUNE=1`` where the source-major pass may run
+    a pending tuner choice); ``scatter``: the atomic scatter's order (:func:`scatter_order`,
+    for dx, where the atomic variant may run; else None); ``max_chunks``: the lane groups' feature chunks (``GNN_FASTPATH_SR_CHUNKS`` or
+    :func:`rule_chunks`); ``vec16_bytes``: the 16-bit vector width."""
+    F = x.size(1)
+    weighted = w is not None
+    key = (F, MODES[tie_break] == MODE_COUNT, bool(need_dx), bool(need_dw), weighted,
+           plans.layout(x, out, grad_out, state), plans.snapshot(*BACKWARD_SETTINGS), graph.static,
+           graph.outlived_a_step())
+
+    def build():
+        forced = config.setting("GNN_FASTPATH_SR_BWD")
+        rule = backward_mode(graph, tie_break)
+        tune = None
+        if forced is None and _may_go_source_major(graph, tie_break) and tuning.enabled():
+            tune = plans.Tune(("segment_reduce.backward", F, x.dtype, out.dtype, need_dx, need_dw, weighted),
+                              BACKWARDS, backward_class, (F, x.dtype, out.dtype, weighted, need_dw))
+        decided = "setting" if forced is not None and MODES[tie_break] == MODE_COUNT and not graph.static else "rule"
+        # the scatter order matters to the atomic variant only (None: not decided here, the
+        # variant a caller named decides it at its launch)
+        atomic_may_run = rule == "atomic" or tune is not None
+        params = (("scatter", scatter_order(graph, F, x.device) if need_dx and atomic_may_run else None),
+                  ("max_chunks", config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph, x.dtype)),
+                  ("vec16_bytes", launch.bytes16(VEC16_BYTES)))
+        return plans.Plan("segment_reduce.backward", rule, decided, rule=rule, params=params, tune=tune)
+
+    return plans.resolve(graph, "segment_reduce.backward", key, build)
 
 
 def backward_mode(graph, tie_break: str) -> str:
@@ -397,8 +454,9 @@ def _source_walk(graph):
     return row_chunks(graph, source_major=True), scsr.indices, scsr.csr_pos
 
 
-def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_out, dx, dw, mode) -> None:
+def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_out, dx, dw, plan) -> None:
     F = x.size(1)
+    mode = plan.variant
     device = x.device
     tx, to = launch.ctype(x.dtype), launch.ctype(out.dtype)
     kc = graph.kernel_csr()
@@ -407,9 +465,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
     # positions: the CSR gives the source)
     src_of = None if count else graph.memo(("segment_reduce", "caller_src_int32"),
                                            lambda: graph.caller_coo()[0].to(torch.int32))
-    fcfg = launch.lane_groups(F, x, out, grad_out, aux,
-                              max_chunks=config.setting("GNN_FASTPATH_SR_CHUNKS") or rule_chunks(graph, x.dtype),
-                              vec16_bytes=VEC16_BYTES)
+    fcfg = launch.lane_groups(F, x, out, grad_out, aux, max_chunks=plan.max_chunks, vec16_bytes=plan.vec16_bytes,
+                              resolved=True)
     vec, lanes, chunks, fblocks = fcfg
     if mode == "transposed":
         swork, s_dst, s_pos = _source_walk(graph)
@@ -420,7 +477,8 @@ def _backward(graph, x, w, sign, tie_break, out, aux, walk_all, row_walks, grad_
                 walk_all=walk_all, grad_out=grad_out, dx=dx, dw=dw)
     else:
         _scatter(graph, aux, grad_out, to, kc.indices if count else src_of, count, w, x,
-                 walk_all if count else None, dx, dw)
+                 walk_all if count else None, dx, dw,
+                 plan.scatter if plan.scatter is not None or dx is None else scatter_order(graph, F, device))
     if not count:
         return
     # split/even: the elements whose edges tie (or whose extreme is NaN) walk their rows
@@ -486,14 +544,15 @@ def _hubs(graph, lookup: Tensor, key: str) -> Tuple[Tensor, Tensor]:
     return graph.memo(("segment_reduce", "hubs", key, SCATTER_HUBS), build)
 
 
-def _scatter(graph, aux, grad_out, to, lookup, by_position, w, x, walk_all, dx, dw) -> None:
+def _scatter(graph, aux, grad_out, to, lookup, by_position, w, x, walk_all, dx, dw, order: str) -> None:
     """The atomic scatter of the single winners' gradients (``sr_bwd_arg``; ``to``: the C type
-    of the output and of grad_out) in the order of :func:`scatter_order`; the sliced order
-    sends the hubs' elements to row copies and adds them into dx after (``sr_hub_sum``)."""
+    of the output and of grad_out) in ``order`` (the plan's, :func:`scatter_order`); the
+    sliced order sends the hubs' elements to row copies and adds them into dx after
+    (``sr_hub_sum``)."""
     n_dst, F = aux.shape
     device = x.device
     slice_, rep, hub_src, n_hubs, replicas = 0, None, None, 0, 1
-    if dx is not None and scatter_order(graph, F, device) == "slices":
+    if dx is not None and order == "slices":
         slice_ = SCATTER_SLICE
         lookup, hub_src = _hubs(graph, lookup, "position" if by_position else "caller")
         n_hubs, replicas = hub_src.numel(), SCATTER_REPLICAS

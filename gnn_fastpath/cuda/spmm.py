@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from .. import config
-from . import block_spmm, launch, segment_reduce, worklist
+from . import block_spmm, launch, plans, segment_reduce, worklist
 from .cusparse import CsrMatrix, EdgeValues, NoAlgorithm, fp32_values
 
 SOURCE = "spmm.cu"
@@ -341,9 +341,53 @@ def cache_of(graph) -> SpmmCache:
     return graph.memo(MEMO_KEY, lambda: SpmmCache(graph))
 
 
+#: Settings the forward's and the backward's plans read (part of their keys).
+FORWARD_SETTINGS = ("GNN_FASTPATH_SPMM_ALG", "GNN_FASTPATH_SPMM_CUSTOM") + plans.TUNE_SETTINGS
+BACKWARD_SETTINGS = ("GNN_FASTPATH_SPMM_BWD", "GNN_FASTPATH_VEC16")
+
+
+def plan_forward(graph, x: Tensor, out: Tensor) -> plans.Plan:
+    """The forward's plan: ``"own"`` on a static graph (:class:`OwnMatrix`), the algorithm
+    ``GNN_FASTPATH_SPMM_ALG`` forces, else ``"searched"``: the matrix's timed algorithm search
+    (:class:`gnn_fastpath.cuda.cusparse.CsrMatrix`, which measures on the matrix itself and
+    keeps its choice per width and dtypes, like the tuner's measured choices)."""
+    key = (x.size(1), plans.layout(x, out), plans.snapshot(*FORWARD_SETTINGS), graph.static)
+
+    def build():
+        if graph.static:
+            return plans.Plan("spmm.forward", "own", "fixed", rule="own")
+        forced = config.setting("GNN_FASTPATH_SPMM_ALG")
+        if forced:
+            return plans.Plan("spmm.forward", forced, "setting", rule=forced)
+        return plans.Plan("spmm.forward", "searched", "tuner", rule="default",
+                          params=(("own_kernel_timed", bool(config.setting("GNN_FASTPATH_SPMM_CUSTOM"))),))
+
+    return plans.resolve(graph, "spmm.forward", key, build)
+
+
+def plan_backward(graph, grad_out: Tensor, x: Optional[Tensor], need_dw: bool) -> plans.Plan:
+    """The backward's plan: dX = A^T dY on the explicit cached transpose (``"transposed"``) or
+    by cuSPARSE's transpose flag (``"flag"``), as ``GNN_FASTPATH_SPMM_BWD`` says; a multigraph
+    with more edges than matrix entries, which cuSPARSE cannot describe, always takes the
+    transpose. (An undirected graph used again multiplies by A itself instead, decided per call
+    from its values entry: :meth:`SpmmCache.undirected`.) ``vec16_bytes``: the vector width of
+    the edge-weight gradient's 16-bit rows."""
+    key = (grad_out.size(1), plans.layout(grad_out, x if need_dw else None), plans.snapshot(*BACKWARD_SETTINGS))
+
+    def build():
+        forced = config.setting("GNN_FASTPATH_SPMM_BWD")
+        multigraph = graph.num_edges > graph.n_src * graph.n_dst
+        variant = "transposed" if forced == "transposed" or multigraph else "flag"
+        return plans.Plan("spmm.backward", variant, "setting" if variant == forced else "rule", rule=variant,
+                          params=(("vec16_bytes", launch.bytes16(VEC16_BYTES)),))
+
+    return plans.resolve(graph, "spmm.backward", key, build)
+
+
 def forward(graph, x: Tensor, edge_weight: Optional[Tensor], norm: str, out: Tensor):
     """out [n_dst, F] = A x for contiguous x [n_src, F] (float32/float16/bfloat16) into
     ``out`` (x's dtype or float32); returns the values entry used (the backward needs it)."""
+    plans.run(graph, plan_forward(graph, x, out))
     cache = cache_of(graph)
     entry = cache.values(norm, edge_weight)
     cache.note_forward(entry)
@@ -356,26 +400,28 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
     """(dx [n_src, F] in ``dx_dtype`` (x's; default grad_out's) or None, dw [M] float32 in
     caller order or None); ``x`` is needed for dw only."""
     cache = cache_of(graph)
+    plan = plans.run(graph, plan_backward(graph, grad_out, x, need_dw))
     dx = dw = None
     if need_dx:
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)
-        _transposed_product(cache, entry, norm, grad_out, dx)
+        _transposed_product(cache, entry, norm, grad_out, dx, plan.variant)
     if need_dw:
-        dw = edge_weight_grad(cache, norm, grad_out, x)
+        dw = edge_weight_grad(cache, norm, grad_out, x, plan.vec16_bytes)
     return dx, dw
 
 
-def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: Tensor, dx: Tensor) -> None:
+def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: Tensor, dx: Tensor,
+                        route: Optional[str] = None) -> None:
     """dx = A^T grad_out: A itself where A^T = A (:meth:`SpmmCache.undirected`; the transposed
-    matrix is then dropped), else the explicit transposed matrix or cuSPARSE's transpose flag."""
+    matrix is then dropped), else ``route`` (the plan's, :func:`plan_backward`): the explicit
+    transposed matrix or cuSPARSE's transpose flag."""
     if cache.undirected(entry, norm):
         cache.drop_transposed(entry)
         cache.csr.matmul(entry.values, grad_out, dx)
         return
-    # cuSPARSE cannot describe a multigraph with more edges than matrix entries, so
-    # those always take the explicit transposed matrix (run by the own kernel).
-    transposed = (config.setting("GNN_FASTPATH_SPMM_BWD") == "transposed"
-                  or cache.csr.nnz > cache.n_src * cache.n_dst)
+    if route is None:
+        route = plan_backward(cache._graph(), grad_out, None, False).variant
+    transposed = route == "transposed"
     if not transposed:
         try:
             cache.csr.matmul(entry.values, grad_out, dx, transpose=True)
@@ -385,14 +431,17 @@ def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: T
         cache.transposed().matmul(entry.transposed(cache), grad_out, dx)
 
 
-def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor) -> Tensor:
+def edge_weight_grad(cache: SpmmCache, norm: str, grad_out: Tensor, x: Tensor,
+                     vec16_bytes: Optional[int] = None) -> Tensor:
     """dw [M] float32 in caller order: c_dst[row] * c_src[col] * <grad_out[row], x[col]>
-    (grad_out and x in their own dtypes, float32 products and sums)."""
+    (grad_out and x in their own dtypes, float32 products and sums); ``vec16_bytes``: the
+    plan's 16-bit vector width (None: ``GNN_FASTPATH_VEC16`` or :data:`VEC16_BYTES`)."""
     src_mode, dst_mode = SCALES[norm]
     kc = cache.kc
     m = kc.indices.numel()
     F = x.size(1)
-    fcfg = launch.lane_groups(F, grad_out, x, vec16_bytes=VEC16_BYTES)
+    fcfg = launch.lane_groups(F, grad_out, x, vec16_bytes=launch.bytes16(VEC16_BYTES) if vec16_bytes is None
+                              else vec16_bytes, resolved=True)
     vec, lanes, chunks, fblocks = fcfg
     accumulate = fblocks > 1
     dw = (torch.zeros if accumulate or F == 0 else torch.empty)(m, dtype=torch.float32, device=x.device)
