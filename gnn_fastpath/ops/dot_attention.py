@@ -3,8 +3,10 @@ design of its kernels.
 
 Layer -> op -> kernel: PyG ``TransformerConv`` calls :func:`dot_attention`; its CUDA path is
 :class:`DotAttentionFunction`, one call per pass into the launcher
-:mod:`gnn_fastpath.cuda.dot_attention`, whose kernels are ``cuda/dot_attention.cu``; the
-reference is :func:`gnn_fastpath.reference.dot_attention`.
+:mod:`gnn_fastpath.cuda.dot_attention` (through :func:`_forward`/:func:`_backward`), whose
+kernels are ``cuda/dot_attention.cu``; under ``torch.compile`` the same Function calls the
+operators ``torch.ops.gnn_fastpath.dot_attention``/``dot_attention_backward`` (:mod:`.library`),
+whose implementations call the same two functions; the reference is :func:`gnn_fastpath.reference.dot_attention`.
 
 Design
 ------
@@ -151,44 +153,102 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     graph = graph_on(graph, k)
     if isinstance(graph, GraphTensors):
         scale = 1.0 / math.sqrt(D) if scale is None else scale
-        return library.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout, out_dtype)
+        # the attention backward on a static graph walks destinations (atomic): no source-major CSR
+        graph = graph.destination_major()
+        return library.unpad_result(graph, DotAttentionFunction.apply(
+            graph.pad(q), k, v, edge_term, graph, scale, return_attention, dropout, library.draw_rng(dropout, k),
+            None, out_dtype))
     if choose("dot_attention", k.device, k.dtype, graph, heads=(H, D)) == CUDA:
         scale = 1.0 / math.sqrt(D) if scale is None else scale
         seed, offset = philox_seed(dropout)
-        t = edge_term.contiguous() if edge_term is not None else None
-        return DotAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), t, graph, scale,
-                                          return_attention, dropout, seed, offset, out_dtype)
+        return DotAttentionFunction.apply(q, k, v, edge_term, graph, scale, return_attention, dropout, seed, offset,
+                                          out_dtype)
     return reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout, out_dtype)
 
 
 class DotAttentionFunction(torch.autograd.Function):
     """Fused dot-product attention (see the module docstring): saves ``lse`` [N_dst, H]
-    (float32) and the inputs, recomputes alpha in the backward.
+    (float32) and the inputs, recomputes alpha in the backward. The one autograd route,
+    eager and compiled: on a Graph it calls :func:`_forward`/:func:`_backward`, on a
+    GraphTensors the operators (which call them).
 
     ``apply(q, k, v, edge_term, graph, scale, return_attention, dropout, seed, offset,
-    out_dtype=None)`` (q, k, v, edge_term contiguous CUDA tensors of one dtype T in float32,
-    float16, bfloat16; ``out_dtype`` T, float32 or None for T); returns ``out`` or
-    ``(out, alpha)`` in ``out_dtype``; the gradients are in T.
+    out_dtype=None)`` (q, k, v, edge_term of one dtype T in float32, float16, bfloat16 on the
+    kernels; ``out_dtype`` T, float32 or None for T); returns ``out`` or ``(out, alpha)`` in
+    ``out_dtype``; the gradients are in T. ``seed``/``offset``: the Philox key as ints, or
+    ``seed`` an int64 [2] rng tensor and ``offset`` None; on a GraphTensors, the rng tensor
+    or None.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, edge_term, graph, scale: float, return_attention, dropout: float, seed: int,
-                offset: int, out_dtype: Optional[torch.dtype] = None):
-        out, lse, alpha = kernels.forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention,
-                                          out_dtype)
-        ctx.save_for_backward(q, k, v, edge_term, out, lse, alpha)
+    def forward(ctx, q, k, v, edge_term, graph, scale: float, return_attention, dropout: float, seed, offset,
+                out_dtype: Optional[torch.dtype] = None):
+        # saved as the kernels read them
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        edge_term = None if edge_term is None else edge_term.contiguous()
+        if isinstance(graph, GraphTensors):
+            out, lse, alpha = library.op("dot_attention")(
+                *graph.operands, q, k, v, edge_term, scale, dropout, library.rng_of(seed),
+                library.ATTENTION_CODES[return_attention], out_dtype)
+            alpha = alpha if return_attention else None
+        else:
+            out, lse, alpha = _forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention,
+                                       out_dtype)
+        library.save(ctx, graph, q, k, v, edge_term, out, lse, alpha, library.rng_of(seed))
         ctx.scale = scale
-        keep(ctx, graph, dropout, seed, offset, return_attention)
+        keep(ctx, dropout, seed, offset, return_attention)
         return outputs(out, alpha, return_attention)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
-        q, k, v, edge_term, out, lse, alpha = ctx.saved_tensors
+        graph, (q, k, v, edge_term, out, lse, alpha, rng) = library.saved(ctx)
+        needs = tuple(ctx.needs_input_grad[:4])
+        none = (None,) * 7
+        if (grad_out is None and grad_alpha is None) or not any(needs):
+            return (None,) * 4 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
-        need = ctx.needs_input_grad
-        dq, dk, dv, d_edge_term = kernels.backward(
-            ctx.graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped, ctx.scale,
-            ctx.dropout, ctx.seed, ctx.offset, need_d_edge_term=need[3])
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                d_edge_term if need[3] else None, None, None, None, None, None, None, None)
+        tensors = (q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha)
+        if ctx.on_operators:
+            grads = library.present(library.op("dot_attention_backward")(
+                *graph.operands, *tensors, ctx.scale, ctx.dropout, rng,
+                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
+        else:
+            grads = _backward(graph, *tensors, ctx.scale, ctx.dropout, ctx.seed if rng is None else rng, ctx.offset,
+                              ctx.return_attention, needs)
+        return tuple(grads) + none
+
+
+def _forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention, out_dtype,
+             use_reference=False):
+    """(out, lse, alpha or None) on ``graph``: the launcher, with the rows contiguous;
+    ``use_reference``: the reference op instead (the CPU operator; its dropout mask from
+    torch's CPU generator seeded by the rng tensor ``seed``; lse is zeros, as its backward
+    recomputes)."""
+    if use_reference:
+        with torch.no_grad(), library.fixed_rng(seed):  # an operator's output records no autograd
+            result = reference.dot_attention(graph, q, k, v, scale, edge_term, return_attention, dropout, out_dtype)
+        out, alpha = result if return_attention else (result, None)
+        return out, torch.zeros(graph.n_dst, k.shape[1], dtype=torch.float32), alpha
+    et = None if edge_term is None else edge_term.contiguous()
+    return kernels.forward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, scale, dropout, seed, offset,
+                           return_attention, out_dtype)
+
+
+def _backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, scale, dropout, seed, offset,
+              return_attention, needs, use_reference=False):
+    """(dq, dk, dv, d edge_term) in T, None where ``needs`` is False. ``use_reference``: by
+    autograd through the reference op recomputed with the forward's mask."""
+    if use_reference:
+        def run(q_, k_, v_, et):
+            with library.fixed_rng(seed):
+                r = reference.dot_attention(graph, q_, k_, v_, scale, et, return_attention, dropout, out.dtype)
+            return r if return_attention else (r,)
+
+        grads = (grad_out, grad_alpha) if return_attention else (grad_out,)
+        return library.reference_grads(run, (q, k, v, edge_term), needs, grads)
+    et = None if edge_term is None else edge_term.contiguous()
+    grads = kernels.backward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, out, lse, grad_out, alpha,
+                             grad_alpha, return_attention == "dropped", scale, dropout, seed, offset,
+                             need_d_edge_term=bool(needs[3]))
+    return [g if n else None for g, n in zip(grads, needs)]

@@ -2,8 +2,10 @@
 
 Layer -> op -> kernel: PyG and DGL ``GATv2Conv`` call :func:`gatv2_attention`; its CUDA
 path is :class:`GATv2AttentionFunction`, one call per pass into the launcher
-:mod:`gnn_fastpath.cuda.gatv2_attention`, whose kernels are ``cuda/gatv2_attention.cu``;
-the reference is :func:`gnn_fastpath.reference.gatv2_attention`.
+:mod:`gnn_fastpath.cuda.gatv2_attention` (through :func:`_forward`/:func:`_backward`), whose
+kernels are ``cuda/gatv2_attention.cu``; under ``torch.compile`` the same Function calls the
+operators ``torch.ops.gnn_fastpath.gatv2_attention``/``gatv2_attention_backward``
+(:mod:`.library`), whose implementations call the same two functions; the reference is :func:`gnn_fastpath.reference.gatv2_attention`.
 
 Design note
 -----------
@@ -111,7 +113,7 @@ from ..cuda import gatv2_attention as kernels
 from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
-from ._attention import incoming, keep, outputs, philox_seed
+from ._attention import as_float32, incoming, keep, outputs, philox_seed
 from . import library
 from .dispatch import CUDA, choose
 
@@ -165,8 +167,11 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     out_dtype = check_out_dtype(out_dtype, x_src.dtype, "the features' dtype")
     graph = graph_on(graph, x_src)
     if isinstance(graph, GraphTensors):
-        return library.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
-                                       out_dtype)
+        # the attention backward on a static graph walks destinations (atomic): no source-major CSR
+        graph = graph.destination_major()
+        return library.unpad_result(graph, GATv2AttentionFunction.apply(
+            x_src, graph.pad(x_dst), att, edge_term, graph, negative_slope, return_attention, dropout,
+            library.draw_rng(dropout, x_src), None, out_dtype))
     if choose("gatv2_attention", x_src.device, x_src.dtype, graph, heads=(H, D)) == CUDA:
         seed, offset = philox_seed(dropout)
         return GATv2AttentionFunction.apply(x_src, x_dst, att, edge_term, graph, negative_slope,
@@ -177,40 +182,90 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
 
 class GATv2AttentionFunction(torch.autograd.Function):
     """Fused GATv2 attention (see the module docstring): saves ``lse`` [N_dst, H] and the
-    inputs, recomputes alpha in the backward.
+    inputs, recomputes alpha in the backward. The one autograd route, eager and compiled:
+    on a Graph it calls :func:`_forward`/:func:`_backward`, on a GraphTensors the operators
+    (which call them).
 
     ``apply(x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout,
     seed, offset, out_dtype=None)``; returns ``out`` or ``(out, alpha)`` in ``out_dtype``
-    (None: x_src's dtype). Dtypes as :func:`gatv2_attention`'s.
+    (None: x_src's dtype). Dtypes as :func:`gatv2_attention`'s. ``seed``/``offset``: the
+    Philox key as ints, or ``seed`` an int64 [2] rng tensor and ``offset`` None; on a
+    GraphTensors, the rng tensor or None.
     """
 
     @staticmethod
     def forward(ctx, x_src, x_dst, att, edge_term, graph, negative_slope, return_attention, dropout, seed, offset,
                 out_dtype=None):
+        # saved as the kernels read them (att, [H, D], is converted to float32 again in the backward)
         x_src, x_dst = x_src.contiguous(), x_dst.contiguous()
-        ctx.att_dtype = att.dtype
-        att = att.to(torch.float32).contiguous()  # [H, D]: the kernels read it as float32
-        if edge_term is not None:
-            edge_term = edge_term.contiguous()
-        out, lse, alpha = kernels.forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed,
-                                          offset, return_attention, out_dtype)
-        ctx.save_for_backward(x_src, x_dst, att, edge_term, out, lse, alpha)
+        edge_term = None if edge_term is None else edge_term.contiguous()
+        if isinstance(graph, GraphTensors):
+            out, lse, alpha = library.op("gatv2_attention")(
+                *graph.operands, x_src, x_dst, att, edge_term, negative_slope, dropout, library.rng_of(seed),
+                library.ATTENTION_CODES[return_attention], out_dtype)
+            alpha = alpha if return_attention else None
+        else:
+            out, lse, alpha = _forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed, offset,
+                                       return_attention, out_dtype)
+        library.save(ctx, graph, x_src, x_dst, att, edge_term, out, lse, alpha, library.rng_of(seed))
         ctx.negative_slope = negative_slope
-        keep(ctx, graph, dropout, seed, offset, return_attention)
+        keep(ctx, dropout, seed, offset, return_attention)
         return outputs(out, alpha, return_attention)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
-        x_src, x_dst, att, edge_term, out, lse, alpha = ctx.saved_tensors
+        graph, (x_src, x_dst, att, edge_term, out, lse, alpha, rng) = library.saved(ctx)
         needs = tuple(ctx.needs_input_grad[:4])
         none = (None,) * 7
         if (grad_out is None and grad_alpha is None) or not any(needs):
-            return (None, None, None, None) + none
+            return (None,) * 4 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
-        dx_src, dx_dst, datt, d_edge_term = kernels.backward(
-            ctx.graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, ctx.alpha_dropped,
-            ctx.negative_slope, ctx.dropout, ctx.seed, ctx.offset, needs)
-        if datt is not None:
-            datt = datt.to(ctx.att_dtype)  # summed in float32, cast once
-        return (dx_src, dx_dst, datt, d_edge_term) + none
+        tensors = (x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha)
+        if ctx.on_operators:
+            grads = library.present(library.op("gatv2_attention_backward")(
+                *graph.operands, *tensors, ctx.negative_slope, ctx.dropout, rng,
+                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
+        else:
+            grads = _backward(graph, *tensors, ctx.negative_slope, ctx.dropout, ctx.seed if rng is None else rng,
+                              ctx.offset, ctx.return_attention, needs)
+        return tuple(grads) + none
+
+
+def _forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed, offset, return_attention, out_dtype,
+             use_reference=False):
+    """(out, lse, alpha or None) on ``graph``: the launcher, with the rows contiguous and att
+    as float32; ``use_reference``: the reference op instead (the CPU operator; its dropout
+    mask from torch's CPU generator seeded by the rng tensor ``seed``; lse is zeros, as its
+    backward recomputes)."""
+    if use_reference:
+        with torch.no_grad(), library.fixed_rng(seed):  # an operator's output records no autograd
+            result = reference.gatv2_attention(graph, x_src, x_dst, att, negative_slope, edge_term, return_attention,
+                                               dropout, out_dtype=out_dtype)
+        out, alpha = result if return_attention else (result, None)
+        return out, torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32), alpha
+    et = None if edge_term is None else edge_term.contiguous()
+    return kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, negative_slope,
+                           dropout, seed, offset, return_attention, out_dtype)
+
+
+def _backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, negative_slope, dropout,
+              seed, offset, return_attention, needs, use_reference=False):
+    """(dx_src, dx_dst, datt, d edge_term), None where ``needs`` is False; datt in att's dtype,
+    the others in T. ``use_reference``: by autograd through the reference op recomputed with
+    the forward's mask."""
+    if use_reference:
+        def run(xs, xd, a, et):
+            with library.fixed_rng(seed):
+                r = reference.gatv2_attention(graph, xs, xd, a, negative_slope, et, return_attention, dropout,
+                                              out_dtype=out.dtype)
+            return r if return_attention else (r,)
+
+        grads = (grad_out, grad_alpha) if return_attention else (grad_out,)
+        return library.reference_grads(run, (x_src, x_dst, att, edge_term), needs, grads)
+    et = None if edge_term is None else edge_term.contiguous()
+    dx_src, dx_dst, datt, d_edge_term = kernels.backward(
+        graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, out, lse, grad_out, alpha, grad_alpha,
+        return_attention == "dropped", negative_slope, dropout, seed, offset, tuple(needs))
+    # datt summed in float32, cast once
+    return [dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_edge_term]

@@ -245,20 +245,11 @@ def _gat_backward_fake(*args):
 
 # ----------------------------------------------------------------------------- gatv2_attention
 def _gatv2_forward(*args):
-    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
-    graph = as_graph(gt)
-    ret = _ATTENTION_VALUES[code]
-    if x_src.is_cuda:
-        from ..cuda import gatv2_attention as kernels
+    from .gatv2_attention import _forward
 
-        et = None if edge_term is None else edge_term.contiguous()
-        out, lse, alpha = kernels.forward(graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, slope,
-                                          p, *_stream(rng), ret, out_dtype)
-        return out, lse, alpha if alpha is not None else _empty(out)
-    with fixed_rng(rng):
-        result = reference.gatv2_attention(graph, x_src, x_dst, att, slope, edge_term, ret, p, out_dtype=out_dtype)
-    out, alpha = result if ret else (result, None)
-    lse = torch.zeros(graph.n_dst, x_src.shape[1], dtype=torch.float32)
+    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
+    out, lse, alpha = _forward(as_graph(gt), x_src, x_dst, att, edge_term, slope, p, *_stream(rng),
+                               _ATTENTION_VALUES[code], out_dtype, use_reference=not x_src.is_cuda)
     return out, lse, alpha if alpha is not None else _empty(out)
 
 
@@ -271,26 +262,13 @@ def _gatv2_forward_fake(*args):
 
 
 def _gatv2_backward(*args):
+    from .gatv2_attention import _backward
+
     gt, rest = _graph(args)
-    x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha, slope, p, rng, code, needs = rest
-    graph = as_graph(gt)
-    if x_src.is_cuda:
-        from ..cuda import gatv2_attention as kernels
-
-        et = None if edge_term is None else edge_term.contiguous()
-        dx_src, dx_dst, datt, d_et = kernels.backward(
-            graph, x_src.contiguous(), x_dst.contiguous(), as_float32(att), et, out, lse, grad_out, alpha, grad_alpha,
-            code == 2, slope, p, *_stream(rng), tuple(needs))
-        return _grads_or_empty([dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_et], x_src)
-    ret = _ATTENTION_VALUES[code]
-
-    def run(xs, xd, a, et):
-        with fixed_rng(rng):
-            r = reference.gatv2_attention(graph, xs, xd, a, slope, et, ret, p, out_dtype=out.dtype)
-        return r if ret else (r,)
-
-    grads = (grad_out, grad_alpha) if ret else (grad_out,)
-    return _grads_or_empty(reference_grads(run, (x_src, x_dst, att, edge_term), needs, grads), x_src)
+    tensors, (slope, p, rng, code, needs) = rest[:9], rest[9:]
+    grads = _backward(as_graph(gt), *tensors, slope, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
+                      use_reference=not tensors[0].is_cuda)
+    return _grads_or_empty(grads, tensors[0])
 
 
 def _gatv2_backward_fake(*args):
@@ -299,30 +277,13 @@ def _gatv2_backward_fake(*args):
     return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
 
 
-def _gatv2_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
-    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, _) = _graph(ctx.inputs)
-    out, lse, alpha = ctx.output
-    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return op("gatv2_attention_backward")(*gt.operands, x_src, x_dst, att, edge_term, out, lse, grad_out,
-                                           _or_none(alpha, code != 0), grad_alpha, slope, p, rng, code, needs)
-
-
 # ------------------------------------------------------------------------------- dot_attention
 def _dot_forward(*args):
-    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
-    graph = as_graph(gt)
-    ret = _ATTENTION_VALUES[code]
-    if q.is_cuda:
-        from ..cuda import dot_attention as kernels
+    from .dot_attention import _forward
 
-        et = None if edge_term is None else edge_term.contiguous()
-        out, lse, alpha = kernels.forward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, scale, p,
-                                          *_stream(rng), ret, out_dtype)
-        return out, lse, alpha if alpha is not None else _empty(out)
-    with fixed_rng(rng):
-        result = reference.dot_attention(graph, q, k, v, scale, edge_term, ret, p, out_dtype)
-    out, alpha = result if ret else (result, None)
-    lse = torch.zeros(graph.n_dst, q.shape[1], dtype=torch.float32)
+    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
+    out, lse, alpha = _forward(as_graph(gt), q, k, v, edge_term, scale, p, *_stream(rng), _ATTENTION_VALUES[code],
+                               out_dtype, use_reference=not q.is_cuda)
     return out, lse, alpha if alpha is not None else _empty(out)
 
 
@@ -335,40 +296,19 @@ def _dot_forward_fake(*args):
 
 
 def _dot_backward(*args):
+    from .dot_attention import _backward
+
     gt, rest = _graph(args)
-    q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, scale, p, rng, code, needs = rest
-    graph = as_graph(gt)
-    if q.is_cuda:
-        from ..cuda import dot_attention as kernels
-
-        et = None if edge_term is None else edge_term.contiguous()
-        dq, dk, dv, d_et = kernels.backward(graph, q.contiguous(), k.contiguous(), v.contiguous(), et, out, lse,
-                                            grad_out, alpha, grad_alpha, code == 2, scale, p, *_stream(rng),
-                                            need_d_edge_term=bool(needs[3]))
-        return _grads_or_empty([g if n else None for g, n in zip((dq, dk, dv, d_et), needs)], q)
-    ret = _ATTENTION_VALUES[code]
-
-    def run(q_, k_, v_, et):
-        with fixed_rng(rng):
-            r = reference.dot_attention(graph, q_, k_, v_, scale, et, ret, p, out.dtype)
-        return r if ret else (r,)
-
-    grads = (grad_out, grad_alpha) if ret else (grad_out,)
-    return _grads_or_empty(reference_grads(run, (q, k, v, edge_term), needs, grads), q)
+    tensors, (scale, p, rng, code, needs) = rest[:9], rest[9:]
+    grads = _backward(as_graph(gt), *tensors, scale, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
+                      use_reference=not tensors[0].is_cuda)
+    return _grads_or_empty(grads, tensors[0])
 
 
 def _dot_backward_fake(*args):
     gt, rest = _graph(args)
     inputs, needs = rest[:4], rest[-1]
     return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
-
-
-def _dot_call_backward(ctx, needs, grad_out, grad_lse, grad_alpha):
-    gt, (q, k, v, edge_term, scale, p, rng, code, _) = _graph(ctx.inputs)
-    out, lse, alpha = ctx.output
-    grad_out, grad_alpha = _incoming(out, grad_out, grad_alpha, code != 0)
-    return op("dot_attention_backward")(*gt.operands, q, k, v, edge_term, out, lse, grad_out, _or_none(alpha, code != 0),
-                                         grad_alpha, scale, p, rng, code, needs)
 
 
 # ---------------------------------------------------------------------------------------- spmm
@@ -526,7 +466,6 @@ if AVAILABLE:
             "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
             f"Tensor? alpha, Tensor? grad_alpha, float negative_slope, {_ATTENTION_TAIL}, {_NEEDS}",
             _gatv2_backward, _gatv2_backward_fake)
-    _autograd_backward("gatv2_attention", N_GRAPH + 9, [N_GRAPH + i for i in range(4)], _gatv2_call_backward)
 
     _define("dot_attention",
             f"Tensor q, Tensor k, Tensor v, Tensor? edge_term, float scale, {_ATTENTION_TAIL}, "
@@ -536,7 +475,6 @@ if AVAILABLE:
             "Tensor q, Tensor k, Tensor v, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
             f"Tensor? alpha, Tensor? grad_alpha, float scale, {_ATTENTION_TAIL}, {_NEEDS}",
             _dot_backward, _dot_backward_fake)
-    _autograd_backward("dot_attention", N_GRAPH + 9, [N_GRAPH + i for i in range(4)], _dot_call_backward)
 
     _define("spmm", "Tensor x, Tensor? edge_weight, str norm, ScalarType out_dtype) -> Tensor",
             _spmm_forward, _spmm_forward_fake)
@@ -575,22 +513,6 @@ def unpad_result(graph: GraphTensors, result):
     if isinstance(result, tuple):
         return (graph.unpad(result[0]),) + tuple(result[1:])
     return graph.unpad(result)
-
-
-def gatv2_attention(graph: GraphTensors, x_src, x_dst, att, negative_slope, edge_term, return_attention, dropout,
-                    out_dtype):
-    """:func:`gnn_fastpath.gatv2_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = op("gatv2_attention")(*graph.destination_major().operands, x_src, graph.pad(x_dst), att, edge_term, negative_slope,
-                                           dropout, draw_rng(dropout, x_src), ATTENTION_CODES[return_attention],
-                                           out_dtype)
-    return _attention_result(graph.unpad(out), alpha, return_attention)
-
-
-def dot_attention(graph: GraphTensors, q, k, v, scale, edge_term, return_attention, dropout, out_dtype):
-    """:func:`gnn_fastpath.dot_attention` on the operator (arguments checked by the caller)."""
-    out, _, alpha = op("dot_attention")(*graph.destination_major().operands, graph.pad(q), k, v, edge_term, scale, dropout,
-                                         draw_rng(dropout, k), ATTENTION_CODES[return_attention], out_dtype)
-    return _attention_result(graph.unpad(out), alpha, return_attention)
 
 
 def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
