@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 from .graph import register_adapter
 
@@ -66,6 +66,11 @@ class Integration:
             framework is not installed at all rather than installed but failing to import.
         is_graph: ``is_graph(obj)``: whether ``obj`` is a graph the adapter takes.
         describe_graph: the adapter's ``describe`` (:func:`gnn_fastpath.graph.register_adapter`).
+        tested_versions: the framework versions whose layer semantics the shims reproduce, as
+            ``"major.minor"`` prefixes (``("2.8",)`` takes 2.8.0, 2.8.1+cu121, ...); ``()``:
+            none declared, nothing checked.
+        version: ``version()`` -> the installed framework's ``__version__`` (called by
+            ``enable()`` only after :attr:`shims` has imported the framework).
     """
 
     framework: str
@@ -74,6 +79,26 @@ class Integration:
     not_installed: Callable[[BaseException], bool]
     is_graph: Callable[[object], bool]
     describe_graph: Describe
+    tested_versions: Tuple[str, ...] = ()
+    version: Optional[Callable[[], str]] = None
+
+    def untested_version(self) -> Optional[str]:
+        """The installed framework version when it is none of :attr:`tested_versions` (whose
+        layers the shims may then not reproduce), else None; None too when nothing is
+        declared."""
+        if not self.tested_versions or self.version is None:
+            return None
+        installed = str(self.version())
+        if any(version_matches(installed, tested) for tested in self.tested_versions):
+            return None
+        return installed
+
+
+def version_matches(installed: str, prefix: str) -> bool:
+    """Whether version ``installed`` (e.g. ``"2.8.1"``, ``"2.1.0+cu121"``) is release
+    ``prefix`` or one of its point releases (``"2.8"``: 2.8, 2.8.0, 2.8.1, not 2.80)."""
+    release = installed.split("+", 1)[0]
+    return release == prefix or release.startswith(prefix + ".")
 
 
 _registered: Dict[str, Integration] = {}

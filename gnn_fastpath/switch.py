@@ -8,8 +8,9 @@ Each framework's integration (``gnn_fastpath.integrations.<framework>``) is load
 and registers itself with :mod:`gnn_fastpath.registry`; nothing here imports it. It imports
 the framework in its ``shims()`` and raises the import error unchanged; its
 ``not_installed(exc)`` tells "not installed" (skipped silently unless named) from "installed
-but cannot be imported" (warned, or an ImportError when named). enable() logs what it patched
-on the ``"gnn_fastpath"`` logger.
+but cannot be imported" (warned, or an ImportError when named). A framework whose installed
+version is none of its integration's ``TESTED_VERSIONS`` is patched and warned about once per
+process. enable() logs what it patched on the ``"gnn_fastpath"`` logger.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ _patched: Dict[type, object] = {}
 _state = {"enabled": False, "cpu": "stock", "frameworks": ()}
 # (framework, error text) already warned about: a broken framework warns once per process
 _warned: set = set()
+# frameworks already warned about for a version their integration was not tested on (once per
+# process each)
+_version_warned: set = set()
 
 
 def _normalise_frameworks(frameworks) -> tuple:
@@ -90,6 +94,27 @@ def _warn_broken(broken: List[Tuple[str, BaseException]], patched: Tuple[str, ..
     warnings.warn(f"gnn_fastpath.enable(): {'; '.join(parts)} ({done})", UserWarning, stacklevel=3)
 
 
+def _warn_untested_versions(frameworks: Iterable[str]) -> None:
+    """One UserWarning per framework (once per process) whose installed version is none of
+    those its integration declares (``TESTED_VERSIONS``): its layers are patched all the same,
+    but a stock layer whose semantics changed since may no longer match the fused forward."""
+    for framework in frameworks:
+        entry = _integration(framework)
+        with _lock:  # concurrent enable() calls warn once between them
+            if framework in _version_warned:
+                continue
+            installed = entry.untested_version()
+            if installed is None:
+                continue
+            _version_warned.add(framework)
+        name, tested = _NAMES[framework], ", ".join(f"{v}.x" for v in entry.tested_versions)
+        warnings.warn(f"gnn_fastpath.enable(): {name} {installed} is installed, but the {name} shims reproduce the "
+                      f"layers of {name} {tested} (the versions they are tested on, TESTED_VERSIONS of "
+                      f"{registry.FRAMEWORKS[framework].module}); its layers are patched anyway. Where a layer "
+                      f"changed since, the fused forward may not match stock: compare against "
+                      f"gnn_fastpath.disable(), or run stock with GNN_FASTPATH=0", UserWarning, stacklevel=3)
+
+
 def _log_enabled(frameworks: tuple, patched: Tuple[str, ...], classes: Dict[str, List[str]],
                  broken: List[Tuple[str, BaseException]], cpu: str) -> None:
     """enable()'s one log line: INFO with what it patched, WARNING when it patched nothing."""
@@ -131,7 +156,10 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
             installed is skipped silently. ``"dgl"``, ``"pyg"`` or a list
             of them: those only; one that cannot be imported raises an
             ``ImportError`` with the original error and what to install,
-            before anything is patched.
+            before anything is patched. A framework whose installed
+            version its shims were not tested on (``TESTED_VERSIONS``
+            of its integration) is patched, with a ``UserWarning``
+            (once per process).
         cpu: ``"stock"`` runs stock code for CPU tensors; ``"reference"``
             runs the shims on the pure-PyTorch reference ops for them
             (testing and debugging). ``None`` (default) keeps the current
@@ -184,6 +212,7 @@ def enable(*, frameworks: Frameworks = None, cpu: str | None = None) -> tuple:
                       frameworks=tuple(sorted(set(_state["frameworks"]) | set(patched))))
     _log_enabled(frameworks, patched, classes, broken, cpu)
     _warn_broken(broken, patched)
+    _warn_untested_versions(patched)
     return patched
 
 

@@ -8,11 +8,19 @@ the PyPI wheel's GraphBolt import; the package never patches DGL's import machin
 
 Importing it registers it with the core (:mod:`gnn_fastpath.registry`): :func:`shims` for
 ``enable()``, and :func:`is_graph` / :func:`describe_graph` for ``Graph.of``.
+
+The shims reproduce the layers of the DGL versions in :data:`TESTED_VERSIONS` (their
+arguments, defaults, fallbacks and numerics); ``enable()`` warns once when another is installed.
 """
 from gnn_fastpath import registry
 
 #: The top-level package this integration patches.
 PACKAGE = registry.FRAMEWORKS["dgl"].package
+
+#: The DGL releases whose layer semantics the shims reproduce ("major.minor" prefixes: every
+#: point release of each); the shims were written against and are tested on these.
+#: ``enable()`` warns once per process when the installed DGL is none of them.
+TESTED_VERSIONS = ("2.1",)
 
 #: What to install when ``import dgl`` fails (``enable()`` puts it in its error and warning).
 INSTALL = ("install DGL's own build for your torch and CUDA versions from "
@@ -42,6 +50,13 @@ def shims():
     return list(SHIMS)
 
 
+def version() -> str:
+    """The installed DGL's version (imports ``dgl``: call after :func:`shims`)."""
+    import dgl
+
+    return str(getattr(dgl, "__version__", "unknown"))
+
+
 def is_graph(obj) -> bool:
     """Whether ``obj`` is a DGL graph or block (by its class's module: imports nothing)."""
     return registry.comes_from(type(obj), PACKAGE) and hasattr(obj, "canonical_etypes")
@@ -55,4 +70,5 @@ def describe_graph(obj, num_nodes):
 
 
 registry.register(registry.Integration(framework="dgl", install=INSTALL, shims=shims, not_installed=not_installed,
-                                       is_graph=is_graph, describe_graph=describe_graph))
+                                       is_graph=is_graph, describe_graph=describe_graph,
+                                       tested_versions=TESTED_VERSIONS, version=version))

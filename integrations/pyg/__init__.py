@@ -6,11 +6,19 @@ skips a framework that is not installed silently and reports one that is install
 
 Importing it registers it with the core (:mod:`gnn_fastpath.registry`): :func:`shims` for
 ``enable()``, and :func:`is_graph` / :func:`describe_graph` for ``Graph.of``.
+
+The shims reproduce the layers of the PyG versions in :data:`TESTED_VERSIONS` (their
+arguments, defaults, fallbacks and numerics); ``enable()`` warns once when another is installed.
 """
 from gnn_fastpath import registry
 
 #: The top-level package this integration patches.
 PACKAGE = registry.FRAMEWORKS["pyg"].package
+
+#: The PyG releases whose layer semantics the shims reproduce ("major.minor" prefixes: every
+#: point release of each); the shims were written against and are tested on these.
+#: ``enable()`` warns once per process when the installed PyG is none of them.
+TESTED_VERSIONS = ("2.8",)
 
 #: What to install when ``import torch_geometric`` fails (``enable()`` puts it in its error
 #: and warning).
@@ -40,6 +48,13 @@ def shims():
     return list(SHIMS)
 
 
+def version() -> str:
+    """The installed PyG's version (imports ``torch_geometric``: call after :func:`shims`)."""
+    import torch_geometric
+
+    return str(getattr(torch_geometric, "__version__", "unknown"))
+
+
 def is_graph(obj) -> bool:
     """Whether ``obj`` is a PyG ``EdgeIndex`` (through the MRO, so that subclasses are taken
     too; by the classes' modules: imports nothing)."""
@@ -54,4 +69,5 @@ def describe_graph(obj, num_nodes):
 
 
 registry.register(registry.Integration(framework="pyg", install=INSTALL, shims=shims, not_installed=not_installed,
-                                       is_graph=is_graph, describe_graph=describe_graph))
+                                       is_graph=is_graph, describe_graph=describe_graph,
+                                       tested_versions=TESTED_VERSIONS, version=version))
