@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers: zoo, frameworks
 os.environ.setdefault("GNN_FASTPATH_TUNE", "0")
 
 from frameworks import import_dgl, import_pyg, scatter_without_cpu_only_torch_scatter  # noqa: E402
+from frameworks import SAMPLER_SITE, pyg_neighbor_sampler  # noqa: E402
 
 SHARED_DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
 
@@ -28,6 +29,15 @@ def pytest_configure(config):
     pyg = import_pyg()
     if pyg is not None:
         scatter_without_cpu_only_torch_scatter(pyg)
+    # NeighborLoader without pyg-lib or torch-sparse (neither has a wheel for this torch): the
+    # real loader samples with the pure-torch kernel of tests/pyg_sampler_shim.py, here and in
+    # the processes the tests start (examples, torchrun, benchmark tools: _sampler_site/).
+    if (pyg_neighbor_sampler() or "").startswith("pure-torch"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SAMPLER_SITE, os.environ.get("PYTHONPATH")) if p)
+
+
+def pytest_report_header(config):
+    return f"PyG NeighborLoader samples with: {pyg_neighbor_sampler() or 'nothing (no PyG)'}"
 
 
 @pytest.fixture

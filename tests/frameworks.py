@@ -4,9 +4,14 @@ DGL 2.1.0 (PyPI's newest, CPU build) fails to import on torch > 2.2.1 while load
 GraphBolt data-loading subsystem. gnn_fastpath never needs GraphBolt, so on exactly that
 failure we register an empty ``dgl.graphbolt`` module and import again. This lives in the
 test/example harness only, never inside the package.
+
+Likewise PyG's ``NeighborLoader`` needs pyg-lib or torch-sparse to sample, and neither has a
+wheel for recent torch: :func:`pyg_neighbor_sampler` installs a pure-torch sampler
+(``tests/pyg_sampler_shim.py``) when neither imports.
 """
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -44,6 +49,40 @@ def import_pyg():
         return torch_geometric
     except Exception:
         return None
+
+
+def _sampler_shim():
+    """``tests/pyg_sampler_shim.py`` as the module ``pyg_sampler_shim`` (one instance per process,
+    whether the tests' folder is on ``sys.path`` or this file was loaded by path)."""
+    import importlib.util
+
+    shim = sys.modules.get("pyg_sampler_shim")
+    if shim is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyg_sampler_shim.py")
+        spec = importlib.util.spec_from_file_location("pyg_sampler_shim", path)
+        shim = importlib.util.module_from_spec(spec)
+        sys.modules["pyg_sampler_shim"] = shim
+        spec.loader.exec_module(shim)
+    return shim
+
+
+#: Folder whose ``sitecustomize.py`` installs the sampler shim in the processes tests start.
+SAMPLER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sampler_site")
+
+
+def pyg_neighbor_sampler() -> str | None:
+    """What PyG's ``NeighborLoader`` samples with in this process: ``"pyg-lib"``,
+    ``"torch-sparse"``, the pure-torch test sampler (``tests/pyg_sampler_shim.py``, installed
+    here when neither of the two imports; its name starts with ``"pure-torch"``), or None
+    without PyG. Test harness only: the package never changes PyG's sampling."""
+    pyg = import_pyg()
+    if pyg is None:
+        return None
+    shim = _sampler_shim()
+    real = shim.real_backend()
+    if real is not None:
+        return real
+    return shim.NAME if shim.install() else None
 
 
 def scatter_without_cpu_only_torch_scatter(pyg) -> None:

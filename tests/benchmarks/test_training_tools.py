@@ -17,9 +17,18 @@ ROW_KEYS = {"graph", "layer_key", "layer", "dtype", "mode", "status", "step_ms",
             "finite_losses", "nodes", "edges"}
 
 
+def _real_pyg_sampler():
+    """pyg_lib or torch_sparse is installed (PyG's NeighborLoader samples with it)."""
+    return bool(importlib.util.find_spec("pyg_lib") or importlib.util.find_spec("torch_sparse"))
+
+
 def _pyg_sampler_reason():
-    """None when PyG's NeighborLoader can sample here (pyg_lib or torch_sparse)."""
-    if importlib.util.find_spec("pyg_lib") or importlib.util.find_spec("torch_sparse"):
+    """None when PyG's NeighborLoader can sample here: with pyg_lib or torch_sparse, or else with
+    the tests' pure-torch sampler (tests/pyg_sampler_shim.py; the session carries it into the
+    tools' processes)."""
+    from frameworks import pyg_neighbor_sampler
+
+    if _real_pyg_sampler() or pyg_neighbor_sampler():
         return None
     return "PyG NeighborLoader cannot sample here: needs torch_sparse or pyg_lib"
 
@@ -137,10 +146,13 @@ def test_train_sampled_pyg_padded(tool, result, tmp_path):
     assert all(r["padded"] for r in payload["rows"])
 
 
-def test_train_sampled_pyg_without_a_sampling_library(tool, result, tmp_path):
-    """Without torch_sparse or pyg_lib the PyG rows are reported as skipped, not a crash."""
-    if _pyg_sampler_reason() is None:
+def test_train_sampled_pyg_without_a_sampling_library(request, monkeypatch, tmp_path):
+    """Without torch_sparse or pyg_lib the PyG rows are reported as skipped, not a crash (the
+    tool runs without the tests' pure-torch sampler)."""
+    if _real_pyg_sampler():
         pytest.skip("PyG can sample here")
+    monkeypatch.setenv("GNN_FASTPATH_TEST_SAMPLER_SHIM", "0")  # read by tests/_sampler_site in the tool's process
+    tool, result = request.getfixturevalue("tool"), request.getfixturevalue("result")
     js = tmp_path / "s.json"
     tool("bench_train_sampled", *SAMPLED, "--samplers", "pyg", "--layers", "gatv2,gcn", "--json", js, "--markdown", "")
     payload = result(js, "train_sampled")

@@ -15,8 +15,9 @@ for a few steps without dropout, and reads the record rank 0 writes (``--json``)
   :func:`test_sampling_is_reproducible` shows the batches depend on the seed only).
 
 CPU (gloo, ``--device cpu``, the shims on the reference ops) in CI, within a minute; the
-same on two GPUs with NCCL under the ``cuda`` marker. Both skip when neither torch-sparse nor
-pyg-lib is importable (PyG's ``NeighborLoader`` needs one of them).
+same on two GPUs with NCCL under the ``cuda`` marker. PyG's ``NeighborLoader`` samples with
+pyg-lib or torch-sparse, or else with the tests' pure-torch sampler (tests/pyg_sampler_shim.py,
+which the session carries into the torchrun processes).
 """
 from __future__ import annotations
 
