@@ -103,9 +103,10 @@ def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
     - for 16-bit rows where sources have at most :data:`TRANSPOSED_16BIT_MAX_MEAN_DEGREE`
       out-edges on average: the atomic pass adds dx_src into a float32 copy (zeroed, then
       cast), which on such graphs weighs as much as the edges' own work;
-    - where the longest destination row is at least :data:`TRANSPOSED_MIN_ROW_RATIO` times
-      the longest source row (destination super nodes, even sources): the source-major pass
-      walks the even side.
+    - where the longest row on one side is at least :data:`TRANSPOSED_MIN_ROW_RATIO` times
+      the longest on the other: destination super nodes (the source-major pass walks the even
+      side), or source super nodes, whose dx_src rows the atomic pass would hit with one
+      float4 atomic per edge and head (the source-major pass sums them in registers).
 
     The two row lengths are host facts of the build (or one read, once per graph that
     outlived a step)."""
@@ -118,7 +119,9 @@ def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
             and graph.num_edges <= TRANSPOSED_16BIT_MAX_MEAN_DEGREE * max(graph.n_src, 1)):
         return "transposed"
     longest_dst, longest_src = _longest_rows(graph)
-    return "transposed" if longest_dst >= TRANSPOSED_MIN_ROW_RATIO * max(longest_src, 1) else "atomic"
+    skewed = (longest_dst >= TRANSPOSED_MIN_ROW_RATIO * max(longest_src, 1)
+              or longest_src >= TRANSPOSED_MIN_ROW_RATIO * max(longest_dst, 1))
+    return "transposed" if skewed else "atomic"
 
 
 def _longest_rows(graph) -> Tuple[int, int]:

@@ -128,7 +128,7 @@ def _outlive(g):
 def test_backward_mode(monkeypatch):
     """The rule: the atomic pass, except on a graph that outlived a step (not static), where
     the source-major pass is taken for 16-bit rows on sources with few out-edges, and in any
-    dtype where destination rows are much longer than source rows; a forced variant wins; a
+    dtype where the rows of one side are much longer than those of the other; a forced variant wins; a
     bad forced value is reported."""
     dense, sparse = graph(True), graph(False, True)
     assert dense.num_edges >= 20 * dense.n_src and sparse.num_edges < 20 * sparse.n_src
@@ -151,7 +151,9 @@ def test_backward_mode(monkeypatch):
     assert skewed.degree_stats().max >= kernels.TRANSPOSED_MIN_ROW_RATIO * skewed.degree_bound(source_major=True)
     assert kernels.backward_mode(skewed) == kernels.backward_mode(skewed, torch.float32) == "transposed"
     flipped = _outlive(Graph.from_edge_index(torch.stack([dst, src]), n))  # the skew on the source side
-    assert kernels.backward_mode(flipped, torch.float32) == "atomic"
+    assert kernels.backward_mode(flipped, torch.float32) == "transposed"
+    even = _outlive(Graph.from_edge_index(torch.stack([src, src.roll(7)]), n))  # 4 in- and 4 out-edges each
+    assert kernels.backward_mode(even, torch.float32) == "atomic"
     assert kernels.backward_mode(Graph.from_edge_index(torch.stack([src, dst]), n)) == "atomic"  # one step
     static = as_graph(of_graph(skewed))
     assert static.static and kernels.backward_mode(static, torch.bfloat16) == "atomic"
