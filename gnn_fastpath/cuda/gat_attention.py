@@ -83,9 +83,9 @@ def _config(D: int, *tensors: Optional[Tensor]) -> Config:
     return config_for_16bit(D, *tensors)
 
 
-#: The rule's source-major backward on graphs whose destination rows are skewed and whose
-#: source rows are not: the longest destination row at least this many times the longest
-#: source row (see :func:`backward_mode`).
+#: The rule's source-major backward on graphs whose rows are skewed on one side only: the
+#: longest row of one side at least this many times the longest of the other (see
+#: :func:`backward_mode`).
 TRANSPOSED_MIN_ROW_RATIO = 16
 #: The rule's source-major backward for 16-bit rows where sources have at most this many
 #: out-edges on average (see :func:`backward_mode`).
