@@ -81,10 +81,6 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
-def _or_none(t: Tensor, present: bool) -> Optional[Tensor]:
-    return t if present else None
-
-
 def _grads_or_empty(grads: Sequence[Optional[Tensor]], like: Tensor) -> Tuple[Tensor, ...]:
     return tuple(_empty(like) if g is None else g for g in grads)
 
@@ -176,35 +172,6 @@ class fixed_rng:
     def __exit__(self, *exc):
         if self.rng is not None:
             self._fork.__exit__(*exc)
-
-
-def _autograd_backward(name: str, n_inputs: int, grad_positions: Sequence[int], call_backward: Callable):
-    """register_autograd's pair for a forward operator with ``n_inputs`` arguments whose
-    differentiable inputs sit at ``grad_positions``: setup_context keeps the inputs and the
-    outputs; backward calls ``call_backward(ctx, needs, *grad_outputs)`` (a tuple of gradients,
-    one per grad position) and spreads them over the inputs."""
-
-    def setup_context(ctx, inputs, output):
-        ctx.inputs = inputs
-        ctx.output = output if isinstance(output, tuple) else (output,)
-        ctx.needs = [bool(ctx.needs_input_grad[i]) for i in grad_positions]
-
-    def backward(ctx, *grad_outputs):
-        result = [None] * n_inputs
-        if not any(ctx.needs):
-            return tuple(result)
-        grads = call_backward(ctx, ctx.needs, *grad_outputs)
-        for pos, need, g in zip(grad_positions, ctx.needs, grads):
-            result[pos] = g if need else None
-        return tuple(result)
-
-    torch.library.register_autograd(_qualname(name), backward, setup_context=setup_context, lib=_lib)
-
-
-def _incoming(out: Tensor, grad_out: Optional[Tensor], grad_alpha: Optional[Tensor], attention: bool):
-    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    grad_alpha = grad_alpha.contiguous() if attention and grad_alpha is not None else None
-    return grad_out, grad_alpha
 
 
 # ------------------------------------------------------------------------------- gat_attention
@@ -312,22 +279,11 @@ def _dot_backward_fake(*args):
 
 
 # ---------------------------------------------------------------------------------------- spmm
-def _rows(t: Tensor, n: int) -> Tensor:
-    """``t`` as [n, F] contiguous (F the product of the trailing dimensions)."""
-    return t.reshape(n, -1).contiguous()
-
-
 def _spmm_forward(*args):
-    gt, (x, edge_weight, norm, out_dtype) = _graph(args)
-    graph = as_graph(gt)
-    if x.is_cuda:
-        from ..cuda import spmm as kernels
+    from .spmm import _forward
 
-        out = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype, device=x.device)
-        x2 = _rows(x, graph.n_src)
-        kernels.forward(graph, x2, edge_weight, norm, out.view(graph.n_dst, x2.size(1)))
-        return out
-    return reference.spmm(graph, x, edge_weight, norm, out_dtype)
+    gt, (x, edge_weight, norm, out_dtype) = _graph(args)
+    return _forward(as_graph(gt), x, edge_weight, norm, out_dtype, use_reference=not x.is_cuda)[0]
 
 
 def _spmm_forward_fake(*args):
@@ -336,25 +292,12 @@ def _spmm_forward_fake(*args):
 
 
 def _spmm_backward(*args):
+    from .spmm import _backward
+
     gt, (x, edge_weight, norm, grad_out, x_dtype, need_x, need_w) = _graph(args)
-    graph = as_graph(gt)
-    dx_shape = (graph.n_src,) + tuple(grad_out.shape[1:])
-    if grad_out.is_cuda:
-        from ..cuda import spmm as kernels
-
-        entry = kernels.cache_of(graph).values(norm, edge_weight)
-        x2 = None if x is None else _rows(x, graph.n_src)
-        dx, dw = kernels.backward(graph, entry, norm, x2, _rows(grad_out, graph.n_dst), need_x, need_w, x_dtype)
-        dx = None if dx is None else dx.view(dx_shape)
-        dw = None if dw is None else dw.to(edge_weight.dtype)
-        return _grads_or_empty((dx, dw), grad_out)
-    if x is None:  # the reference's backward of x alone does not read x's values
-        x = grad_out.new_zeros(dx_shape, dtype=x_dtype)
-
-    def run(x_, w):
-        return (reference.spmm(graph, x_, w, norm, grad_out.dtype),)
-
-    return _grads_or_empty(reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), grad_out)
+    grads = _backward(as_graph(gt), x, edge_weight, norm, grad_out, x_dtype, need_x, need_w,
+                      use_reference=not grad_out.is_cuda)
+    return _grads_or_empty(grads, grad_out)
 
 
 def _spmm_backward_fake(*args):
@@ -364,30 +307,14 @@ def _spmm_backward_fake(*args):
     return dx, dw
 
 
-def _spmm_call_backward(ctx, needs, grad_out):
-    gt, (x, edge_weight, norm, _) = _graph(ctx.inputs)
-    # x is read only for the edge-weight gradient: passing it otherwise would make the
-    # compiled forward keep it alive for the backward
-    return op("spmm_backward")(*gt.operands, x if needs[1] else None, edge_weight, norm, grad_out.contiguous(),
-                                x.dtype, needs[0], needs[1])
-
-
 # ------------------------------------------------------------------------------ segment_reduce
 def _segment_forward(*args):
-    gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
-    graph = as_graph(gt)
-    if x.is_cuda:
-        from ..cuda import segment_reduce as kernels
+    from .segment_reduce import _forward
 
-        x2 = _rows(x, graph.n_src)
-        w = None if edge_weight is None else edge_weight.detach().to(torch.float32).contiguous()
-        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
-                             device=x.device)
-        aux = kernels.forward(graph, x2, w, 1.0 if reduce == "max" else -1.0, tie_break, non_finite, need_grad,
-                              result.view(graph.n_dst, x2.size(1)))
-        return result, aux if (need_grad and aux is not None) else x.new_empty(0, dtype=torch.int32)
-    result = reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
-    return result, x.new_empty(0, dtype=torch.int32)
+    gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
+    result, state = _forward(as_graph(gt), x, edge_weight, reduce, tie_break, non_finite, need_grad,
+                             use_reference=not x.is_cuda)
+    return result, state if state is not None else x.new_empty(0, dtype=torch.int32)
 
 
 def _segment_forward_fake(*args):
@@ -410,37 +337,18 @@ def _width(t: Tensor):
 
 
 def _segment_backward(*args):
+    from .segment_reduce import _backward
+
     gt, (x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x, need_w) = _graph(args)
-    graph = as_graph(gt)
-    if x.is_cuda:
-        from ..cuda import segment_reduce as kernels
-
-        x2 = _rows(x, graph.n_src)
-        w = None if edge_weight is None else edge_weight.detach().to(torch.float32).contiguous()
-        g = grad_out.reshape(graph.n_dst, x2.size(1)).to(result.dtype).contiguous()
-        dx, dw = kernels.backward(graph, x2, w, 1.0 if reduce == "max" else -1.0, tie_break,
-                                  result.view(graph.n_dst, x2.size(1)), aux, g, need_x, need_w)
-        dx = None if dx is None else dx.view(x.shape)
-        dw = None if dw is None else dw.to(edge_weight.dtype)
-        return _grads_or_empty((dx, dw), x)
-
-    def run(x_, w):
-        return (reference.segment_reduce(graph, x_, reduce, w, tie_break, non_finite),)
-
-    return _grads_or_empty(reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,)), x)
+    grads = _backward(as_graph(gt), x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x,
+                      need_w, use_reference=not x.is_cuda)
+    return _grads_or_empty(grads, x)
 
 
 def _segment_backward_fake(*args):
     gt, (x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x, need_w) = _graph(args)
     return (torch.empty_like(x) if need_x else _empty(x),
             torch.empty_like(edge_weight) if need_w and edge_weight is not None else _empty(x))
-
-
-def _segment_call_backward(ctx, needs, grad_out, grad_aux):
-    gt, (x, edge_weight, reduce, tie_break, non_finite, _) = _graph(ctx.inputs)
-    result, aux = ctx.output
-    return op("segment_reduce_backward")(*gt.operands, x, edge_weight, result, aux, grad_out.contiguous(), reduce, tie_break,
-                                          non_finite, needs[0], needs[1])
 
 
 # --------------------------------------------------------------------------------- registration
@@ -482,7 +390,6 @@ if AVAILABLE:
             "Tensor? x, Tensor? edge_weight, str norm, Tensor grad_out, ScalarType x_dtype, bool need_x, bool need_w) "
             "-> (Tensor, Tensor)",
             _spmm_backward, _spmm_backward_fake)
-    _autograd_backward("spmm", N_GRAPH + 4, [N_GRAPH, N_GRAPH + 1], _spmm_call_backward)
 
     _define("segment_reduce",
             "Tensor x, Tensor? edge_weight, str reduce, str tie_break, str non_finite, bool need_grad) "
@@ -492,7 +399,6 @@ if AVAILABLE:
             "Tensor x, Tensor? edge_weight, Tensor result, Tensor aux, Tensor grad_out, str reduce, str tie_break, "
             "str non_finite, bool need_x, bool need_w) -> (Tensor, Tensor)",
             _segment_backward, _segment_backward_fake)
-    _autograd_backward("segment_reduce", N_GRAPH + 6, [N_GRAPH, N_GRAPH + 1], _segment_call_backward)
 
 
 # ------------------------------------------------------------------------ what the ops call
@@ -504,47 +410,8 @@ def draw_rng(dropout: float, like: Tensor) -> Optional[Tensor]:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)
 
 
-def _attention_result(out: Tensor, alpha: Tensor, return_attention):
-    return (out, alpha) if return_attention else out
-
-
 def unpad_result(graph: GraphTensors, result):
     """An attention Function's result (``out`` or ``(out, alpha)``) without the extra row."""
     if isinstance(result, tuple):
         return (graph.unpad(result[0]),) + tuple(result[1:])
-    return graph.unpad(result)
-
-
-def spmm(graph: GraphTensors, x, edge_weight, norm, out_dtype):
-    """:func:`gnn_fastpath.spmm` on the operator (arguments checked by the caller).
-
-    With an extra row of removed edges, the source scale of ``"left"``/``"both"`` (out-degrees)
-    must not count them, which the operator (to which the extra row is an ordinary row)
-    cannot know: the source scale is applied here to ``x`` instead, from the out-degrees of
-    the edges in real rows, and the operator runs the destination scale alone."""
-    if graph.extra_row and norm in ("left", "both"):
-        exact = torch.promote_types(x.dtype, torch.float32)
-        real = (torch.arange(graph.num_edges, device=graph.device) < graph.indptr[graph.n_dst]).to(exact)
-        deg = torch.zeros(graph.n_src, dtype=exact, device=graph.device).index_add_(
-            0, graph.indices.to(torch.int64), real).clamp_(min=1)
-        x = (x * _column(deg.reciprocal() if norm == "left" else deg.rsqrt(), x)).to(x.dtype)
-        out = graph.unpad(op("spmm")(*graph.operands, x, edge_weight, "none", out_dtype))
-        if norm == "left":
-            return out
-        in_deg = graph.in_degree().to(exact).clamp_(min=1)
-        return (out * _column(in_deg.rsqrt(), out)).to(out.dtype)
-    return graph.unpad(op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype))
-
-
-def _column(t: Tensor, like: Tensor) -> Tensor:
-    """``t`` [N] viewed to broadcast against ``like`` [N, ...]."""
-    return t.view((-1,) + (1,) * (like.dim() - 1))
-
-
-def segment_reduce(graph: GraphTensors, x, reduce, edge_weight, tie_break, non_finite):
-    """:func:`gnn_fastpath.segment_reduce` on the operator (arguments checked by the caller)."""
-    need_grad = torch.is_grad_enabled() and (x.requires_grad or (edge_weight is not None
-                                                                 and edge_weight.requires_grad))
-    result, _ = op("segment_reduce")(*graph.destination_major().operands, x, edge_weight, reduce, tie_break,
-                                      non_finite, need_grad)
     return graph.unpad(result)

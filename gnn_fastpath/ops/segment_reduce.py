@@ -2,8 +2,11 @@
 
 Layer -> op -> kernel: PyG ``SAGEConv(aggr="max"/"min")`` and DGL ``SAGEConv("pool")`` call
 :func:`segment_reduce`; its CUDA path is :class:`SegmentReduceFunction`, one call per pass
-into the launcher :mod:`gnn_fastpath.cuda.segment_reduce`, whose kernels are
-``cuda/segment_reduce.cu``; the reference is :func:`gnn_fastpath.reference.segment_reduce`.
+into the launcher :mod:`gnn_fastpath.cuda.segment_reduce` (through :func:`_forward`/
+:func:`_backward`), whose kernels are ``cuda/segment_reduce.cu``; under ``torch.compile`` the
+same Function calls the operators ``torch.ops.gnn_fastpath.segment_reduce``/
+``segment_reduce_backward`` (:mod:`.library`), whose implementations call the same two
+functions; the reference is :func:`gnn_fastpath.reference.segment_reduce`.
 
 What the forward saves: one int32 per output element, the winning edge (its caller id for
 ``"first"``/``"last"``, its CSR position for ``"split"``/``"even"``), which the backward
@@ -108,7 +111,8 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
         raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
     if isinstance(graph, GraphTensors):
-        return library.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite)
+        graph = graph.destination_major()  # its backward follows the saved arg indices: no source-major CSR
+        return graph.unpad(SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break, non_finite))
     out_dtype = product_dtype(x, edge_weight)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("segment_reduce", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
@@ -126,36 +130,71 @@ class SegmentReduceFunction(torch.autograd.Function):
     """Fused min/max aggregation; ``apply(x, edge_weight, graph, reduce, tie_break, non_finite)``.
 
     The result has :func:`~gnn_fastpath.reference._precision.product_dtype`; dx comes back in x's dtype, dw in the weight's.
+    The one autograd route, eager and compiled: on a Graph it calls
+    :func:`_forward`/:func:`_backward`, on a GraphTensors the operators (which call them).
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, reduce: str, tie_break: str,
                 non_finite: str = "keep"):
-        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-        w = weight_fp32(edge_weight)
-        sign = 1.0 if reduce == "max" else -1.0  # min runs as max of the negated messages
+        x = x.contiguous()  # saved as the kernels read it
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        # allocated in its final shape so the op returns a fresh tensor, not a view
-        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
-                             device=x2.device)
-        state = kernels.forward(graph, x2, w, sign, tie_break, non_finite, need_grad,
-                              result.view(graph.n_dst, x2.size(1)))
+        if isinstance(graph, GraphTensors):
+            result, state = library.op("segment_reduce")(*graph.operands, x, edge_weight, reduce, tie_break,
+                                                         non_finite, need_grad)
+        else:
+            result, state = _forward(graph, x, edge_weight, reduce, tie_break, non_finite, need_grad)
         if need_grad:
-            ctx.graph, ctx.sign, ctx.tie_break, ctx.x_shape = graph, sign, tie_break, x.shape
-            ctx.w_dtype = None if edge_weight is None else edge_weight.dtype
-            ctx.save_for_backward(x2, w, result, state)
+            ctx.reduce, ctx.tie_break, ctx.non_finite = reduce, tie_break, non_finite
+            library.save(ctx, graph, x, edge_weight, result, state)
         return result
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        x2, w, result, state = ctx.saved_tensors
-        graph = ctx.graph
-        grad_out = grad_out.reshape(graph.n_dst, x2.size(1)).to(result.dtype).contiguous()
-        dx, dw = kernels.backward(graph, x2, w, ctx.sign, ctx.tie_break, result.view(graph.n_dst, x2.size(1)), state,
-                                  grad_out, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        if dx is not None:
-            dx = dx.view(ctx.x_shape)
-        if dw is not None:
-            dw = dw.to(ctx.w_dtype)
+        graph, (x, edge_weight, result, state) = library.saved(ctx)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        args = (x, edge_weight, result, state, grad_out.contiguous(), ctx.reduce, ctx.tie_break, ctx.non_finite,
+                need_x, need_w)
+        if ctx.on_operators:
+            dx, dw = library.present(library.op("segment_reduce_backward")(*graph.operands, *args), (need_x, need_w))
+        else:
+            dx, dw = _backward(graph, *args)
         return dx, dw, None, None, None, None
+
+
+def _forward(graph, x, edge_weight, reduce, tie_break, non_finite, need_grad, use_reference=False):
+    """(result, the kernels' arg state or None) on ``graph``: the launcher, with x as rows and
+    the weights as float32; ``use_reference``: the reference op instead (the CPU operator; no
+    state, its backward recomputes)."""
+    if use_reference:
+        with torch.no_grad():  # an operator's output records no autograd
+            return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite), None
+    x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
+    # allocated in its final shape so the op returns a fresh tensor, not a view
+    result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight), device=x2.device)
+    state = kernels.forward(graph, x2, weight_fp32(edge_weight), _sign(reduce), tie_break, non_finite, need_grad,
+                            result.view(graph.n_dst, x2.size(1)))
+    return result, state if need_grad else None
+
+
+def _backward(graph, x, edge_weight, result, state, grad_out, reduce, tie_break, non_finite, need_x, need_w,
+              use_reference=False):
+    """(dx in x's dtype or None, dw in the weight's dtype or None). ``use_reference``: by
+    autograd through the reference op."""
+    if use_reference:
+        def run(x_, w):
+            return (reference.segment_reduce(graph, x_, reduce, w, tie_break, non_finite),)
+
+        return library.reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,))
+    width = row_width(x)
+    x2 = x.reshape(graph.n_src, width).contiguous()
+    g = grad_out.reshape(graph.n_dst, width).to(result.dtype).contiguous()
+    dx, dw = kernels.backward(graph, x2, weight_fp32(edge_weight), _sign(reduce), tie_break,
+                              result.view(graph.n_dst, width), state, g, need_x, need_w)
+    return (None if dx is None else dx.view(x.shape), None if dw is None else dw.to(edge_weight.dtype))
+
+
+def _sign(reduce: str) -> float:
+    """min runs as max of the negated messages."""
+    return 1.0 if reduce == "max" else -1.0

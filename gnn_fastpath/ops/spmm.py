@@ -4,7 +4,10 @@ Function.
 Layer -> op -> kernel: DGL ``GraphConv``, PyG ``GCNConv`` and ``SAGEConv`` (mean/sum) call
 :func:`spmm`; its CUDA path is :class:`SpmmFunction`, one call per pass into the launcher
 :mod:`gnn_fastpath.cuda.spmm` (cached cuSPARSE SpMM timed against the own kernels of
-``cuda/spmm.cu``); the reference is :func:`gnn_fastpath.reference.spmm`.
+``cuda/spmm.cu``) through :func:`_forward`/:func:`_backward`; under ``torch.compile`` the same
+Function calls the operators ``torch.ops.gnn_fastpath.spmm``/``spmm_backward``
+(:mod:`.library`), whose implementations call the same two functions; the reference is
+:func:`gnn_fastpath.reference.spmm`.
 
 Dtypes (the reduced-precision contract): ``x`` float32, float16 or bfloat16 is read as it
 is; ``edge_weight`` may have another floating dtype (a float32 parameter with bf16
@@ -66,41 +69,111 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     out_dtype = reference.aggregation.spmm_out_dtype(x, edge_weight, out_dtype)
     graph = graph_on(graph, x)
     if isinstance(graph, GraphTensors):
-        return library.spmm(graph, x, edge_weight, norm, out_dtype)
+        return _on_graph_tensors(graph, x, edge_weight, norm, out_dtype)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("spmm", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
         return SpmmFunction.apply(x, edge_weight, graph, norm, out_dtype)
     return reference.spmm(graph, x, edge_weight, norm, out_dtype)
 
 
+def _on_graph_tensors(graph: GraphTensors, x, edge_weight, norm, out_dtype):
+    """:func:`spmm` on a GraphTensors (the operators).
+
+    With an extra row of removed edges, the source scale of ``"left"``/``"both"`` (out-degrees)
+    must not count them, which the operator (to which the extra row is an ordinary row)
+    cannot know: the source scale is applied here to ``x`` instead, from the out-degrees of
+    the edges in real rows, and the operator runs the destination scale alone."""
+    if graph.extra_row and norm in ("left", "both"):
+        exact = torch.promote_types(x.dtype, torch.float32)
+        real = (torch.arange(graph.num_edges, device=graph.device) < graph.indptr[graph.n_dst]).to(exact)
+        deg = torch.zeros(graph.n_src, dtype=exact, device=graph.device).index_add_(
+            0, graph.indices.to(torch.int64), real).clamp_(min=1)
+        x = (x * _column(deg.reciprocal() if norm == "left" else deg.rsqrt(), x)).to(x.dtype)
+        out = graph.unpad(SpmmFunction.apply(x, edge_weight, graph, "none", out_dtype))
+        if norm == "left":
+            return out
+        in_deg = graph.in_degree().to(exact).clamp_(min=1)
+        return (out * _column(in_deg.rsqrt(), out)).to(out.dtype)
+    return graph.unpad(SpmmFunction.apply(x, edge_weight, graph, norm, out_dtype))
+
+
+def _column(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` [N] viewed to broadcast against ``like`` [N, ...]."""
+    return t.view((-1,) + (1,) * (like.dim() - 1))
+
+
 class SpmmFunction(torch.autograd.Function):
     """Fused SpMM; ``apply(x, edge_weight, graph, norm, out_dtype=None)`` (``out_dtype`` None:
     x's dtype). Only the gradients autograd asks for are computed: dX = A^T dY (in x's
-    dtype), and dw = the SDDMM of dY and X (in the weight's dtype)."""
+    dtype), and dw = the SDDMM of dY and X (in the weight's dtype). The one autograd route,
+    eager and compiled: on a Graph it calls :func:`_forward`/:func:`_backward` (the backward
+    reuses the forward's normalised-values entry), on a GraphTensors the operators (which
+    call them)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, edge_weight: Optional[Tensor], graph, norm: str,
                 out_dtype: Optional[torch.dtype] = None):
-        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-        # allocated in its final shape so the op returns a fresh tensor, not a view
-        out = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype or x2.dtype, device=x2.device)
-        entry = kernels.forward(graph, x2, edge_weight, norm, out.view(graph.n_dst, x2.size(1)))
-        ctx.graph, ctx.entry, ctx.norm, ctx.x_shape = graph, entry, norm, x.shape
-        ctx.x_dtype, ctx.out_dtype = x.dtype, out.dtype
+        out_dtype = out_dtype or x.dtype
+        on_operators = isinstance(graph, GraphTensors)
+        if on_operators:
+            out, ctx.entry = library.op("spmm")(*graph.operands, x, edge_weight, norm, out_dtype), None
+        else:
+            out, ctx.entry = _forward(graph, x, edge_weight, norm, out_dtype)
+        ctx.norm, ctx.x_dtype, ctx.out_dtype = norm, x.dtype, out_dtype
+        # x is read only for the edge-weight gradient (kept alive otherwise for nothing); the
+        # operators take the weights themselves (an eager backward has them in ctx.entry)
+        library.save(ctx, graph, x if ctx.needs_input_grad[1] else None, edge_weight if on_operators else None)
         ctx.w_dtype = None if edge_weight is None else edge_weight.dtype
-        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        (x2,) = ctx.saved_tensors
-        graph = ctx.graph
-        grad_out = grad_out.reshape(graph.n_dst, row_width(grad_out)).to(ctx.out_dtype).contiguous()
-        dx, dw = kernels.backward(graph, ctx.entry, ctx.norm, x2, grad_out, ctx.needs_input_grad[0],
-                                  ctx.needs_input_grad[1], ctx.x_dtype)
-        if dx is not None:
-            dx = dx.view(ctx.x_shape)
-        if dw is not None:
-            dw = dw.to(ctx.w_dtype)
+        graph, (x, edge_weight) = library.saved(ctx)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_out = grad_out.to(ctx.out_dtype).contiguous()
+        if ctx.on_operators:
+            dx, dw = library.present(library.op("spmm_backward")(
+                *graph.operands, x, edge_weight, ctx.norm, grad_out, ctx.x_dtype, need_x, need_w), (need_x, need_w))
+        else:
+            dx, dw = _backward(graph, x, None, ctx.norm, grad_out, ctx.x_dtype, need_x, need_w, entry=ctx.entry,
+                               w_dtype=ctx.w_dtype)
         return dx, dw, None, None, None
+
+
+def _forward(graph, x, edge_weight, norm, out_dtype, use_reference=False):
+    """(out in ``out_dtype``, the launcher's normalised-values entry) on ``graph``;
+    ``use_reference``: the reference op instead (the CPU operator; entry None)."""
+    if use_reference:
+        with torch.no_grad():  # an operator's output records no autograd
+            return reference.spmm(graph, x, edge_weight, norm, out_dtype), None
+    x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
+    # allocated in its final shape so the op returns a fresh tensor, not a view
+    out = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype, device=x2.device)
+    entry = kernels.forward(graph, x2, edge_weight, norm, out.view(graph.n_dst, x2.size(1)))
+    return out, entry
+
+
+def _backward(graph, x, edge_weight, norm, grad_out, x_dtype, need_x, need_w, entry=None, w_dtype=None,
+              use_reference=False):
+    """(dx in ``x_dtype`` or None, dw in the weight's dtype (``w_dtype``, default
+    edge_weight's) or None). ``x`` is read for dw alone (None otherwise); ``entry``: the
+    forward's normalised values (None: looked up from ``edge_weight``). ``use_reference``: by
+    autograd through the reference op."""
+    dx_shape = (graph.n_src,) + tuple(grad_out.shape[1:])
+    if use_reference:
+        if x is None:  # the reference's backward of x alone does not read x's values
+            x = grad_out.new_zeros(dx_shape, dtype=x_dtype)
+
+        def run(x_, w):
+            return (reference.spmm(graph, x_, w, norm, grad_out.dtype),)
+
+        return library.reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,))
+    if entry is None:
+        entry = kernels.cache_of(graph).values(norm, edge_weight)
+    width = row_width(grad_out)
+    x2 = None if x is None else x.reshape(graph.n_src, width).contiguous()
+    dx, dw = kernels.backward(graph, entry, norm, x2, grad_out.reshape(graph.n_dst, width).contiguous(), need_x,
+                              need_w, x_dtype)
+    return (None if dx is None else dx.view(dx_shape),
+            None if dw is None else dw.to(w_dtype or edge_weight.dtype))
