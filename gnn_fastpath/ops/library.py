@@ -92,12 +92,14 @@ def op(name: str):
 
 def save(ctx, graph, *tensors: Optional[Tensor]) -> None:
     """Keep ``graph`` and ``tensors`` for a Function's backward: a GraphTensors' tensors go
-    through ``save_for_backward`` with the others (nothing but tensors and numbers crosses a
-    compiled graph), an eager Graph stays on ``ctx``."""
+    through ``save_for_backward`` with the others (nothing but tensors crosses a compiled
+    graph: ``n_src``, a SymInt under dynamic shapes, travels as the size of an empty
+    [n_src, 0] tensor, since dynamo does not carry a forward's SymInt on ctx into the
+    backward), an eager Graph stays on ``ctx``."""
     ctx.on_operators = isinstance(graph, GraphTensors)
     if ctx.on_operators:
-        ctx.n_src = graph.n_src
-        ctx.save_for_backward(*graph.operands[:N_GRAPH - 1], *tensors)
+        n_src = graph.indptr.new_empty((graph.n_src, 0))
+        ctx.save_for_backward(*graph.operands[:N_GRAPH - 1], n_src, *tensors)
     else:
         ctx.graph = graph
         ctx.save_for_backward(*tensors)
@@ -108,7 +110,7 @@ def saved(ctx) -> Tuple[object, tuple]:
     tensors = ctx.saved_tensors
     if ctx.on_operators:
         k = N_GRAPH - 1
-        return GraphTensors(*tensors[:k], ctx.n_src), tuple(tensors[k:])
+        return GraphTensors(*tensors[:k], tensors[k].shape[0]), tuple(tensors[k + 1:])
     return ctx.graph, tuple(tensors)
 
 
