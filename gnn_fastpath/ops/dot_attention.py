@@ -252,3 +252,6 @@ def _backward(graph, q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha, 
                              grad_alpha, return_attention == "dropped", scale, dropout, seed, offset,
                              need_d_edge_term=bool(needs[3]))
     return [g if n else None for g, n in zip(grads, needs)]
+
+
+library.implement("dot_attention", _forward, _backward)

@@ -253,3 +253,6 @@ def _backward(graph, x_src, score_src, score_dst, edge_score, edge_weight, out, 
         return_attention == "dropped", negative_slope, dropout, seed, offset, tuple(needs))
     # summed in float32, cast once to each tensor's own dtype
     return [dx_src] + [None if g is None else g.to(t.dtype) for g, t in zip(scalar_grads, scalars)]
+
+
+library.implement("gat_attention", _forward, _backward)

@@ -269,3 +269,6 @@ def _backward(graph, x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, gr
         return_attention == "dropped", negative_slope, dropout, seed, offset, tuple(needs))
     # datt summed in float32, cast once
     return [dx_src, dx_dst, None if datt is None else datt.to(att.dtype), d_edge_term]
+
+
+library.implement("gatv2_attention", _forward, _backward)

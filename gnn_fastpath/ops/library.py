@@ -176,9 +176,20 @@ class fixed_rng:
             self._fork.__exit__(*exc)
 
 
+#: family -> (its ``_forward``, its ``_backward``), which each ``ops/<family>.py`` registers with
+#: :func:`implement` when it is imported: the operators call the family's one implementation,
+#: and this module imports no family module (the families import it).
+_IMPLS: dict = {}
+
+
+def implement(name: str, forward: Callable, backward: Callable) -> None:
+    """Register family ``name``'s forward and backward implementations for its operators."""
+    _IMPLS[name] = (forward, backward)
+
+
 # ------------------------------------------------------------------------------- gat_attention
 def _gat_forward(*args):
-    from .gat_attention import _forward
+    _forward = _IMPLS["gat_attention"][0]
 
     gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
     out, lse, alpha = _forward(as_graph(gt), x_src, score_src, score_dst, edge_score, edge_weight, slope, p,
@@ -195,7 +206,7 @@ def _gat_forward_fake(*args):
 
 
 def _gat_backward(*args):
-    from .gat_attention import _backward
+    _backward = _IMPLS["gat_attention"][1]
 
     gt, rest = _graph(args)
     tensors, (slope, p, rng, code, needs) = rest[:10], rest[10:]
@@ -214,7 +225,7 @@ def _gat_backward_fake(*args):
 
 # ----------------------------------------------------------------------------- gatv2_attention
 def _gatv2_forward(*args):
-    from .gatv2_attention import _forward
+    _forward = _IMPLS["gatv2_attention"][0]
 
     gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
     out, lse, alpha = _forward(as_graph(gt), x_src, x_dst, att, edge_term, slope, p, *_stream(rng),
@@ -231,7 +242,7 @@ def _gatv2_forward_fake(*args):
 
 
 def _gatv2_backward(*args):
-    from .gatv2_attention import _backward
+    _backward = _IMPLS["gatv2_attention"][1]
 
     gt, rest = _graph(args)
     tensors, (slope, p, rng, code, needs) = rest[:9], rest[9:]
@@ -248,7 +259,7 @@ def _gatv2_backward_fake(*args):
 
 # ------------------------------------------------------------------------------- dot_attention
 def _dot_forward(*args):
-    from .dot_attention import _forward
+    _forward = _IMPLS["dot_attention"][0]
 
     gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
     out, lse, alpha = _forward(as_graph(gt), q, k, v, edge_term, scale, p, *_stream(rng), _ATTENTION_VALUES[code],
@@ -265,7 +276,7 @@ def _dot_forward_fake(*args):
 
 
 def _dot_backward(*args):
-    from .dot_attention import _backward
+    _backward = _IMPLS["dot_attention"][1]
 
     gt, rest = _graph(args)
     tensors, (scale, p, rng, code, needs) = rest[:9], rest[9:]
@@ -282,7 +293,7 @@ def _dot_backward_fake(*args):
 
 # ---------------------------------------------------------------------------------------- spmm
 def _spmm_forward(*args):
-    from .spmm import _forward
+    _forward = _IMPLS["spmm"][0]
 
     gt, (x, edge_weight, norm, out_dtype) = _graph(args)
     return _forward(as_graph(gt), x, edge_weight, norm, out_dtype, use_reference=not x.is_cuda)[0]
@@ -294,7 +305,7 @@ def _spmm_forward_fake(*args):
 
 
 def _spmm_backward(*args):
-    from .spmm import _backward
+    _backward = _IMPLS["spmm"][1]
 
     gt, (x, edge_weight, norm, grad_out, x_dtype, need_x, need_w) = _graph(args)
     grads = _backward(as_graph(gt), x, edge_weight, norm, grad_out, x_dtype, need_x, need_w,
@@ -311,7 +322,7 @@ def _spmm_backward_fake(*args):
 
 # ------------------------------------------------------------------------------ segment_reduce
 def _segment_forward(*args):
-    from .segment_reduce import _forward
+    _forward = _IMPLS["segment_reduce"][0]
 
     gt, (x, edge_weight, reduce, tie_break, non_finite, need_grad) = _graph(args)
     result, state = _forward(as_graph(gt), x, edge_weight, reduce, tie_break, non_finite, need_grad,
@@ -339,7 +350,7 @@ def _width(t: Tensor):
 
 
 def _segment_backward(*args):
-    from .segment_reduce import _backward
+    _backward = _IMPLS["segment_reduce"][1]
 
     gt, (x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x, need_w) = _graph(args)
     grads = _backward(as_graph(gt), x, edge_weight, result, aux, grad_out, reduce, tie_break, non_finite, need_x,

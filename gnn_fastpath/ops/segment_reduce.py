@@ -198,3 +198,6 @@ def _backward(graph, x, edge_weight, result, state, grad_out, reduce, tie_break,
 def _sign(reduce: str) -> float:
     """min runs as max of the negated messages."""
     return 1.0 if reduce == "max" else -1.0
+
+
+library.implement("segment_reduce", _forward, _backward)

@@ -177,3 +177,6 @@ def _backward(graph, x, edge_weight, norm, grad_out, x_dtype, need_x, need_w, en
                               need_w, x_dtype)
     return (None if dx is None else dx.view(dx_shape),
             None if dw is None else dw.to(w_dtype or edge_weight.dtype))
+
+
+library.implement("spmm", _forward, _backward)
