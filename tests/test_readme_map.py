@@ -320,7 +320,8 @@ def library_routes(name: str) -> Set[str]:
 
 def implementation_imports(operator: str) -> Set[str]:
     """The modules the implementation of ``operator`` (the function ``_define`` registers for
-    it in ``ops/library.py``) imports in its body."""
+    it in ``ops/library.py``) imports in its body, or whose registered implementation it looks
+    up (``_IMPLS["<family>"]``, which ``ops/<family>.py`` fills with ``library.implement``)."""
     tree = _tree(LIBRARY)
     (impl,) = [node.args[2].id for node in ast.walk(tree)
                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_define"
@@ -334,7 +335,20 @@ def implementation_imports(operator: str) -> Set[str]:
             for alias in node.names:
                 sub = f"{package}.{alias.name}"
                 found.add(sub if module_path(sub) is not None else package)
+        if (isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "_IMPLS"
+                and isinstance(node.slice, ast.Constant)):
+            family = f"gnn_fastpath.ops.{node.slice.value}"
+            if module_path(family) is not None and node.slice.value in registered_implementations(family):
+                found.add(family)
     return found
+
+
+def registered_implementations(module: str) -> Set[str]:
+    """The families ``module`` registers with ``library.implement("<family>", ...)``."""
+    return {node.args[0].value for node in ast.walk(_tree(module))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "implement"
+            and getattr(node.func.value, "id", None) == "library" and node.args
+            and isinstance(node.args[0], ast.Constant)}
 
 
 def stock_under_compile() -> Set[str]:
