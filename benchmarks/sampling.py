@@ -34,7 +34,7 @@ from torch import nn
 from . import harness as H
 from .harness import OOM, autocast, fmt, free_memory, is_oom, watchdog
 from .training import (COMPILE_WARMUP, LAYER_LABELS, CompileWatch, Data, Runner, _dynamo_reset, _fastpath_context,
-                       _sync, compile_fields, compile_model, compiled_counts, is_compiled, stats_counts)
+                       _sync, compile_fields, compile_model, compiled_counts, is_compiled, start_steps, stats_counts)
 
 SAMPLERS = ["pyg", "dgl"]
 
@@ -562,13 +562,7 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
                    whole_steps: int, profile_steps: int, budget_ok: Callable[[], bool],
                    compile_mode: Optional[str] = None, compile_backend: str = "inductor") -> None:
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    model = make_model().to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    scaler = torch.amp.GradScaler(device.type) if dtype == "float16" else None
+    base, model, opt, scaler = start_steps(make_model, device, dtype, lr)
     losses: List[torch.Tensor] = []
     times: List[float] = []
     hosts: List[float] = []

@@ -220,17 +220,25 @@ def run_config(make_model: Callable[[], nn.Module], data: Data, dtype: str, mode
     return res
 
 
-def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, device: torch.device,
-                 warmup: int, steps: int, lr: float, seed: int, gf, compile_mode: Optional[str] = None,
-                 compile_backend: str = "inductor") -> None:
-    cuda = device.type == "cuda"
-    if cuda:
+
+def start_steps(make_model, device: torch.device, dtype: str, lr: float):
+    """The start of a timed training run: (memory allocated before it, for the peak; the model
+    built on ``device`` in training mode; its Adam; a GradScaler for float16, else None)."""
+    base = 0
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     model = make_model().to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     scaler = torch.amp.GradScaler(device.type) if dtype == "float16" else None
+    return base, model, opt, scaler
+
+def _timed_steps(res: dict, make_model, data: Data, dtype: str, mode: str, device: torch.device,
+                 warmup: int, steps: int, lr: float, seed: int, gf, compile_mode: Optional[str] = None,
+                 compile_backend: str = "inductor") -> None:
+    cuda = device.type == "cuda"
+    base, model, opt, scaler = start_steps(make_model, device, dtype, lr)
     losses: List[torch.Tensor] = []
     x, ei, y = data.x, data.edge_index, data.y
     forward = compile_model(model, compile_mode, compile_backend) if compile_mode else model
