@@ -35,7 +35,8 @@ own, once per graph, and not counted here.
    (:data:`CALLS` back-to-back calls between CUDA events, synchronised) for the variants still
    in the race; after each round a variant more than :data:`CLEAR` slower than the fastest
    leaves it; the race ends with one variant left or after :data:`ROUNDS` rounds. The fastest
-   median wins, except that the rule's pick stays unless it is beaten by more than :data:`TIE`.
+   median of the variants still in the race wins (the record keeps every variant's median and
+   its ``rounds``), except that the rule's pick stays unless it is beaten by more than :data:`TIE`.
 
 The bound
 ---------
@@ -384,7 +385,7 @@ def _measure(path: Path, dkey: str, st: _Class, candidates: Mapping[str, Callabl
             if estimate > BUDGET_MS - _spent["ms"]:  # never fits any more: the budget only shrinks
                 st.state = OVER_BUDGET
                 return default, True
-            best, times = _race(st, candidates, default, device, timer)
+            best, times, rounds = _race(st, candidates, default, device, timer)
     except torch.OutOfMemoryError:
         # timing holds the call's own buffers and one variant's more: a call that fits without
         # tuning must not fail because of it
@@ -393,7 +394,7 @@ def _measure(path: Path, dkey: str, st: _Class, candidates: Mapping[str, Callabl
         st.state = OUT_OF_MEMORY
         return default, True
     st.choice, st.times, st.state = best, times, MEASURED
-    record = {"choice": best, "times_ms": dict(times), "default": default,
+    record = {"choice": best, "times_ms": dict(times), "rounds": rounds, "default": default,
               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "cost_ms": round(st.ms, 3), "trials": st.trials, "calls_before": st.calls}
     with _lock:
@@ -402,8 +403,11 @@ def _measure(path: Path, dkey: str, st: _Class, candidates: Mapping[str, Callabl
 
 
 def _race(st: _Class, candidates: Mapping[str, Callable[[], object]], default: str, device: torch.device,
-          timer: Timer) -> Tuple[str, Dict[str, float]]:
-    """The race (module docstring): (winner, median ms per call of every variant timed)."""
+          timer: Timer) -> Tuple[str, Dict[str, float], Dict[str, int]]:
+    """The race (module docstring): (winner, median ms per call of every variant timed, rounds
+    each variant stayed in). The winner is judged among the variants still in the race at its
+    end, on their medians over every round: a variant that left early has a median of fewer,
+    earlier samples, which drift (clocks, other work on the GPU) can make look faster."""
     for name, run in candidates.items():
         if name != default:  # the rule's variant was warmed by the probe
             _charge(st, timer(run, device, 1), 1)
@@ -420,10 +424,11 @@ def _race(st: _Class, candidates: Mapping[str, Callable[[], object]], default: s
         if len(live) == 1:
             break
     times = {name: statistics.median(v) for name, v in samples.items() if v}
+    rounds = {name: len(v) for name, v in samples.items() if v}
     best = min(live, key=lambda name: (times[name], name != default))
     if default in live and times[default] <= (1 + TIE) * times[best]:
         best = default
-    return best, times
+    return best, times, rounds
 
 
 def remember(klass: str, device: torch.device, choice: str, times_ms: Mapping[str, float], default: str,

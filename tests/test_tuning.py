@@ -169,6 +169,24 @@ def test_a_clear_loser_leaves_the_race_after_one_round(tune):
     assert samples.count("a") == samples.count("c") == tuning.ROUNDS  # within CLEAR: every round
 
 
+def test_a_variant_that_left_early_does_not_win_on_its_stale_median(tune):
+    """Drift after round 1 (the GPU got busier) makes the finalists' medians exceed the median
+    of the variant that left in round 1; the winner is still judged among the finalists, and the
+    record says how many rounds each variant ran."""
+    seq = {"a": [1.0, 1.0, 1.0] + [1.6] * 9, "b": [1.0, 0.99] + [1.6] * 9, "c": [1.0, 1.3]}
+    calls = []
+
+    def timer(run, device, n):
+        name = run()
+        calls.append(name)
+        return seq[name].pop(0) * 1e-3
+
+    assert tuning.choose("k", candidates("a", "b", "c"), "a", CPU, timer) == "a"
+    record = json.loads(tune.read_text())["entries"][tuning.device_key(CPU)]["k"]
+    assert record["rounds"] == {"a": tuning.ROUNDS, "b": tuning.ROUNDS, "c": 1}
+    assert record["times_ms"]["c"] < record["times_ms"]["a"]  # stale, and not the choice
+
+
 def test_a_variant_must_beat_the_rule_by_more_than_the_tie_margin(tune):
     close = 1 - tuning.TIE / 2
     assert tuning.choose("k1", candidates("a", "b"), "a", CPU, fake_timer(cheap(a=1.0, b=close), [])) == "a"
