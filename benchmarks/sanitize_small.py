@@ -50,6 +50,8 @@ COMPARE = os.environ.get("SANITIZE_COMPARE", "1") != "0"
 STATIC = os.environ.get("SANITIZE_STATIC", "1") != "0"
 #: SANITIZE_OPS=segment_reduce,spmm runs only those ops' cases (default: every op).
 OPS = {o for o in os.environ.get("SANITIZE_OPS", "").split(",") if o}
+#: graphs to run (``SANITIZE_GRAPHS``, comma list of homog, bipartite, undirected; empty: all)
+GRAPHS = {g for g in os.environ.get("SANITIZE_GRAPHS", "").split(",") if g}
 failures: List[str] = []
 
 
@@ -274,6 +276,8 @@ def main() -> int:
     graphs["undirected"] = gnn_fastpath.Graph.from_edge_index(torch.cat([both_ways, both_ways.flip(0)], 1),
                                                               homog.n_dst)
     for gname, g in graphs.items():
+        if GRAPHS and gname not in GRAPHS:
+            continue
         print(f"graph {gname}: n_src={g.n_src} n_dst={g.n_dst} M={g.num_edges}", flush=True)
         for dtype in DTYPES:
             run_graph(gname, g, dtype)
