@@ -299,9 +299,8 @@ def families(launcher: str) -> Set[str]:
 
 
 def library_operators() -> Set[str]:
-    """The operators ``ops/library.py`` defines (``_define("name", ...)``)."""
-    return {node.args[0].value for node in ast.walk(_tree(LIBRARY))
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_define"}
+    """The operators ``ops/library.py`` defines (its ``OPERATORS`` table, filled by ``_define``)."""
+    return set(importlib.import_module(LIBRARY).OPERATORS)
 
 
 def library_routes(name: str) -> Set[str]:
@@ -319,28 +318,12 @@ def library_routes(name: str) -> Set[str]:
 
 
 def implementation_imports(operator: str) -> Set[str]:
-    """The modules the implementation of ``operator`` (the function ``_define`` registers for
-    it in ``ops/library.py``) imports in its body, or whose registered implementation it looks
-    up (``_IMPLS["<family>"]``, which ``ops/<family>.py`` fills with ``library.implement``)."""
-    tree = _tree(LIBRARY)
-    (impl,) = [node.args[2].id for node in ast.walk(tree)
-               if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_define"
-               and node.args[0].value == operator]
-    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == impl]
-    found = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.ImportFrom):
-            package = ".".join(LIBRARY.split(".")[:-node.level] + ([node.module] if node.module else [])) \
-                if node.level else node.module
-            for alias in node.names:
-                sub = f"{package}.{alias.name}"
-                found.add(sub if module_path(sub) is not None else package)
-        if (isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "_IMPLS"
-                and isinstance(node.slice, ast.Constant)):
-            family = f"gnn_fastpath.ops.{node.slice.value}"
-            if module_path(family) is not None and node.slice.value in registered_implementations(family):
-                found.add(family)
-    return found
+    """The family module whose registered implementation ``operator`` runs (``OPERATORS`` in
+    ``ops/library.py``: the family ``_define`` names for it), if ``ops/<family>.py`` does
+    register one with ``library.implement("<family>", ...)``."""
+    family = importlib.import_module(LIBRARY).OPERATORS[operator]
+    module = f"gnn_fastpath.ops.{family}"
+    return {module} if module_path(module) is not None and family in registered_implementations(module) else set()
 
 
 def registered_implementations(module: str) -> Set[str]:

@@ -186,14 +186,8 @@ class DotAttentionFunction(torch.autograd.Function):
         # saved as the kernels read them
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         edge_term = None if edge_term is None else edge_term.contiguous()
-        if isinstance(graph, GraphTensors):
-            out, lse, alpha = library.op("dot_attention")(
-                *graph.operands, q, k, v, edge_term, scale, dropout, library.rng_of(seed),
-                library.ATTENTION_CODES[return_attention], out_dtype)
-            alpha = alpha if return_attention else None
-        else:
-            out, lse, alpha = _forward(graph, q, k, v, edge_term, scale, dropout, seed, offset, return_attention,
-                                       out_dtype)
+        out, lse, alpha = library.attention_forward("dot_attention", _forward, graph, (q, k, v, edge_term), scale,
+                                                    dropout, seed, offset, return_attention, out_dtype)
         library.save(ctx, graph, q, k, v, edge_term, out, lse, alpha, library.rng_of(seed))
         ctx.scale = scale
         keep(ctx, dropout, seed, offset, return_attention)
@@ -209,13 +203,8 @@ class DotAttentionFunction(torch.autograd.Function):
             return (None,) * 4 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         tensors = (q, k, v, edge_term, out, lse, grad_out, alpha, grad_alpha)
-        if ctx.on_operators:
-            grads = library.present(library.op("dot_attention_backward")(
-                *graph.operands, *tensors, ctx.scale, ctx.dropout, rng,
-                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
-        else:
-            grads = _backward(graph, *tensors, ctx.scale, ctx.dropout, ctx.seed if rng is None else rng, ctx.offset,
-                              ctx.return_attention, needs)
+        grads = library.attention_backward(ctx, "dot_attention", _backward, graph, tensors, ctx.scale, rng,
+                                           needs)
         return tuple(grads) + none
 
 

@@ -183,14 +183,8 @@ class GATAttentionFunction(torch.autograd.Function):
         # the scalar inputs are saved as given (a 16-bit one is converted again in the
         # backward rather than kept as a float32 copy)
         scalars = (score_src, score_dst, edge_score, edge_weight)
-        if isinstance(graph, GraphTensors):
-            out, lse, alpha = library.op("gat_attention")(
-                *graph.operands, x_src, *scalars, negative_slope, dropout, library.rng_of(seed),
-                library.ATTENTION_CODES[return_attention], out_dtype)
-            alpha = alpha if return_attention else None
-        else:
-            out, lse, alpha = _forward(graph, x_src, *scalars, negative_slope, dropout, seed, offset, return_attention,
-                                       out_dtype)
+        out, lse, alpha = library.attention_forward("gat_attention", _forward, graph, (x_src, *scalars), negative_slope,
+                                                    dropout, seed, offset, return_attention, out_dtype)
         library.save(ctx, graph, x_src, *scalars, out, lse, alpha, library.rng_of(seed))
         ctx.negative_slope = negative_slope
         keep(ctx, dropout, seed, offset, return_attention)
@@ -206,13 +200,8 @@ class GATAttentionFunction(torch.autograd.Function):
             return (None,) * 5 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         tensors = (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha)
-        if ctx.on_operators:
-            grads = library.present(library.op("gat_attention_backward")(
-                *graph.operands, *tensors, ctx.negative_slope, ctx.dropout, rng,
-                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
-        else:
-            grads = _backward(graph, *tensors, ctx.negative_slope, ctx.dropout, ctx.seed if rng is None else rng,
-                              ctx.offset, ctx.return_attention, needs)
+        grads = library.attention_backward(ctx, "gat_attention", _backward, graph, tensors, ctx.negative_slope, rng,
+                                           needs)
         return tuple(grads) + none
 
 

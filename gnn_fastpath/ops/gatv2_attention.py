@@ -199,14 +199,8 @@ class GATv2AttentionFunction(torch.autograd.Function):
         # saved as the kernels read them (att, [H, D], is converted to float32 again in the backward)
         x_src, x_dst = x_src.contiguous(), x_dst.contiguous()
         edge_term = None if edge_term is None else edge_term.contiguous()
-        if isinstance(graph, GraphTensors):
-            out, lse, alpha = library.op("gatv2_attention")(
-                *graph.operands, x_src, x_dst, att, edge_term, negative_slope, dropout, library.rng_of(seed),
-                library.ATTENTION_CODES[return_attention], out_dtype)
-            alpha = alpha if return_attention else None
-        else:
-            out, lse, alpha = _forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed, offset,
-                                       return_attention, out_dtype)
+        out, lse, alpha = library.attention_forward("gatv2_attention", _forward, graph, (x_src, x_dst, att, edge_term),
+                                                    negative_slope, dropout, seed, offset, return_attention, out_dtype)
         library.save(ctx, graph, x_src, x_dst, att, edge_term, out, lse, alpha, library.rng_of(seed))
         ctx.negative_slope = negative_slope
         keep(ctx, dropout, seed, offset, return_attention)
@@ -222,13 +216,8 @@ class GATv2AttentionFunction(torch.autograd.Function):
             return (None,) * 4 + none
         grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
         tensors = (x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha)
-        if ctx.on_operators:
-            grads = library.present(library.op("gatv2_attention_backward")(
-                *graph.operands, *tensors, ctx.negative_slope, ctx.dropout, rng,
-                library.ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
-        else:
-            grads = _backward(graph, *tensors, ctx.negative_slope, ctx.dropout, ctx.seed if rng is None else rng,
-                              ctx.offset, ctx.return_attention, needs)
+        grads = library.attention_backward(ctx, "gatv2_attention", _backward, graph, tensors, ctx.negative_slope, rng,
+                                           needs)
         return tuple(grads) + none
 
 

@@ -30,15 +30,13 @@ the layers then run stock code under compilation, as before.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import reference
 from ..graph.tensors import N_OPERANDS, GraphTensors, as_graph
 from ..reference._precision import product_dtype
-from ._attention import as_float32
 
 NAMESPACE = "gnn_fastpath"
 AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "register_autograd", "impl"))
@@ -57,9 +55,15 @@ def _qualname(name: str) -> str:
     return f"{NAMESPACE}::{name}"
 
 
-def _define(name: str, schema: str, impl: Callable, fake: Callable) -> None:
+#: operator name -> the family whose registered implementation (:func:`implement`) it runs
+OPERATORS: Dict[str, str] = {}
+
+
+def _define(name: str, schema: str, impl: Callable, fake: Callable, family: str) -> None:
     """Define ``gnn_fastpath::name(GRAPH, schema)`` with one implementation for CPU and CUDA
-    (the implementation looks at the device) and its fake."""
+    (the implementation looks at the device) and its fake; ``impl`` runs ``family``'s
+    registered implementation."""
+    OPERATORS[name] = family
     _lib.define(f"{name}({GRAPH_SCHEMA}, {schema}")
     torch.library.impl(_qualname(name), ("CPU", "CUDA"), impl, lib=_lib)
     torch.library.register_fake(_qualname(name), fake, lib=_lib)
@@ -187,108 +191,42 @@ def implement(name: str, forward: Callable, backward: Callable) -> None:
     _IMPLS[name] = (forward, backward)
 
 
-# ------------------------------------------------------------------------------- gat_attention
-def _gat_forward(*args):
-    _forward = _IMPLS["gat_attention"][0]
+# ------------------------------------------------------------------- the attention families
+# gat_attention, gatv2_attention and dot_attention share one operator layout: the family's
+# input tensors, then (first scalar, dropout, rng, return_attention code, out_dtype) forward
+# and (out, lse, grad_out, alpha, grad_alpha, first scalar, dropout, rng, code, needs) backward.
+def _attention_operators(family: str, n_inputs: int, values: int):
+    """(forward, forward fake, backward, backward fake) of an attention family whose forward
+    takes ``n_inputs`` tensors; ``values`` indexes the [N, H, D] input that gives H and D."""
 
-    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
-    out, lse, alpha = _forward(as_graph(gt), x_src, score_src, score_dst, edge_score, edge_weight, slope, p,
-                               *_stream(rng), _ATTENTION_VALUES[code], out_dtype, use_reference=not x_src.is_cuda)
-    return out, lse, alpha if alpha is not None else _empty(out)
+    def forward(*args):
+        gt, rest = _graph(args)
+        tensors, (first, p, rng, code, out_dtype) = rest[:n_inputs], rest[n_inputs:]
+        out, lse, alpha = _IMPLS[family][0](as_graph(gt), *tensors, first, p, *_stream(rng), _ATTENTION_VALUES[code],
+                                            out_dtype, use_reference=not tensors[0].is_cuda)
+        return out, lse, alpha if alpha is not None else _empty(out)
 
+    def forward_fake(*args):
+        gt, rest = _graph(args)
+        like, code, out_dtype = rest[values], rest[-2], rest[-1]
+        H, D = like.shape[1], like.shape[2]
+        out = like.new_empty((gt.n_dst, H, D), dtype=out_dtype)
+        alpha = like.new_empty((gt.num_edges, H), dtype=out_dtype) if code else like.new_empty(0, dtype=out_dtype)
+        return out, like.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
 
-def _gat_forward_fake(*args):
-    gt, (x_src, score_src, score_dst, edge_score, edge_weight, slope, p, rng, code, out_dtype) = _graph(args)
-    H, D = x_src.shape[1], x_src.shape[2]
-    out = x_src.new_empty((gt.n_dst, H, D), dtype=out_dtype)
-    alpha = x_src.new_empty((gt.num_edges, H), dtype=out_dtype) if code else x_src.new_empty(0, dtype=out_dtype)
-    return out, x_src.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
+    def backward(*args):
+        gt, rest = _graph(args)
+        tensors, (first, p, rng, code, needs) = rest[:n_inputs + 5], rest[n_inputs + 5:]
+        grads = _IMPLS[family][1](as_graph(gt), *tensors, first, p, *_stream(rng), _ATTENTION_VALUES[code],
+                                  tuple(needs), use_reference=not tensors[0].is_cuda)
+        return _grads_or_empty(grads, tensors[0])
 
+    def backward_fake(*args):
+        gt, rest = _graph(args)
+        inputs, needs = rest[:n_inputs], rest[-1]
+        return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
 
-def _gat_backward(*args):
-    _backward = _IMPLS["gat_attention"][1]
-
-    gt, rest = _graph(args)
-    tensors, (slope, p, rng, code, needs) = rest[:10], rest[10:]
-    grads = _backward(as_graph(gt), *tensors, slope, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
-                      use_reference=not tensors[0].is_cuda)
-    return _grads_or_empty(grads, tensors[0])
-
-
-def _gat_backward_fake(*args):
-    gt, rest = _graph(args)
-    x_src, score_src, score_dst, edge_score, edge_weight = rest[:5]
-    needs = rest[-1]
-    inputs = (x_src, score_src, score_dst, edge_score, edge_weight)
-    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(x_src) for t, n in zip(inputs, needs))
-
-
-# ----------------------------------------------------------------------------- gatv2_attention
-def _gatv2_forward(*args):
-    _forward = _IMPLS["gatv2_attention"][0]
-
-    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
-    out, lse, alpha = _forward(as_graph(gt), x_src, x_dst, att, edge_term, slope, p, *_stream(rng),
-                               _ATTENTION_VALUES[code], out_dtype, use_reference=not x_src.is_cuda)
-    return out, lse, alpha if alpha is not None else _empty(out)
-
-
-def _gatv2_forward_fake(*args):
-    gt, (x_src, x_dst, att, edge_term, slope, p, rng, code, out_dtype) = _graph(args)
-    H, D = x_src.shape[1], x_src.shape[2]
-    out = x_src.new_empty((gt.n_dst, H, D), dtype=out_dtype)
-    alpha = x_src.new_empty((gt.num_edges, H), dtype=out_dtype) if code else x_src.new_empty(0, dtype=out_dtype)
-    return out, x_src.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
-
-
-def _gatv2_backward(*args):
-    _backward = _IMPLS["gatv2_attention"][1]
-
-    gt, rest = _graph(args)
-    tensors, (slope, p, rng, code, needs) = rest[:9], rest[9:]
-    grads = _backward(as_graph(gt), *tensors, slope, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
-                      use_reference=not tensors[0].is_cuda)
-    return _grads_or_empty(grads, tensors[0])
-
-
-def _gatv2_backward_fake(*args):
-    gt, rest = _graph(args)
-    inputs, needs = rest[:4], rest[-1]
-    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
-
-
-# ------------------------------------------------------------------------------- dot_attention
-def _dot_forward(*args):
-    _forward = _IMPLS["dot_attention"][0]
-
-    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
-    out, lse, alpha = _forward(as_graph(gt), q, k, v, edge_term, scale, p, *_stream(rng), _ATTENTION_VALUES[code],
-                               out_dtype, use_reference=not q.is_cuda)
-    return out, lse, alpha if alpha is not None else _empty(out)
-
-
-def _dot_forward_fake(*args):
-    gt, (q, k, v, edge_term, scale, p, rng, code, out_dtype) = _graph(args)
-    H, D = k.shape[1], k.shape[2]
-    out = k.new_empty((gt.n_dst, H, D), dtype=out_dtype)
-    alpha = k.new_empty((gt.num_edges, H), dtype=out_dtype) if code else k.new_empty(0, dtype=out_dtype)
-    return out, k.new_empty((gt.n_dst, H), dtype=torch.float32), alpha
-
-
-def _dot_backward(*args):
-    _backward = _IMPLS["dot_attention"][1]
-
-    gt, rest = _graph(args)
-    tensors, (scale, p, rng, code, needs) = rest[:9], rest[9:]
-    grads = _backward(as_graph(gt), *tensors, scale, p, *_stream(rng), _ATTENTION_VALUES[code], tuple(needs),
-                      use_reference=not tensors[0].is_cuda)
-    return _grads_or_empty(grads, tensors[0])
-
-
-def _dot_backward_fake(*args):
-    gt, rest = _graph(args)
-    inputs, needs = rest[:4], rest[-1]
-    return tuple(torch.empty_like(t) if (n and t is not None) else _empty(rest[0]) for t, n in zip(inputs, needs))
+    return forward, forward_fake, backward, backward_fake
 
 
 # ---------------------------------------------------------------------------------------- spmm
@@ -366,55 +304,73 @@ def _segment_backward_fake(*args):
 
 # --------------------------------------------------------------------------------- registration
 _ATTENTION_TAIL = "float dropout, Tensor? rng, int return_attention"
-_NEEDS = "bool[] needs) -> (Tensor, Tensor, Tensor, Tensor)"
+#: (family, its input tensors in the schema, how many, which one gives H and D)
+_ATTENTION_FAMILIES = (
+    ("gat_attention",
+     "Tensor x_src, Tensor score_src, Tensor score_dst, Tensor? edge_score, Tensor? edge_weight", 5, 0),
+    ("gatv2_attention", "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term", 4, 0),
+    ("dot_attention", "Tensor q, Tensor k, Tensor v, Tensor? edge_term", 4, 1),
+)
+
+
+def _define_attention(family: str, inputs: str, n_inputs: int, values: int) -> None:
+    """Define an attention family's forward and backward operators."""
+    first = "float scale" if family == "dot_attention" else "float negative_slope"
+    forward, forward_fake, backward, backward_fake = _attention_operators(family, n_inputs, values)
+    _define(family, f"{inputs}, {first}, {_ATTENTION_TAIL}, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
+            forward, forward_fake, family)
+    _define(f"{family}_backward",
+            f"{inputs}, Tensor out, Tensor lse, Tensor grad_out, Tensor? alpha, Tensor? grad_alpha, {first}, "
+            f"{_ATTENTION_TAIL}, bool[] needs) -> ({', '.join(['Tensor'] * n_inputs)})", backward, backward_fake,
+            family)
+
 
 if AVAILABLE:
-    _define("gat_attention",
-            "Tensor x_src, Tensor score_src, Tensor score_dst, Tensor? edge_score, Tensor? edge_weight, "
-            f"float negative_slope, {_ATTENTION_TAIL}, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
-            _gat_forward, _gat_forward_fake)
-    _define("gat_attention_backward",
-            "Tensor x_src, Tensor score_src, Tensor score_dst, Tensor? edge_score, Tensor? edge_weight, Tensor out, "
-            "Tensor lse, Tensor grad_out, Tensor? alpha, Tensor? grad_alpha, float negative_slope, "
-            f"{_ATTENTION_TAIL}, bool[] needs) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-            _gat_backward, _gat_backward_fake)
-
-    _define("gatv2_attention",
-            "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, float negative_slope, "
-            f"{_ATTENTION_TAIL}, ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
-            _gatv2_forward, _gatv2_forward_fake)
-    _define("gatv2_attention_backward",
-            "Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
-            f"Tensor? alpha, Tensor? grad_alpha, float negative_slope, {_ATTENTION_TAIL}, {_NEEDS}",
-            _gatv2_backward, _gatv2_backward_fake)
-
-    _define("dot_attention",
-            f"Tensor q, Tensor k, Tensor v, Tensor? edge_term, float scale, {_ATTENTION_TAIL}, "
-            "ScalarType out_dtype) -> (Tensor, Tensor, Tensor)",
-            _dot_forward, _dot_forward_fake)
-    _define("dot_attention_backward",
-            "Tensor q, Tensor k, Tensor v, Tensor? edge_term, Tensor out, Tensor lse, Tensor grad_out, "
-            f"Tensor? alpha, Tensor? grad_alpha, float scale, {_ATTENTION_TAIL}, {_NEEDS}",
-            _dot_backward, _dot_backward_fake)
+    for family, inputs, n_inputs, values in _ATTENTION_FAMILIES:
+        _define_attention(family, inputs, n_inputs, values)
 
     _define("spmm", "Tensor x, Tensor? edge_weight, str norm, ScalarType out_dtype) -> Tensor",
-            _spmm_forward, _spmm_forward_fake)
+            _spmm_forward, _spmm_forward_fake, "spmm")
     _define("spmm_backward",
             "Tensor? x, Tensor? edge_weight, str norm, Tensor grad_out, ScalarType x_dtype, bool need_x, bool need_w) "
             "-> (Tensor, Tensor)",
-            _spmm_backward, _spmm_backward_fake)
+            _spmm_backward, _spmm_backward_fake, "spmm")
 
     _define("segment_reduce",
             "Tensor x, Tensor? edge_weight, str reduce, str tie_break, str non_finite, bool need_grad) "
             "-> (Tensor, Tensor)",
-            _segment_forward, _segment_forward_fake)
+            _segment_forward, _segment_forward_fake, "segment_reduce")
     _define("segment_reduce_backward",
             "Tensor x, Tensor? edge_weight, Tensor result, Tensor aux, Tensor grad_out, str reduce, str tie_break, "
             "str non_finite, bool need_x, bool need_w) -> (Tensor, Tensor)",
-            _segment_backward, _segment_backward_fake)
+            _segment_backward, _segment_backward_fake, "segment_reduce")
 
 
 # ------------------------------------------------------------------------ what the ops call
+def attention_forward(family: str, eager: Callable, graph, tensors: Sequence[Optional[Tensor]], first: float,
+                      dropout: float, seed, offset, return_attention, out_dtype):
+    """An attention Function's forward route: (out, lse, alpha or None). On a GraphTensors
+    graph (the compiled path) the family's operator, else its ``eager`` ``_forward`` on the
+    Graph; ``first`` is the family's scalar (negative slope or scale)."""
+    if isinstance(graph, GraphTensors):
+        out, lse, alpha = op(family)(*graph.operands, *tensors, first, dropout, rng_of(seed),
+                                     ATTENTION_CODES[return_attention], out_dtype)
+        return out, lse, alpha if return_attention else None
+    return eager(graph, *tensors, first, dropout, seed, offset, return_attention, out_dtype)
+
+
+def attention_backward(ctx, family: str, eager: Callable, graph, tensors: Sequence[Optional[Tensor]], first: float,
+                       rng: Optional[Tensor], needs: Tuple[bool, ...]):
+    """An attention Function's backward route: the input gradients (None where ``needs`` is
+    False), through the family's backward operator when the forward ran on operators, else its
+    ``eager`` ``_backward``. ``tensors``: the inputs, out, lse, grad_out, alpha, grad_alpha."""
+    if ctx.on_operators:
+        return present(op(f"{family}_backward")(*graph.operands, *tensors, first, ctx.dropout, rng,
+                                                ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
+    return eager(graph, *tensors, first, ctx.dropout, ctx.seed if rng is None else rng, ctx.offset,
+                 ctx.return_attention, needs)
+
+
 def draw_rng(dropout: float, like: Tensor) -> Optional[Tensor]:
     """The Philox (seed, offset) of one dropout call, drawn on ``like``'s device by torch's
     generator (traced: a CUDA graph draws anew on every replay)."""
