@@ -2,12 +2,14 @@
 
     python -m benchmarks.compare_runs DIR [--md OUT.md]
 
-``DIR`` holds ``ops-<label>-<round>.json`` and ``layers-<label>-<round>.json`` written by
-``bench_ops``/``bench_layers`` (``benchmarks/ab_run.sh`` makes them: labels ``before`` and
-``after``, rounds alternating). For every row (graph, op or layer, shape, variant) and timing
-(fwd, fwd+bwd) the table gives each label's median over rounds, after/before, and the noise:
-the largest relative spread between rounds of the same code. A change smaller than the noise
-is no change.
+``DIR`` holds ``<kind>-<label>-<round>.json`` files: kind ``ops`` (``bench_ops``), ``layers``
+(``bench_layers``), ``host`` (``bench_host``) or ``train`` (``bench_train_full``);
+``benchmarks/ab_run.sh`` makes them, labels ``before`` and ``after``, rounds alternating. For
+every row (graph, op or layer, shape, variant; for host and train also the mode, stock or
+enabled: the stock rows show the machine's drift between rounds) and timing the table gives
+each label's median over rounds, after/before, and the noise: the largest relative spread
+between rounds of the same code. A change smaller than the noise is no change. Times are ms,
+host times us.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ import statistics
 from collections import defaultdict
 from typing import Dict, List, Tuple
 
-_NAME = re.compile(r"(ops|layers)-(\w+)-(\d+)\.json$")
+_NAME = re.compile(r"(ops|layers|host|train)-(\w+)-(\d+)\.json$")
 #: (kind, key fields, timing fields)
 #: What a row without the key measured (runs from before the key existed: float32, no autocast).
 _UNSET = {"dtype": "float32", "autocast": "off"}
 _KINDS = {
     "ops": (("graph", "op", "shape", "dtype", "variant"), ("fwd_ms", "fwd_bwd_ms")),
     "layers": (("graph", "layer", "autocast"), ("fused_fwd_ms", "fused_fwd_bwd_ms")),
+    "host": (("label", "pass", "graph", "mode"), ("host_us",)),
+    "train": (("graph", "layer", "dtype", "mode"), ("step_ms",)),
 }
 
 
@@ -42,7 +46,8 @@ def load(directory: str) -> Dict[Tuple, Dict[str, List[float]]]:
         with open(path) as f:
             rows = json.load(f)["rows"]
         for row in rows:
-            if row.get("status") != "ok" or row.get("backend", "cuda") != "cuda":
+            # the reference backend's rows (bench_ops times it too) are not the fused code's
+            if row.get("status") != "ok" or row.get("backend") == "reference":
                 continue
             for t in timings:
                 if row.get(t) is not None:
@@ -69,7 +74,7 @@ def compare(table, before: str = "before", after: str = "after") -> List[dict]:
 
 
 def markdown(rows: List[dict]) -> str:
-    lines = ["| kind | row | timing | before ms | after ms | after/before | noise (round spread) |",
+    lines = ["| kind | row | timing | before | after | after/before | noise (round spread) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         flag = " **slower**" if r["ratio"] - 1 > max(r["noise"], 0.05) else ""
