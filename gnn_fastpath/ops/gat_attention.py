@@ -90,7 +90,7 @@ from .. import reference
 from ..graph import GraphTensors
 from ..cuda import gat_attention as kernels
 from ..reference._precision import check_out_dtype
-from ._attention import as_float32, incoming, keep, outputs, philox_seed
+from ._attention import as_float32, keep, outputs, philox_seed
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
 from . import library
@@ -193,16 +193,7 @@ class GATAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
-        graph, (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, alpha, rng) = library.saved(ctx)
-        needs = tuple(ctx.needs_input_grad[:5])
-        none = (None,) * 7
-        if (grad_out is None and grad_alpha is None) or not any(needs):
-            return (None,) * 5 + none
-        grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
-        tensors = (x_src, score_src, score_dst, edge_score, edge_weight, out, lse, grad_out, alpha, grad_alpha)
-        grads = library.attention_backward(ctx, "gat_attention", _backward, graph, tensors, ctx.negative_slope, rng,
-                                           needs)
-        return tuple(grads) + none
+        return library.attention_backward(ctx, "gat_attention", _backward, 5, ctx.negative_slope, grad_out, grad_alpha)
 
 
 def _forward(graph, x_src, score_src, score_dst, edge_score, edge_weight, negative_slope, dropout, seed, offset,

@@ -113,7 +113,7 @@ from ..cuda import gatv2_attention as kernels
 from ..reference._precision import check_out_dtype
 from ._checks import (check_devices, check_graph, check_probability, check_real, check_return_attention,
                       check_tensor, graph_on)
-from ._attention import as_float32, incoming, keep, outputs, philox_seed
+from ._attention import as_float32, keep, outputs, philox_seed
 from . import library
 from .dispatch import CUDA, choose
 
@@ -209,16 +209,7 @@ class GATv2AttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_alpha=None):
-        graph, (x_src, x_dst, att, edge_term, out, lse, alpha, rng) = library.saved(ctx)
-        needs = tuple(ctx.needs_input_grad[:4])
-        none = (None,) * 7
-        if (grad_out is None and grad_alpha is None) or not any(needs):
-            return (None,) * 4 + none
-        grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
-        tensors = (x_src, x_dst, att, edge_term, out, lse, grad_out, alpha, grad_alpha)
-        grads = library.attention_backward(ctx, "gatv2_attention", _backward, graph, tensors, ctx.negative_slope, rng,
-                                           needs)
-        return tuple(grads) + none
+        return library.attention_backward(ctx, "gatv2_attention", _backward, 4, ctx.negative_slope, grad_out, grad_alpha)
 
 
 def _forward(graph, x_src, x_dst, att, edge_term, negative_slope, dropout, seed, offset, return_attention, out_dtype,

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ..graph.tensors import N_OPERANDS, GraphTensors, as_graph
 from ..reference._precision import product_dtype
+from ._attention import incoming
 
 NAMESPACE = "gnn_fastpath"
 AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "register_autograd", "impl"))
@@ -359,16 +360,33 @@ def attention_forward(family: str, eager: Callable, graph, tensors: Sequence[Opt
     return eager(graph, *tensors, first, dropout, seed, offset, return_attention, out_dtype)
 
 
-def attention_backward(ctx, family: str, eager: Callable, graph, tensors: Sequence[Optional[Tensor]], first: float,
-                       rng: Optional[Tensor], needs: Tuple[bool, ...]):
-    """An attention Function's backward route: the input gradients (None where ``needs`` is
-    False), through the family's backward operator when the forward ran on operators, else its
-    ``eager`` ``_backward``. ``tensors``: the inputs, out, lse, grad_out, alpha, grad_alpha."""
+#: an attention Function's arguments after its input tensors: graph, the family's scalar,
+#: return_attention, dropout, seed, offset, out_dtype (no gradients)
+_ATTENTION_OPTIONS = 7
+
+
+def attention_backward(ctx, family: str, eager: Callable, n_inputs: int, first: float,
+                       grad_out: Optional[Tensor], grad_alpha: Optional[Tensor]) -> tuple:
+    """An attention Function's whole backward: the gradients of its ``n_inputs`` input tensors
+    (None where not needed) and None for its options. Through the family's backward operator
+    when the forward ran on operators, else its ``eager`` ``_backward``; ``first`` is the
+    family's scalar (negative slope or scale). Reads what :func:`save` kept: the inputs, out,
+    lse, alpha and the rng tensor."""
+    graph, saved_tensors = saved(ctx)
+    inputs, (out, lse, alpha, rng) = saved_tensors[:n_inputs], saved_tensors[n_inputs:]
+    needs = tuple(ctx.needs_input_grad[:n_inputs])
+    options = (None,) * _ATTENTION_OPTIONS
+    if (grad_out is None and grad_alpha is None) or not any(needs):
+        return (None,) * n_inputs + options
+    grad_out, grad_alpha = incoming(out, grad_out, grad_alpha)
+    tensors = (*inputs, out, lse, grad_out, alpha, grad_alpha)
     if ctx.on_operators:
-        return present(op(f"{family}_backward")(*graph.operands, *tensors, first, ctx.dropout, rng,
-                                                ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
-    return eager(graph, *tensors, first, ctx.dropout, ctx.seed if rng is None else rng, ctx.offset,
-                 ctx.return_attention, needs)
+        grads = present(op(f"{family}_backward")(*graph.operands, *tensors, first, ctx.dropout, rng,
+                                                 ATTENTION_CODES[ctx.return_attention], list(needs)), needs)
+    else:
+        grads = eager(graph, *tensors, first, ctx.dropout, ctx.seed if rng is None else rng, ctx.offset,
+                      ctx.return_attention, needs)
+    return tuple(grads) + options
 
 
 def draw_rng(dropout: float, like: Tensor) -> Optional[Tensor]:

@@ -51,38 +51,31 @@ def _enable_twice(framework):
     return _version_warnings(caught)
 
 
-def test_untested_pyg_version_warns_once(pyg, monkeypatch, fresh_version_warnings):
-    monkeypatch.setattr(pyg, "__version__", "9.9.0")
-    (warning,) = _enable_twice("pyg")
+#: framework -> (the module its layers come from, a tested version's suffix as builds name it)
+_BUILDS = {"pyg": ("torch_geometric.", ".1"), "dgl": ("dgl.", ".0+cu121")}
+_EACH = [pytest.param(f, marks=pytest.mark.dgl) if f == "dgl" else f for f in FRAMEWORKS]
+
+
+@pytest.mark.parametrize("framework", _EACH)
+def test_untested_version_warns_once(framework, request, monkeypatch, fresh_version_warnings):
+    module = request.getfixturevalue(framework)
+    monkeypatch.setattr(module, "__version__", "9.9.0")
+    (warning,) = _enable_twice(framework)
     assert warning.category is UserWarning and warning.filename == __file__
     text = str(warning.message)
-    tested = registry.integration("pyg").tested_versions
-    assert "PyG 9.9.0 is installed" in text and all(f"{v}.x" in text for v in tested), text
+    tested = registry.integration(framework).tested_versions
+    title = registry.FRAMEWORKS[framework].title
+    assert f"{title} 9.9.0 is installed" in text and all(f"{v}.x" in text for v in tested), text
     assert "patched anyway" in text
-    assert any(cls.__module__.startswith("torch_geometric.") for cls in switch.patched_classes())
+    assert any(cls.__module__.startswith(_BUILDS[framework][0]) for cls in switch.patched_classes())
 
 
-def test_tested_pyg_version_does_not_warn(pyg, monkeypatch, fresh_version_warnings):
-    tested = registry.integration("pyg").tested_versions[0]
-    monkeypatch.setattr(pyg, "__version__", f"{tested}.1")
-    assert _enable_twice("pyg") == []
-
-
-@pytest.mark.dgl
-def test_untested_dgl_version_warns_once(dgl, monkeypatch, fresh_version_warnings):
-    monkeypatch.setattr(dgl, "__version__", "9.9.0")
-    (warning,) = _enable_twice("dgl")
-    assert warning.category is UserWarning and warning.filename == __file__
-    text = str(warning.message)
-    tested = registry.integration("dgl").tested_versions
-    assert "DGL 9.9.0 is installed" in text and all(f"{v}.x" in text for v in tested), text
-
-
-@pytest.mark.dgl
-def test_tested_dgl_version_does_not_warn(dgl, monkeypatch, fresh_version_warnings):
-    tested = registry.integration("dgl").tested_versions[0]
-    monkeypatch.setattr(dgl, "__version__", f"{tested}.0+cu121")
-    assert _enable_twice("dgl") == []
+@pytest.mark.parametrize("framework", _EACH)
+def test_tested_version_does_not_warn(framework, request, monkeypatch, fresh_version_warnings):
+    module = request.getfixturevalue(framework)
+    tested = registry.integration(framework).tested_versions[0]
+    monkeypatch.setattr(module, "__version__", f"{tested}{_BUILDS[framework][1]}")
+    assert _enable_twice(framework) == []
 
 
 @pytest.mark.dgl
