@@ -65,6 +65,15 @@ UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 DGL_GPU_BOUND, DGL_GPU_GRAD_BOUND = 16.0, 128.0
 #: Perturbed float64 runs that estimate a tensor's conditioning noise (:func:`_compare_half`).
 NOISE_DRAWS = 3
+#: 16-bit gradients that are 0 in float64 (a softmax's shift-invariant direction: TransformerConv's
+#: ``lin_key.bias``, GAT's ``att_dst``) are rounding noise on both paths, and their size follows
+#: the cancelling terms, not the (zero) result: the fused ops take FlashAttention's
+#: ``delta = <O, dO>`` from the 16-bit output, stock sums the terms directly, and the two noises
+#: differ by a few times. Such a tensor passes when its noise is at most this many units of
+#: roundoff of the run's largest gradient (the float32 analogue is ``SLACK_FP32``).
+ZERO_SLACK = 0.5
+#: a float64 gradient at most this fraction of the largest gradient is a structural zero
+ZERO_TOL = 1e-9
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -780,8 +789,7 @@ def _ref_tensor(ref: Result, name: str) -> Optional[Tensor]:
 def _grad_floor(result: Result) -> float:
     """``GRAD_FLOOR`` x the run's largest gradient: the scale below which a gradient entry is
     rounding noise (some are mathematically 0, e.g. a softmax's shift-invariant direction)."""
-    return GRAD_FLOOR * max([g.detach().abs().max().item() for g in result.grads.values()
-                             if g is not None and g.numel()] + [0.0])
+    return GRAD_FLOOR * _largest_grad(result)
 
 
 def _compare_fp32(case, fused: Result, stock: Result, rtol: float, reference: Callable[[], Result]):
@@ -868,6 +876,8 @@ def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str =
                 continue
         if ef <= FACTOR * es + SLACK * u:
             continue
+        if name.startswith("grad") and _structural_zero(r, ref) and _err_vs(f, r, _largest_grad(ref)) <= ZERO_SLACK * u:
+            continue
         noise = 0.0
         for k in range(NOISE_DRAWS if perturbed is not None else 0):
             if len(noisy) <= k:
@@ -889,6 +899,16 @@ def _compare_half(case, fused: Result, stock: Result, ref: Result, device: str =
             _fail(case, name, f"error vs float64 {ef:.3e} > {FACTOR} x stock's {es:.3e} (the most of "
                               f"{1 + len(stock_runs)} stock runs) + {SLACK}u + {FACTOR} x the conditioning "
                               f"noise {noise:.3e}")
+
+
+def _largest_grad(result: Result) -> float:
+    return max([g.detach().abs().max().item() for g in result.grads.values() if g is not None and g.numel()] + [0.0])
+
+
+def _structural_zero(r: Tensor, ref: Result) -> bool:
+    """``r`` (a float64 gradient of ``ref``) is 0 up to float64 rounding: a cancelling sum."""
+    largest = _largest_grad(ref)
+    return largest > 0 and r.numel() > 0 and r.detach().abs().max().item() <= ZERO_TOL * largest
 
 
 def _err_vs(x: Tensor, ref: Tensor, floor: float = 0.0) -> float:
