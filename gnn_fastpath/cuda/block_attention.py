@@ -32,9 +32,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: Head widths the kernels take: multiples of the mma's k = 16, up to 128 (registers: the
 #: window's q fragments and a 16 x D float32 accumulator per warp).
 MAX_HEAD_DIM = 128
-# The rule (tuning off: dot_attention.forward_algorithm / backward_mode) takes these kernels
-# wherever they are offered: the tensor cores' blocks beat the CSR kernels on the benchmark
-# graphs in 16 bits but for the widest heads on the least clustered ones (benchmarks/RESULTS.md).
+# The rule (tuning off: dot_attention.forward_algorithm / backward_mode) takes the forward
+# wherever it is offered, the backward where the layout's windows share source rows: without
+# sharing (the least clustered graphs) the CSR source-major pass wins (benchmarks/RESULTS.md).
 # The tuner, on by default, times both per size class.
 #: Windows with more blocks than this are cut into chunks of this many blocks, one warp each,
 #: merged afterwards (a super node's window, or a hub source's, would otherwise keep one warp

@@ -20,8 +20,9 @@ Block-sparse tensor-core variant (:mod:`gnn_fastpath.cuda.block_attention`): for
 v without edge term or returned attention, on an eager graph that outlived a training step (its
 layout is a one-time cost a sampled batch's graph would pay every step), the forward and (in
 bfloat16) the backward can run on tensor cores over the graph's block-sparse layout instead.
-The rule takes it wherever it is offered (measured: see block_attention.py); the tuner times it
-against the CSR kernels per size class and window sharing.
+The rule takes the block forward wherever it is offered, and the block backward where the
+layout's windows share source rows (:func:`backward_mode`); the tuner times it against the CSR
+kernels per size class and window sharing.
 """
 from __future__ import annotations
 
@@ -141,12 +142,19 @@ def block_offered(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
     return block_attention.usable(graph, p)
 
 
+#: The block-sparse backward wins where windows share source rows; on a layout without sharing
+#: (a large random graph) the source-major CSR pass is faster (benchmarks/RESULTS.md, tuning).
+BLOCK_BACKWARD_MIN_SHARING = 1.05
+
+
 def backward_mode(graph, block: bool = False, dtype: Optional[torch.dtype] = None) -> str:
     """``"atomic"``, ``"transposed"`` or ``"block"`` for ``graph`` and rows of ``dtype`` (None:
     float32) (``GNN_FASTPATH_DOT_BWD`` forces one; ``"block"`` only where ``block``,
     :func:`block_offered`).
 
-    The rule: the source-major pass where sources have :data:`TRANSPOSED_MIN_MEAN_DEGREE`
+    The rule: the block-sparse pass where offered and its layout shares source rows within
+    windows (:attr:`BlockLayout.sharing` at least :data:`BLOCK_BACKWARD_MIN_SHARING`); else
+    the source-major pass where sources have :data:`TRANSPOSED_MIN_MEAN_DEGREE`
     out-edges or more on average, and for 16-bit rows on every graph that outlived a training
     step: their atomic pass adds into float32 copies of dk and dv (zeroed, then cast), which
     costs more than the transpose on every benchmark graph in bfloat16, low-degree ones included
@@ -157,7 +165,7 @@ def backward_mode(graph, block: bool = False, dtype: Optional[torch.dtype] = Non
         return forced
     if graph.static:  # compiled path: the shims pass no source-major CSR (one destination pass, atomics)
         return "atomic"
-    if block:  # the rule, measured in block_attention.py (the tuner refines it)
+    if block and block_attention.layout(graph).sharing >= BLOCK_BACKWARD_MIN_SHARING:
         return "block"
     if dtype is not None and dtype != torch.float32 and graph.outlived_a_step():
         return "transposed"

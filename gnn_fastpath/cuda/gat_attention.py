@@ -90,6 +90,10 @@ TRANSPOSED_MIN_ROW_RATIO = 16
 #: The rule's source-major backward for 16-bit rows where sources have at most this many
 #: out-edges on average (see :func:`backward_mode`).
 TRANSPOSED_16BIT_MAX_MEAN_DEGREE = 16.0
+#: Hub sources alone (source rows the long side) take the source-major pass only where
+#: sources have at least this many out-edges on average: below it the hub rows' atomics cost
+#: less than the transposed gather (benchmarks/RESULTS.md, tuning).
+TRANSPOSED_HUB_MIN_MEAN_DEGREE = 12.0
 
 
 def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
@@ -105,8 +109,10 @@ def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
       cast), which on such graphs weighs as much as the edges' own work;
     - where the longest row on one side is at least :data:`TRANSPOSED_MIN_ROW_RATIO` times
       the longest on the other: destination super nodes (the source-major pass walks the even
-      side), or source super nodes, whose dx_src rows the atomic pass would hit with one
-      float4 atomic per edge and head (the source-major pass sums them in registers).
+      side), or source super nodes on graphs of at least
+      :data:`TRANSPOSED_HUB_MIN_MEAN_DEGREE` out-edges per source, whose dx_src rows the
+      atomic pass would hit with one float4 atomic per edge and head (the source-major pass
+      sums them in registers).
 
     The two row lengths are host facts of the build (or one read, once per graph that
     outlived a step)."""
@@ -119,9 +125,10 @@ def backward_mode(graph, dtype: Optional[torch.dtype] = None) -> str:
             and graph.num_edges <= TRANSPOSED_16BIT_MAX_MEAN_DEGREE * max(graph.n_src, 1)):
         return "transposed"
     longest_dst, longest_src = _longest_rows(graph)
-    skewed = (longest_dst >= TRANSPOSED_MIN_ROW_RATIO * max(longest_src, 1)
-              or longest_src >= TRANSPOSED_MIN_ROW_RATIO * max(longest_dst, 1))
-    return "transposed" if skewed else "atomic"
+    if longest_dst >= TRANSPOSED_MIN_ROW_RATIO * max(longest_src, 1):
+        return "transposed"
+    hubs = longest_src >= TRANSPOSED_MIN_ROW_RATIO * max(longest_dst, 1)
+    return "transposed" if hubs and graph.num_edges >= TRANSPOSED_HUB_MIN_MEAN_DEGREE * max(graph.n_src, 1) else "atomic"
 
 
 def _longest_rows(graph) -> Tuple[int, int]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dry_launch import GRAPHS, graph, leaf
+from gnn_fastpath.cuda import block_attention
 from gnn_fastpath.cuda import dot_attention as dot_kernels
 from gnn_fastpath.cuda import launch
 from gnn_fastpath.ops.dot_attention import DotAttentionFunction
@@ -124,7 +125,8 @@ def test_backward_rule(monkeypatch):
     """The rule without tuning: the source-major pass from a mean out-degree of
     TRANSPOSED_MIN_MEAN_DEGREE, and for 16-bit rows on any graph that outlived a step (their
     atomic pass adds into float32 copies of dk and dv; benchmarks/RESULTS.md, tuning); a graph of
-    one step keeps the degree rule; block where offered; static graphs
+    one step keeps the degree rule; block where offered and the layout's windows share source
+    rows; static graphs
     atomic; a forced variant wins."""
     from gnn_fastpath import Graph
     from gnn_fastpath.graph.tensors import as_graph, of_graph
@@ -144,7 +146,11 @@ def test_backward_rule(monkeypatch):
     for dtype in (torch.float16, torch.bfloat16):
         assert dot_kernels.backward_mode(sparse, False, dtype) == "transposed"
         assert dot_kernels.backward_mode(dense, False, dtype) == "transposed"
-        assert dot_kernels.backward_mode(sparse, True, dtype) == "block"
+        # block where offered and its windows share source rows; the ring shares none
+        assert block_attention.layout(dense).sharing >= dot_kernels.BLOCK_BACKWARD_MIN_SHARING
+        assert dot_kernels.backward_mode(dense, True, dtype) == "block"
+        assert block_attention.layout(sparse).sharing < dot_kernels.BLOCK_BACKWARD_MIN_SHARING
+        assert dot_kernels.backward_mode(sparse, True, dtype) == "transposed"
     static = as_graph(of_graph(dense))
     assert static.static and dot_kernels.backward_mode(static, False, torch.bfloat16) == "atomic"
     monkeypatch.setenv("GNN_FASTPATH_DOT_BWD", "atomic")

@@ -128,7 +128,8 @@ def _outlive(g):
 def test_backward_mode(monkeypatch):
     """The rule: the atomic pass, except on a graph that outlived a step (not static), where
     the source-major pass is taken for 16-bit rows on sources with few out-edges, and in any
-    dtype where the rows of one side are much longer than those of the other; a forced variant wins; a
+    dtype where destination rows are much longer than source rows, or source rows much longer
+    than destination rows on a graph of many out-edges per source; a forced variant wins; a
     bad forced value is reported."""
     dense, sparse = graph(True), graph(False, True)
     assert dense.num_edges >= 20 * dense.n_src and sparse.num_edges < 20 * sparse.n_src
@@ -150,8 +151,16 @@ def test_backward_mode(monkeypatch):
     skewed = _outlive(Graph.from_edge_index(torch.stack([src, dst]), n))
     assert skewed.degree_stats().max >= kernels.TRANSPOSED_MIN_ROW_RATIO * skewed.degree_bound(source_major=True)
     assert kernels.backward_mode(skewed) == kernels.backward_mode(skewed, torch.float32) == "transposed"
-    flipped = _outlive(Graph.from_edge_index(torch.stack([dst, src]), n))  # the skew on the source side
-    assert kernels.backward_mode(flipped, torch.float32) == "transposed"
+    # the skew on the source side: hub sources take the source-major pass only on graphs of
+    # many out-edges per source
+    flipped = _outlive(Graph.from_edge_index(torch.stack([dst, src]), n))
+    assert flipped.num_edges < kernels.TRANSPOSED_HUB_MIN_MEAN_DEGREE * flipped.n_src
+    assert kernels.backward_mode(flipped, torch.float32) == "atomic"
+    many = torch.cat([torch.zeros(16 * n, dtype=torch.int64), torch.arange(n).repeat(12)])  # hub 0
+    hubs = _outlive(Graph.from_edge_index(torch.stack([many, torch.arange(many.numel()) % n]), n))
+    assert hubs.num_edges >= kernels.TRANSPOSED_HUB_MIN_MEAN_DEGREE * hubs.n_src
+    assert hubs.degree_bound(source_major=True) >= kernels.TRANSPOSED_MIN_ROW_RATIO * hubs.degree_stats().max
+    assert kernels.backward_mode(hubs, torch.float32) == "transposed"
     even = _outlive(Graph.from_edge_index(torch.stack([src, src.roll(7)]), n))  # 4 in- and 4 out-edges each
     assert kernels.backward_mode(even, torch.float32) == "atomic"
     assert kernels.backward_mode(Graph.from_edge_index(torch.stack([src, dst]), n)) == "atomic"  # one step
