@@ -30,13 +30,14 @@ benchmarks look up data (:func:`benchmarks.graphs.data_dirs`: ``--data-dir``,
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,8 @@ from . import graphs, harness
 
 EXAMPLES = ("gcn", "gat", "agnn", "sage")
 DATASETS = ("cora", "citeseer")
-SWEEP_LAYERS = ("gcn", "sage_mean", "gat", "gatv2", "transformer")
+SWEEP_LAYERS = ("gcn", "gcn_cached", "sage_mean", "sage_sum", "sage_max", "gin", "graphconv", "agnn", "gat", "gatv2",
+                "transformer")
 
 
 # ------------------------------------------------------------------------------ the models
@@ -106,13 +108,19 @@ OPTIMISER = {"gcn": (0.01, 5e-4), "gat": (0.005, 5e-4), "agnn": (0.01, 5e-4), "s
 
 def sweep_model(layer: str, features: int, classes: int) -> torch.nn.Module:
     """Two layers of ``layer``, ``features`` wide (4 heads for the attention layers)."""
-    from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, SAGEConv, TransformerConv
+    from torch_geometric.nn import AGNNConv, GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv, TransformerConv
 
     def make(i: int, o: int, last: bool):
-        if layer == "gcn":
-            return GCNConv(i, o)
-        if layer == "sage_mean":
-            return SAGEConv(i, o)
+        if layer in ("gcn", "gcn_cached"):
+            return GCNConv(i, o, cached=layer == "gcn_cached")
+        if layer.startswith("sage_"):
+            return SAGEConv(i, o, aggr=layer[len("sage_"):])
+        if layer == "gin":
+            return GINConv(torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o)))
+        if layer == "graphconv":
+            return GraphConv(i, o)
+        if layer == "agnn":  # AGNNConv keeps the width: a Linear after it
+            return torch.nn.ModuleList([AGNNConv(), torch.nn.Linear(i, o)])
         heads = 1 if last else 4
         width = o if last else o // heads
         cls = {"gat": GATConv, "gatv2": GATv2Conv, "transformer": TransformerConv}[layer]
@@ -124,8 +132,14 @@ def sweep_model(layer: str, features: int, classes: int) -> torch.nn.Module:
             self.conv1 = make(features, features, False)
             self.conv2 = make(features, classes, True)
 
+        @staticmethod
+        def _layer(conv, x, edge_index):
+            if isinstance(conv, torch.nn.ModuleList):
+                return conv[1](conv[0](x, edge_index))
+            return conv(x, edge_index)
+
         def forward(self, x, edge_index):
-            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+            return self._layer(self.conv2, self._layer(self.conv1, x, edge_index).relu(), edge_index)
 
     return Two()
 
@@ -216,8 +230,10 @@ def switch(gf, enabled: bool, device: torch.device):
     return gf.enabled(frameworks="pyg", cpu="reference" if device.type == "cpu" else None)
 
 
-def sweep_step_ms(layer: str, nodes: int, a, device, gf, enabled: bool) -> float:
-    """Median ms of one training step of the two-layer ``layer`` model on a random graph."""
+def sweep_step_ms(layer: str, nodes: int, a, device, gf, enabled: bool) -> Tuple[float, str]:
+    """(median ms of one training step of the two-layer ``layer`` model on a random graph,
+    what ran: the layers' ``stats()`` when enabled). ``a.rule == "off"``: the enabled runs
+    take the fused path at every size (``GNN_FASTPATH_SMALL_GRAPH=off``)."""
     g = torch.Generator().manual_seed(a.seeds[0])
     m = nodes * a.degree
     edge_index = torch.randint(0, nodes, (2, m), generator=g).to(device)
@@ -232,17 +248,28 @@ def sweep_step_ms(layer: str, nodes: int, a, device, gf, enabled: bool) -> float
         F.cross_entropy(model(x, edge_index), y).backward()
         opt.step()
 
-    with switch(gf, enabled, device):
-        for _ in range(a.warmup):
-            step()
-        times = []
-        for _ in range(a.steps):
-            sync(device)
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    rule = os.environ.get("GNN_FASTPATH_SMALL_GRAPH")
+    if enabled and a.rule == "off":
+        os.environ["GNN_FASTPATH_SMALL_GRAPH"] = "off"
+    try:
+        with switch(gf, enabled, device):
+            gf.reset_stats()
+            for _ in range(a.warmup):
+                step()
+            times = []
+            for _ in range(a.steps):
+                sync(device)
+                t0 = time.perf_counter()
+                step()
+                sync(device)
+                times.append((time.perf_counter() - t0) * 1e3)
+            ran = harness_stats(gf.stats()) if enabled else "stock"
+    finally:
+        if rule is None:
+            os.environ.pop("GNN_FASTPATH_SMALL_GRAPH", None)
+        else:
+            os.environ["GNN_FASTPATH_SMALL_GRAPH"] = rule
+    return statistics.median(times), ran
 
 
 def crossover(rows: List[dict]) -> Optional[int]:
@@ -272,6 +299,9 @@ def main(argv=None) -> int:
     p.add_argument("--degree", type=int, default=8, help="sweep: average in-degree (default 8)")
     p.add_argument("--features", type=int, default=64, help="sweep: hidden width (default 64)")
     p.add_argument("--steps", type=int, default=20, help="sweep: timed steps per measurement (default 20)")
+    p.add_argument("--rule", default="on", choices=("on", "off"),
+                   help="sweep: 'off' runs the fused path at every size (GNN_FASTPATH_SMALL_GRAPH=off), to "
+                        "measure the crossovers the small-graph rule is built from (default on)")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--time-budget", type=float, default=None,
@@ -330,8 +360,8 @@ def main(argv=None) -> int:
                     row["status"] = "skipped: time budget"
                 else:
                     try:
-                        row["stock_ms"] = sweep_step_ms(layer, nodes, a, device, gf, False)
-                        row["enabled_ms"] = sweep_step_ms(layer, nodes, a, device, gf, True)
+                        row["stock_ms"] = sweep_step_ms(layer, nodes, a, device, gf, False)[0]
+                        row["enabled_ms"], row["ran"] = sweep_step_ms(layer, nodes, a, device, gf, True)
                         row["speedup"] = row["stock_ms"] / row["enabled_ms"]
                     except Exception as exc:  # noqa: BLE001 (OOM or a failure of one size: the row says so)
                         row["status"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -358,8 +388,8 @@ def main(argv=None) -> int:
             | {k: (lambda v: fmt(v, 3)) for k in ("stock_test_acc", "enabled_test_acc")}), ""]
     if sweep_rows:
         text += [harness.markdown_table(
-            sweep_rows, ["layer", "nodes", "edges", "stock_ms", "enabled_ms", "speedup", "status"],
-            ["layer x2", "nodes", "edges", "stock ms/step", "enabled ms/step", "x", "status"],
+            sweep_rows, ["layer", "nodes", "edges", "stock_ms", "enabled_ms", "speedup", "ran", "status"],
+            ["layer x2", "nodes", "edges", "stock ms/step", "enabled ms/step", "x", "what ran (enabled)", "status"],
             {k: fmt for k in ("stock_ms", "enabled_ms", "speedup")}), "",
             "Crossover (enabled no slower from this many nodes up): "
             + ", ".join(f"{k} {v if v is not None else 'none'}" for k, v in crossovers.items()), ""]

@@ -95,6 +95,10 @@ SETTINGS = (
     Setting("GNN_FASTPATH_DISABLE_CUDA", "0", "0 or 1",
             "1 reports the CUDA kernels unavailable: every op runs its reference, shims on CUDA fall back",
             _flag),
+    Setting("GNN_FASTPATH_SMALL_GRAPH", "auto", "auto, off",
+            "auto: a patched layer whose fused path is measured slower than stock on small graphs runs stock "
+            "below its crossover edge count (stats() reason small_graph; see the README); off: the fused path "
+            "at every size", _choice("auto", "off")),
     Setting("GNN_FASTPATH_GATV2_CHUNK", "256", "1..65536",
             "GATv2 attention: rows longer than this many edges are cut into chunks of this length",
             _int_in(1, 65536)),

@@ -46,10 +46,12 @@ def record_fused(layer: str, backend: str) -> None:
         _entry(layer)["fused"][backend] += 1
 
 
-def record_fallback(layer: str, reason: str, detail: str = "") -> None:
+def record_fallback(layer: str, reason: str, detail: str = "", warn: bool = True) -> None:
+    """A patched layer ran its stock forward for ``reason``; warned once per (layer, reason)
+    unless ``warn`` is False (a choice for speed, e.g. ``small_graph``, not a limit)."""
     with _lock:
         _entry(layer)["fallback"][reason] += 1
-        first = (layer, reason) not in _warned
+        first = warn and (layer, reason) not in _warned
         _warned.add((layer, reason))
     if first:
         msg = f"gnn_fastpath: {layer} runs its stock forward ({reason}"

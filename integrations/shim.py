@@ -39,6 +39,8 @@ from gnn_fastpath.ops._checks import check_real
 from gnn_fastpath.ops.dispatch import Unsupported
 from gnn_fastpath.stats import record_compiled, record_fallback, record_fused
 
+from . import small_graph
+
 
 @dataclass
 class Shim:
@@ -58,6 +60,9 @@ class Shim:
         methods: the methods the fused forward stands in for; a subclass or an instance
             that overrides any of them (``forward``; for PyG also ``message``, ``propagate``,
             ...) runs stock, since the fused math would silently skip the override.
+        edges: ``edges(*args, **kwargs) -> int or None``, the call's edge count read off its
+            graph input without building anything (None: not known cheaply), for the
+            small-graph rule (:mod:`.small_graph`).
     """
 
     key: str
@@ -66,6 +71,7 @@ class Shim:
     op: Union[str, Callable[[torch.nn.Module], str]]
     features: Callable[..., Tensor]
     methods: Tuple[str, ...] = ("forward",)
+    edges: Optional[Callable[..., Optional[int]]] = None
 
     def op_for(self, module: torch.nn.Module) -> str:
         """The op family ``module`` runs on."""
@@ -325,6 +331,11 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
             backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs), module)
         except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
+    if blocker is None and backend == dispatch.CUDA and shim.edges is not None:
+        blocker = small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs))
+        if blocker is not None:  # a choice for speed, not a limit: counted, not warned
+            record_fallback(shim.key, *blocker, warn=False)
+            return torch.nn.Module.__call__(module, *args, **kwargs)
     if blocker is None:
         try:
             with dispatch.recording() as ran:

@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SOURCES = sorted((ROOT / "gnn_fastpath").rglob("*.py")) + sorted((ROOT / "integrations").rglob("*.py"))
-SHIM = ROOT / "integrations" / "shim.py"
+# Files that return blocker tuples (reason, detail): the shim machinery and the small-graph rule.
+BLOCKERS = (ROOT / "integrations" / "shim.py", ROOT / "integrations" / "small_graph.py")
 QUICK_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[pyg]" && python examples/quickstart.py'
 TEST_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[test,dgl]" && pytest tests'
 
@@ -42,7 +43,7 @@ def code_reasons() -> dict:
     found: dict = {}
     for path in SOURCES:
         text = path.read_text()
-        patterns = _PATTERNS + (_SHIM_PATTERNS if path == SHIM else ())
+        patterns = _PATTERNS + (_SHIM_PATTERNS if path in BLOCKERS else ())
         for pattern in patterns:
             for key in pattern.findall(text):
                 found.setdefault(key, set()).add(path.relative_to(ROOT).as_posix())
@@ -59,7 +60,7 @@ def test_the_scan_finds_the_known_reasons():
     found = code_reasons()
     for key in ("dtype", "forced", "cpu", "no_kernel", "int32", "kernel_limit",  # dispatch
                 "input", "autocast", "torchscript", "fx_tracing", "hooks", "explain",  # shim
-                "decomposed_layers", "subclass", "lazy", "arguments",
+                "decomposed_layers", "subclass", "lazy", "arguments", "small_graph",
                 "edge_attr", "fill_value", "segment_ties",  # PyG layers
                 "heterograph", "attn_drop", "empty_graph"):  # DGL layers
         assert key in found, key

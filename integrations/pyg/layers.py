@@ -4,6 +4,8 @@ from __future__ import annotations
 import inspect
 from typing import Callable, List
 
+import torch
+
 from torch_geometric.nn.conv import GATv2Conv, GCNConv, SAGEConv, TransformerConv
 from torch_geometric.nn.conv import GATConv
 from torch_geometric.nn.conv import AGNNConv, DynamicEdgeConv, EdgeConv, GINConv, GraphConv
@@ -35,6 +37,18 @@ def _features(module) -> Callable:
     return features
 
 
+def edges(x=None, edge_index=None, *args, **kwargs):
+    """The call's edge count, read off ``edge_index`` (a Tensor [2, M], an ``EdgeIndex`` or a
+    torch.sparse adjacency) without building anything; None for anything else."""
+    if not isinstance(edge_index, torch.Tensor):
+        return None
+    if edge_index.layout == torch.sparse_coo:
+        return edge_index._nnz()
+    if edge_index.layout == torch.sparse_csr:
+        return edge_index.col_indices().numel()
+    return edge_index.size(1) if edge_index.dim() == 2 else None
+
+
 # What a fused forward replaces of a MessagePassing layer: overriding any of these (in a
 # subclass or on the instance) sends the layer to its stock code.
 MESSAGE_PASSING_METHODS = ("forward", "propagate", "message", "aggregate", "message_and_aggregate", "update",
@@ -42,23 +56,32 @@ MESSAGE_PASSING_METHODS = ("forward", "propagate", "message", "aggregate", "mess
 
 SHIMS: List[Shim] = [
     Shim(key="pyg.TransformerConv", cls=TransformerConv, forward=transformer_conv.forward,
-         op="dot_attention", features=_features(transformer_conv), methods=MESSAGE_PASSING_METHODS),
+         op="dot_attention", features=_features(transformer_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.GATv2Conv", cls=GATv2Conv, forward=gatv2_conv.forward,
-         op="gatv2_attention", features=_features(gatv2_conv), methods=MESSAGE_PASSING_METHODS),
+         op="gatv2_attention", features=_features(gatv2_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.GATConv", cls=GATConv, forward=gat_conv.forward,
-         op="gat_attention", features=_features(gat_conv), methods=MESSAGE_PASSING_METHODS),
+         op="gat_attention", features=_features(gat_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.GCNConv", cls=GCNConv, forward=gcn_conv.forward,
-         op="spmm", features=_features(gcn_conv), methods=MESSAGE_PASSING_METHODS),
+         op="spmm", features=_features(gcn_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.SAGEConv", cls=SAGEConv, forward=sage_conv.forward,
-         op=sage_conv.op_for, features=_features(sage_conv), methods=MESSAGE_PASSING_METHODS),
+         op=sage_conv.op_for, features=_features(sage_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.AGNNConv", cls=AGNNConv, forward=agnn_conv.forward,
-         op="dot_attention", features=_features(agnn_conv), methods=MESSAGE_PASSING_METHODS),
+         op="dot_attention", features=_features(agnn_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.GINConv", cls=GINConv, forward=gin_conv.forward,
-         op=gin_conv.op_for, features=_features(gin_conv), methods=MESSAGE_PASSING_METHODS),
+         op=gin_conv.op_for, features=_features(gin_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.GraphConv", cls=GraphConv, forward=graph_conv.forward,
-         op=graph_conv.op_for, features=_features(graph_conv), methods=MESSAGE_PASSING_METHODS),
+         op=graph_conv.op_for, features=_features(graph_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.EdgeConv", cls=EdgeConv, forward=edge_conv.forward,
-         op=edge_conv.op_for, features=_features(edge_conv), methods=MESSAGE_PASSING_METHODS),
+         op=edge_conv.op_for, features=_features(edge_conv), methods=MESSAGE_PASSING_METHODS,
+         edges=edges),
     Shim(key="pyg.DynamicEdgeConv", cls=DynamicEdgeConv, forward=dynamic_edge_conv.forward,
          op=dynamic_edge_conv.op_for, features=_features(dynamic_edge_conv), methods=MESSAGE_PASSING_METHODS),
 ]

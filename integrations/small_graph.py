@@ -1,0 +1,52 @@
+"""The small-graph rule: where a patched layer runs stock because the fused path cannot win.
+
+On a small graph a training step is bound by host time (Python, autograd, kernel launches),
+not by the GPU. The fused path saves GPU time and memory but, for the plain aggregations
+(stock's ``scatter`` is one cheap call), spends more host time per call than stock does, so
+there it is slower until the graph is large enough for the GPU work to dominate. Below a
+layer's *crossover* the layer runs its stock forward, counted in ``stats()`` under the reason
+``"small_graph"`` (without a warning: nothing is unsupported, stock is simply faster there).
+
+The crossover is the edge count from which a two-layer training step of the layer, fused, was
+no slower than stock's at every larger size measured (``benchmarks/bench_examples.py --parts
+sweep``, H200, 64 features; benchmarks/RESULTS.md, "Small graphs"). Layers without an entry
+(the attention layers) were no slower at every size measured, and run fused at every size.
+The rule is read in eager mode; under ``torch.compile`` the layers trace their fused path.
+
+``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size (to measure it).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from gnn_fastpath import config
+
+#: (layer key, variant) -> the edge count from which the fused path runs. The variant is what
+#: changes stock's cost: the op family of an aggregation (``spmm`` for sum/mean,
+#: ``segment_reduce`` for max/min), ``cached`` for a GCNConv that caches its normalisation.
+MIN_EDGES: Dict[Tuple[str, str], int] = {}
+
+
+def variant(layer: str, op: str, module) -> str:
+    """The table's variant of ``module`` running op ``op``."""
+    if layer.endswith("GCNConv") and getattr(module, "cached", False):
+        return "cached"
+    return op
+
+
+def threshold(layer: str, op: str, module) -> Optional[int]:
+    """The edge count below which ``module`` (of layer key ``layer``, on op ``op``) runs stock
+    under the rule, or None (fused at every size; also with ``GNN_FASTPATH_SMALL_GRAPH=off``)."""
+    if config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off":
+        return None
+    return MIN_EDGES.get((layer, variant(layer, op, module)))
+
+
+def blocker(layer: str, op: str, module, num_edges: Optional[int]) -> Optional[Tuple[str, str]]:
+    """``("small_graph", detail)`` when a call over ``num_edges`` edges runs stock by the rule."""
+    if num_edges is None:
+        return None
+    least = threshold(layer, op, module)
+    if least is None or num_edges >= least:
+        return None
+    return "small_graph", f"{num_edges} edges, fused from {least} (GNN_FASTPATH_SMALL_GRAPH=off runs it fused)"
