@@ -13,6 +13,8 @@ A measurement is (layer, mode, pass, graph):
   on the CPU with ``cpu="reference"`` so the smoke run goes through the shims).
 * ``pass``: ``fwd`` = ``conv(x, edge_index)`` (DGL: ``conv(g, x)``) with autograd recording;
   ``fwd_bwd`` = that and ``out.sum().backward()`` (parameter grads accumulate; no optimizer).
+  The small-graph rule is off (``GNN_FASTPATH_SMALL_GRAPH=off``): the enabled calls measure
+  the fused path, which the rule would otherwise skip on this graph for the aggregations.
 * ``graph``: ``same`` = one graph object every call (the fused path's graph caches hit);
   ``new`` = a new graph object every call, from a pool made before timing (PyG: clones of the
   ``edge_index``; DGL: ``dgl.graph`` objects), so every call pays the graph build.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 import warnings
 from pathlib import Path
@@ -497,6 +500,9 @@ def _split(text: str, known: Sequence[str], option: str) -> List[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # The question is the fused path's own host time: on this tiny graph the small-graph rule
+    # would send the aggregation layers to stock (integrations/small_graph.py).
+    os.environ["GNN_FASTPATH_SMALL_GRAPH"] = "off"
     layers = _split(args.layers, LAYERS, "--layers")
     passes = _split(args.passes, PASSES, "--passes")
     graph_modes = _split(args.graphs, GRAPH_MODES, "--graphs")

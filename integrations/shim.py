@@ -325,14 +325,15 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     if dispatch.is_compiling():
         return _run_compiled(shim, module, args, kwargs)
     blocker = _framework_blocker(shim, module)
-    backend = None
+    backend = x = None
     if blocker is None:
         try:
-            backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs), module)
+            x = shim.features(*args, **kwargs)
+            backend, blocker = _backend_or_blocker(shim, x, module)
         except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
     if blocker is None and backend == dispatch.CUDA and shim.edges is not None:
-        blocker = small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs))
+        blocker = small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs), x.size(-1))
         if blocker is not None:  # a choice for speed, not a limit: counted, not warned
             record_fallback(shim.key, *blocker, warn=False)
             return torch.nn.Module.__call__(module, *args, **kwargs)

@@ -7,11 +7,14 @@ there it is slower until the graph is large enough for the GPU work to dominate.
 layer's *crossover* the layer runs its stock forward, counted in ``stats()`` under the reason
 ``"small_graph"`` (without a warning: nothing is unsupported, stock is simply faster there).
 
-The crossover is the edge count from which a two-layer training step of the layer, fused, was
-no slower than stock's at every larger size measured (``benchmarks/bench_examples.py --parts
-sweep``, H200, 64 features; benchmarks/RESULTS.md, "Small graphs"). Layers without an entry
-(the attention layers) were no slower at every size measured, and run fused at every size.
-The rule is read in eager mode; under ``torch.compile`` the layers trace their fused path.
+The crossover is counted in *edge features*: edges times the width of the call's input
+features, the size of the message tensor stock's aggregation writes and reads. It is the size
+from which a two-layer training step of the layer (64 features, random graphs of average
+in-degree 8), fused, was no slower than stock's at every larger size measured on an H200
+(``python -m benchmarks.bench_examples --parts sweep --rule off``; benchmarks/RESULTS.md,
+"Small graphs"). Layers without an entry (the attention layers, ``EdgeConv``) were no slower
+at every size measured, or not measured, and run fused at every size. The rule is read in
+eager mode; under ``torch.compile`` the layers trace their fused path.
 
 ``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size (to measure it).
 """
@@ -21,10 +24,24 @@ from typing import Dict, Optional, Tuple
 
 from gnn_fastpath import config
 
-#: (layer key, variant) -> the edge count from which the fused path runs. The variant is what
-#: changes stock's cost: the op family of an aggregation (``spmm`` for sum/mean,
-#: ``segment_reduce`` for max/min), ``cached`` for a GCNConv that caches its normalisation.
-MIN_EDGES: Dict[Tuple[str, str], int] = {}
+#: (layer key, variant) -> the edge features (edges x input width) from which the fused path
+#: runs. The variant is what changes stock's cost: the op family of an aggregation (``spmm`` for
+#: sum/mean, ``segment_reduce`` for max/min), ``cached`` for a GCNConv that caches its
+#: normalisation. The sweep's sizes are 2,400 x 3^k edges at 64 features: each entry is the
+#: smallest measured size with no slower size above it. GINConv and GraphConv max/min were not
+#: swept: they take SAGEConv max's entry (the same stock scatter and fused op).
+_SPMM_SUM_MEAN = 2_400_000 * 64
+_MAX_MIN = 800_000 * 64
+MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
+    ("pyg.GCNConv", "spmm"): 24_000 * 64,
+    ("pyg.GCNConv", "cached"): 800_000 * 64,
+    ("pyg.SAGEConv", "spmm"): _SPMM_SUM_MEAN,
+    ("pyg.SAGEConv", "segment_reduce"): _MAX_MIN,
+    ("pyg.GINConv", "spmm"): _SPMM_SUM_MEAN,
+    ("pyg.GINConv", "segment_reduce"): _MAX_MIN,
+    ("pyg.GraphConv", "spmm"): _SPMM_SUM_MEAN,
+    ("pyg.GraphConv", "segment_reduce"): _MAX_MIN,
+}
 
 
 def variant(layer: str, op: str, module) -> str:
@@ -35,18 +52,21 @@ def variant(layer: str, op: str, module) -> str:
 
 
 def threshold(layer: str, op: str, module) -> Optional[int]:
-    """The edge count below which ``module`` (of layer key ``layer``, on op ``op``) runs stock
-    under the rule, or None (fused at every size; also with ``GNN_FASTPATH_SMALL_GRAPH=off``)."""
+    """The edge features below which ``module`` (of layer key ``layer``, on op ``op``) runs
+    stock under the rule, or None (fused at every size; also with
+    ``GNN_FASTPATH_SMALL_GRAPH=off``)."""
     if config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off":
         return None
-    return MIN_EDGES.get((layer, variant(layer, op, module)))
+    return MIN_EDGE_FEATURES.get((layer, variant(layer, op, module)))
 
 
-def blocker(layer: str, op: str, module, num_edges: Optional[int]) -> Optional[Tuple[str, str]]:
-    """``("small_graph", detail)`` when a call over ``num_edges`` edges runs stock by the rule."""
+def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int) -> Optional[Tuple[str, str]]:
+    """``("small_graph", detail)`` when a call over ``num_edges`` edges of ``width``-wide input
+    features runs stock by the rule."""
     if num_edges is None:
         return None
     least = threshold(layer, op, module)
-    if least is None or num_edges >= least:
+    if least is None or num_edges * width >= least:
         return None
-    return "small_graph", f"{num_edges} edges, fused from {least} (GNN_FASTPATH_SMALL_GRAPH=off runs it fused)"
+    return "small_graph", (f"{num_edges} edges x {width} features, fused from {least} edge features "
+                           "(GNN_FASTPATH_SMALL_GRAPH=off runs it fused)")

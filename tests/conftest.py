@@ -9,6 +9,10 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers: zoo, frameworks
 # keep the choice in ~/.cache: the suite runs the rules, so which kernel a test runs does
 # not depend on earlier runs or on timing noise. Tests of the tuner turn it on themselves.
 os.environ.setdefault("GNN_FASTPATH_TUNE", "0")
+# The small-graph rule would run stock for the aggregation layers on the tests' small graphs:
+# the suite tests the fused path at every size. tests/integrations/pyg/test_small_graph.py
+# turns the rule on itself.
+os.environ.setdefault("GNN_FASTPATH_SMALL_GRAPH", "off")
 
 from frameworks import import_dgl, import_pyg, scatter_without_cpu_only_torch_scatter  # noqa: E402
 from frameworks import SAMPLER_SITE, pyg_neighbor_sampler  # noqa: E402

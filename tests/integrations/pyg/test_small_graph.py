@@ -40,11 +40,14 @@ def as_if_cuda(monkeypatch, clean_fastpath):
 
 @pytest.fixture
 def table(monkeypatch):
+    """A table of the test's own (the suite runs with the rule off: tests/conftest.py)."""
     from gnn_fastpath.integrations import small_graph
 
-    rows = {("pyg.SAGEConv", "spmm"): _graph(30)[1] + 1, ("pyg.SAGEConv", "segment_reduce"): 1_000,
-            ("pyg.GCNConv", "cached"): 500}
-    monkeypatch.setattr(small_graph, "MIN_EDGES", rows)
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "auto")
+
+    rows = {("pyg.SAGEConv", "spmm"): (_graph(30)[1] + 1) * F_IN, ("pyg.SAGEConv", "segment_reduce"): 1_000 * F_IN,
+            ("pyg.GCNConv", "cached"): 500 * F_IN}
+    monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", rows)
     return rows
 
 
@@ -78,7 +81,7 @@ def test_below_the_crossover_stock_runs_counted_not_warned(as_if_cuda, table):
 
 
 def test_from_the_crossover_on_the_fused_path_runs(as_if_cuda, table):
-    m = next(m for m in range(31, 100) if _graph(m)[1] == table[("pyg.SAGEConv", "spmm")])
+    m = next(m for m in range(31, 100) if _graph(m)[1] * F_IN == table[("pyg.SAGEConv", "spmm")])
     out, expected = _run(_sage(), m)
     torch.testing.assert_close(out, expected)
     entry = gnn_fastpath.stats()["pyg.SAGEConv"]
@@ -86,7 +89,7 @@ def test_from_the_crossover_on_the_fused_path_runs(as_if_cuda, table):
 
 
 def test_the_threshold_follows_the_op_and_the_module(as_if_cuda, table):
-    # max runs on segment_reduce, whose row says 1000 edges
+    # max runs on segment_reduce, whose row says 1000 edges of F_IN features
     _run(_sage(aggr="max"), 300)
     assert gnn_fastpath.stats()["pyg.SAGEConv"]["fallback"] == {"small_graph": 1}
     # GCNConv: a row for cached=True only; without it the layer runs fused at every size
@@ -135,3 +138,24 @@ def test_edge_count_of_every_graph_input(kind):
     assert edges(x, graph) == m
     assert edges(x, edge_index=graph) == m
     assert edges(x) is None and edges(x, "not a graph") is None
+
+
+def test_the_threshold_counts_edge_features(as_if_cuda, table):
+    """The same edges with twice the feature width cross the row's edge features."""
+    from torch_geometric.nn import SAGEConv
+
+    edge_index, m = _graph(30)
+    assert m * F_IN < table[("pyg.SAGEConv", "spmm")] <= m * 2 * F_IN
+    SAGEConv(2 * F_IN, 4)(torch.randn(N, 2 * F_IN), edge_index)
+    assert gnn_fastpath.stats()["pyg.SAGEConv"]["fused"]["reference"] == 1
+
+
+def test_every_row_names_a_patched_layer_and_a_variant():
+    """A row whose key matches no layer call would silently never apply."""
+    from gnn_fastpath.integrations import small_graph
+    from gnn_fastpath.integrations.pyg.layers import SHIMS
+
+    keys = {s.key for s in SHIMS}
+    for layer, variant in small_graph.MIN_EDGE_FEATURES:
+        assert layer in keys and variant in ("spmm", "segment_reduce", "cached"), (layer, variant)
+    assert all(s.edges is not None for s in SHIMS if s.key in {k for k, _ in small_graph.MIN_EDGE_FEATURES})
