@@ -315,6 +315,27 @@ def _backend_or_blocker(shim: Shim, x: Tensor, module: torch.nn.Module
     return None, (decision.reason, f"{shim.op_for(module)}: {decision.detail}")
 
 
+def _fused_on_cuda(x) -> bool:
+    """Whether a fused path fed ``x`` would run on the CUDA kernels."""
+    return isinstance(x, Tensor) and x.is_cuda and dispatch.decide(x.device, x.dtype).backend == dispatch.CUDA
+
+
+def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
+                 ) -> Optional[Tuple[str, str]]:
+    """The small-graph rule's blocker (:mod:`.small_graph`) for a call whose fused path would
+    run on the GPU, else None. Asked before the other checks: a call it sends to stock runs
+    stock whatever they would say, so the stock call pays only for this question."""
+    if shim.edges is None or not small_graph.covers(shim.key):
+        return None
+    try:
+        x = shim.features(*args, **kwargs)
+    except Unsupported:
+        return None
+    if not _fused_on_cuda(x):
+        return None
+    return small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs), x.size(-1))
+
+
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
     """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned).
 
@@ -324,19 +345,17 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     """
     if dispatch.is_compiling():
         return _run_compiled(shim, module, args, kwargs)
+    small = _small_graph(shim, module, args, kwargs)
+    if small is not None:  # a choice for speed, not a limit: counted, not warned
+        record_fallback(shim.key, *small, warn=False)
+        return torch.nn.Module.__call__(module, *args, **kwargs)
     blocker = _framework_blocker(shim, module)
-    backend = x = None
+    backend = None
     if blocker is None:
         try:
-            x = shim.features(*args, **kwargs)
-            backend, blocker = _backend_or_blocker(shim, x, module)
+            backend, blocker = _backend_or_blocker(shim, shim.features(*args, **kwargs), module)
         except Unsupported as exc:
             blocker = (exc.reason, exc.detail)
-    if blocker is None and backend == dispatch.CUDA and shim.edges is not None:
-        blocker = small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs), x.size(-1))
-        if blocker is not None:  # a choice for speed, not a limit: counted, not warned
-            record_fallback(shim.key, *blocker, warn=False)
-            return torch.nn.Module.__call__(module, *args, **kwargs)
     if blocker is None:
         try:
             with dispatch.recording() as ran:

@@ -44,6 +44,11 @@ MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
 }
 
 
+def covers(layer: str) -> bool:
+    """Whether the rule is on and has an entry for layer key ``layer``."""
+    return config.setting("GNN_FASTPATH_SMALL_GRAPH") != "off" and any(k == layer for k, _ in MIN_EDGE_FEATURES)
+
+
 def variant(layer: str, op: str, module) -> str:
     """The table's variant of ``module`` running op ``op``."""
     if layer.endswith("GCNConv") and getattr(module, "cached", False):

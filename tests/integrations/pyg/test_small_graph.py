@@ -15,7 +15,6 @@ import torch
 
 import gnn_fastpath
 from gnn_fastpath import FastpathFallbackWarning
-from gnn_fastpath.ops import dispatch
 
 from .conftest import make_graph
 
@@ -24,17 +23,12 @@ N, F_IN = 12, 6
 
 @pytest.fixture
 def as_if_cuda(monkeypatch, clean_fastpath):
-    """Patched layers decide as on a GPU (backend ``cuda``); the fused forward then runs on
-    the reference ops (``enable(cpu="reference")``), counted as ``fused.reference``."""
+    """The small-graph rule sees the call as one whose fused path would run on the GPU; the
+    fused forward then runs on the reference ops (``enable(cpu="reference")``), counted as
+    ``fused.reference``."""
     import gnn_fastpath.integrations.shim as shim_module
 
-    real = shim_module._backend_or_blocker
-
-    def decide(shim, x, module):
-        backend, blocker = real(shim, x, module)
-        return (dispatch.CUDA, None) if backend == dispatch.REFERENCE else (backend, blocker)
-
-    monkeypatch.setattr(shim_module, "_backend_or_blocker", decide)
+    monkeypatch.setattr(shim_module, "_fused_on_cuda", lambda x: True)
     gnn_fastpath.enable(frameworks="pyg", cpu="reference")
 
 
