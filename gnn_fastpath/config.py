@@ -1,11 +1,11 @@
 """Every ``GNN_FASTPATH_*`` setting in one place, and the run-time switches of the backends.
 
 Environment variables. One rule: a variable is read each time the setting it controls is
-used (an op call, a probe, ``enable()``), through :func:`setting`, so a change takes effect
-at the next call and tests can set variables with ``monkeypatch.setenv``. Values are
-validated on read; a bad value raises a ValueError naming the variable. :data:`SETTINGS` is
-the table of them all (the README's "Switches" table lists the same rows; a test keeps the two
-in step).
+used (an op call, a probe, ``enable()``), through :func:`setting` (or :func:`settings`), so a
+change takes effect at the next call and tests can set variables with ``monkeypatch.setenv``.
+Values are validated on read; a bad value raises a ValueError naming the variable.
+:data:`SETTINGS` is the table of them all (the README's "Switches" table lists the same rows; a
+test keeps the two in step).
 
 Run-time switches (no environment): ``enable(cpu=...)`` sets :func:`cpu_mode` for the whole
 process; :func:`force_reference` forces the reference ops in the current thread. The one
@@ -159,22 +159,67 @@ SETTINGS = (
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
-# name -> (the text last read, its parsed value): parsing is skipped while the text is unchanged
+# name -> (the raw text last read, its parsed value): parsing is skipped while the text is unchanged
 _parsed: dict = {}
+# name -> os.environ's own key for it (see _raw)
+_environ_keys: dict = {}
+# names tuple -> (raw texts last read, their parsed values) (see settings)
+_snapshots: dict = {}
 
 
-def setting(name: str):
-    """The parsed value of environment variable ``name`` (its default when unset or empty)."""
-    text = os.environ.get(name, "")
+def _raw(name: str):
+    """The environment's current text of ``name`` as ``os.environ`` stores it (None: unset).
+
+    Read from ``os.environ``'s own dict, the one ``os.environ.get`` reads: the same value
+    without the Mapping interface's key encoding, value decoding and (for an unset variable)
+    KeyError, which ops pay for several settings per call. Anything other than CPython's
+    ``os._Environ`` is read through ``get``."""
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if data is None:
+        return environ.get(name)
+    key = _environ_keys.get(name)
+    if key is None:
+        key = _environ_keys[name] = environ.encodekey(name)
+    return data.get(key)
+
+
+def _text(raw) -> str:
+    """The text of a raw environment value from :func:`_raw` ("" for unset)."""
+    if raw is None:
+        return ""
+    return raw if isinstance(raw, str) else os.environ.decodevalue(raw)
+
+
+def _value(name: str, raw):
+    """Setting ``name``'s parsed value for its raw text ``raw`` (parsed once per text)."""
     cached = _parsed.get(name)
-    if cached is not None and cached[0] == text:
+    if cached is not None and cached[0] == raw:
         return cached[1]
     spec = _BY_NAME.get(name)
     if spec is None:
         raise KeyError(f"{name} is not a gnn_fastpath setting (known: {', '.join(_BY_NAME)})")
+    text = _text(raw)
     value = spec.parse(name, text if text.strip() else spec.default)
-    _parsed[name] = (text, value)
+    _parsed[name] = (raw, value)
     return value
+
+
+def setting(name: str):
+    """The parsed value of environment variable ``name`` (its default when unset or empty)."""
+    return _value(name, _raw(name))
+
+
+def settings(names: Tuple[str, ...]) -> tuple:
+    """The parsed values of the settings ``names`` (a tuple), each as :func:`setting` reads
+    it: while none of their texts changed, one comparison and the values parsed before."""
+    raw = tuple([_raw(n) for n in names])
+    cached = _snapshots.get(names)
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    values = tuple([_value(n, r) for n, r in zip(names, raw)])
+    _snapshots[names] = (raw, values)
+    return values
 
 
 # ----------------------------------------------------------------------------------------

@@ -76,6 +76,26 @@ def test_read_at_each_use(monkeypatch):
     assert config.setting("GNN_FASTPATH_GATV2_BWD") == "transposed"
 
 
+def test_several_settings_are_read_at_each_use(monkeypatch):
+    """settings() (what plan keys snapshot) sees a set, changed or removed variable at the
+    next call, as setting() does, and validates each value."""
+    names = ("GNN_FASTPATH_GATV2_BWD", "GNN_FASTPATH_GATV2_CHUNK")
+    monkeypatch.delenv("GNN_FASTPATH_GATV2_BWD", raising=False)
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_CHUNK", "64")
+    assert config.settings(names) == (None, 64)
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_BWD", "Atomic")
+    assert config.settings(names) == ("atomic", 64)
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_CHUNK", "128")
+    assert config.settings(names) == ("atomic", 128)
+    assert [config.setting(n) for n in names] == ["atomic", 128]
+    monkeypatch.delenv("GNN_FASTPATH_GATV2_CHUNK")
+    assert config.settings(names) == ("atomic", 256)
+    monkeypatch.setenv("GNN_FASTPATH_GATV2_CHUNK", "big")
+    for _ in range(2):  # a bad value is never remembered
+        with pytest.raises(ValueError, match="GNN_FASTPATH_GATV2_CHUNK"):
+            config.settings(names)
+
+
 def test_unknown_setting():
     with pytest.raises(KeyError, match="GNN_FASTPATH_NOPE"):
         config.setting("GNN_FASTPATH_NOPE")

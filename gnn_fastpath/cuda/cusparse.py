@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from .. import config, tuning
-from .launch import cupy_stream
+from .launch import _raw_stream, cupy_stream
 
 #: cusparseSpMMAlg_t values (cusparse.h, CUDA 11.2+; the same in CUDA 12 and 13). CuPy 14's
 #: ``cupy_backends.cuda.libs.cusparse`` exposes only the deprecated aliases
@@ -359,8 +359,7 @@ class CsrMatrix:
         c_type = _c_dtype(b.dtype, c.dtype, transpose)
         c_lib = c if c_type == c.dtype else torch.empty(c.shape, dtype=c_type, device=c.device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index)
-        key = (op, F, stream.cuda_stream) + dtypes
+        key = (op, F, _raw_stream(index)) + dtypes  # the current stream's handle, without a Stream object
         # CuPy's current device is the CUDA runtime's, i.e. torch's: enter it only when the
         # matrix lives elsewhere (the context manager costs host time on every call)
         device_ctx = contextlib.nullcontext() if torch.cuda.current_device() == index else cupy.cuda.Device(index)

@@ -71,12 +71,17 @@ class Config:
     exact: bool
     nh: Tuple[Tuple[str, int], ...]
 
+    def __post_init__(self):
+        # nh as a dict, for the launches that read it on every call (not a field: eq and hash
+        # stay those of the fields)
+        object.__setattr__(self, "_nh", dict(self.nh))
+
     def heads_per_warp(self, kernel: str) -> int:
-        return 32 // self.lph * dict(self.nh)[kernel]
+        return 32 // self.lph * self._nh[kernel]
 
     def args(self, kernel: str) -> tuple:
         """Template arguments of ``kernel``'s instantiation after its storage types."""
-        return (self.vec, self.lph, self.nv, dict(self.nh)[kernel], self.exact)
+        return (self.vec, self.lph, self.nv, self._nh[kernel], self.exact)
 
 
 @functools.lru_cache(maxsize=256)
@@ -209,7 +214,7 @@ def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype,
     type), instantiated for ``cfg`` when it is a row kernel; one small module per
     instantiation. A kernel with a dropout stream given ``rng`` (a tensor) comes from
     KERNELS_RNG."""
-    types = tuple(launch.ctype(d) for d in dtypes)
+    types = tuple([launch.ctype(d) for d in dtypes])
     family = KERNELS if rng is None else KERNELS_RNG
     return family.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
 
@@ -251,14 +256,26 @@ def _signature(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tenso
             isinstance(seed, Tensor), graph.static, graph.outlived_a_step())
 
 
+# dtype -> an empty tensor of it (see _fresh_output)
+_fresh_outputs: dict = {}
+
+
+def _fresh_output(dtype: torch.dtype) -> Tensor:
+    """An empty tensor standing for a forward's fresh output in its plan: its dtype, an aligned
+    address (one per dtype, made once)."""
+    out = _fresh_outputs.get(dtype)
+    if out is None:
+        out = _fresh_outputs[dtype] = torch.empty(0, dtype=dtype)
+    return out
+
+
 def plan_forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor], p: float, return_attention,
                  out_dtype: Optional[torch.dtype], seed) -> plans.Plan:
     """The forward's plan: ``"block"`` or ``"csr"`` (``GNN_FASTPATH_DOT_FWD``, or
     :func:`forward_algorithm` of :func:`block_offered`; with ``GNN_FASTPATH_TUNE=1`` and the
     block kernels offered, a pending tuner choice between :data:`FORWARDS`), ``block`` (whether
     offered) and the CSR kernels' instantiation ``cfg``."""
-    to = out_dtype or q.dtype
-    out = torch.empty(0, dtype=to)  # stands for the fresh output: its dtype, an aligned address
+    out = _fresh_output(out_dtype or q.dtype)
     attention = bool(return_attention)
     key = (_signature(graph, q, k, v, edge_term, p, attention, seed, out), plans.snapshot(*FORWARD_SETTINGS))
 

@@ -161,6 +161,8 @@ class Kernel:
         self.params = params
         self.device_index = device_index
         self._names = frozenset(p.name for p in params)
+        # (name, converter) per parameter, in the .cu order: what each launch walks
+        self._converters = tuple((p.name, p.convert) for p in params)
         self.resident: Dict[Tuple[int, int], int] = {}  # (threads, shared memory) -> resident blocks
         self._format = "@" + "".join(p.code for p in params)
         self._buffer = ctypes.create_string_buffer(max(struct.calcsize(self._format), 1))
@@ -173,7 +175,7 @@ class Kernel:
     def arguments(self, args: Mapping[str, object]) -> tuple:
         """The launch values for ``args`` (parameter name -> value), in the .cu order."""
         try:
-            values = tuple([p.convert(args[p.name]) for p in self.params])
+            values = tuple([convert(args[name]) for name, convert in self._converters])
         except KeyError as exc:
             raise TypeError(f"{self.name}: no value for parameter {exc.args[0]}") from None
         if len(args) != len(self.params):
@@ -324,11 +326,24 @@ def vector_width(F: int, *tensors: Optional[Tensor], vec16_bytes: int = 16, reso
     when F allows and every tensor is aligned, else 4 (8-byte 16-bit accesses, float4), else
     1 (scalar). ``resolved``: ``vec16_bytes`` is already the width to use (a plan read
     ``GNN_FASTPATH_VEC16``), not the family's default."""
-    sizes = [t.element_size() for t in tensors if t is not None]
-    narrowest = min(sizes) if sizes else 4
-    widest = ((vec16_bytes if resolved else bytes16(vec16_bytes)) if narrowest == 2 else 16) // narrowest
+    return _vector_width(F, _rows(tensors), vec16_bytes if resolved else bytes16(vec16_bytes))
+
+
+def _rows(tensors: Sequence[Optional[Tensor]]) -> tuple:
+    """(element size, base address mod 16) of each given tensor: all that the vector width
+    reads of them (every access size is a power of two up to 16 bytes, so the address mod 16
+    decides its alignment)."""
+    return tuple([(t.element_size(), t.data_ptr() % 16) for t in tensors if t is not None])
+
+
+# A pure function of few distinct arguments per run, asked on every launch: cached.
+@functools.lru_cache(maxsize=4096)
+def _vector_width(F: int, rows: tuple, vec16_bytes: int) -> int:
+    """:func:`vector_width` of rows described by :func:`_rows`, ``vec16_bytes`` resolved."""
+    narrowest = min([size for size, _ in rows]) if rows else 4
+    widest = (vec16_bytes if narrowest == 2 else 16) // narrowest
     for vec in (widest, 4):
-        if F % vec == 0 and vector_ok(vec, *tensors):
+        if F % vec == 0 and all(align % min(16, vec * size) == 0 for size, align in rows):
             return vec
     return 1
 
@@ -380,7 +395,13 @@ def lane_groups(F: int, *tensors: Tensor, max_chunks: int = 1, vec16_bytes: int 
     registers low and many rows in flight. ``vec16_bytes`` and ``resolved`` as
     :func:`vector_width`'s.
     """
-    vec = vector_width(F, *tensors, vec16_bytes=vec16_bytes, resolved=resolved)
+    return _lane_groups(F, _rows(tensors), max_chunks, vec16_bytes if resolved else bytes16(vec16_bytes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _lane_groups(F: int, rows: tuple, max_chunks: int, vec16_bytes: int) -> Tuple[int, int, int, int]:
+    """:func:`lane_groups` of rows described by :func:`_rows`, ``vec16_bytes`` resolved."""
+    vec = _vector_width(F, rows, vec16_bytes)
     width = F // vec
     lanes = min(32, next_pow2(max(width, 1)))
     chunks = 1

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import config, tuning
@@ -86,6 +86,13 @@ class Plan:
     tune: Optional[Tune] = field(default=None, compare=False)
     key: tuple = field(default=(), compare=False)
 
+    def __post_init__(self):
+        # the parameters as plain instance attributes: a launcher reads them on every call, and
+        # an attribute found in __dict__ skips the failed lookup that reaches __getattr__
+        for k, v in self.params:
+            if not hasattr(type(self), k) and k not in _PLAN_FIELDS:
+                object.__setattr__(self, k, v)
+
     def __getattr__(self, name: str):
         try:
             params = object.__getattribute__(self, "params")
@@ -108,9 +115,12 @@ class Plan:
                 "tuning": None if self.tune is None else list(self.tune.variants)}
 
 
+_PLAN_FIELDS = frozenset(f.name for f in fields(Plan))
+
+
 def snapshot(*names: str) -> tuple:
     """The parsed values of settings ``names`` now (part of a plan's key)."""
-    return tuple(config.setting(n) for n in names)
+    return config.settings(names)
 
 
 #: The settings every tuned decision reads: whether the tuner runs, and its choices file.
@@ -120,7 +130,7 @@ TUNE_SETTINGS = ("GNN_FASTPATH_TUNE", "GNN_FASTPATH_TUNE_CACHE")
 def layout(*tensors) -> tuple:
     """(dtype, base address mod 16) per tensor (None for an absent one): what a vector-width
     choice reads of the call's rows (part of a plan's key)."""
-    return tuple(None if t is None else (t.dtype, t.data_ptr() % 16) for t in tensors)
+    return tuple([None if t is None else (t.dtype, t.data_ptr() % 16) for t in tensors])
 
 
 def resolve(graph, op: str, key: tuple, build: Callable[[], Plan]) -> Plan:

@@ -338,7 +338,8 @@ def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
 
 def cache_of(graph) -> SpmmCache:
     """The SpmmCache of ``graph`` (built on first use, kept in ``graph.memo``)."""
-    return graph.memo(MEMO_KEY, lambda: SpmmCache(graph))
+    cache = graph.memo_get(MEMO_KEY)
+    return cache if cache is not None else graph.memo(MEMO_KEY, lambda: SpmmCache(graph))
 
 
 #: Settings the forward's and the backward's plans read (part of their keys).

@@ -89,8 +89,8 @@ def cached(source, version: Hashable, build: Callable[[], T], device_key: str, e
     """
     key = id(source)
     with _lock:
-        cache = _caches.setdefault(device_key, OrderedDict())
-        entry = cache.get(key)
+        cache = _caches.get(device_key)
+        entry = None if cache is None else cache.get(key)
         if entry is not None:
             ref, old_version, old_extra, value = entry
             if ref() is source and old_version == version and old_extra == extra:

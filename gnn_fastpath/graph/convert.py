@@ -187,9 +187,13 @@ def tensor_version(t: Tensor) -> Tuple:
     indices of a CSR adjacency, the indices of a COO one, the tensor itself otherwise),
     then the outer tensor's version and shape.
     """
-    if t.layout == torch.sparse_csr:
+    layout = t.layout
+    if layout == torch.strided:  # the usual edge_index: the index tensor is the tensor itself
+        version, shape = _version_of(t), tuple(t.shape)
+        return ((version, t.data_ptr(), shape, t.dtype), version, shape)
+    if layout == torch.sparse_csr:
         parts = (t.crow_indices(), t.col_indices())
-    elif t.layout == torch.sparse_coo:
+    elif layout == torch.sparse_coo:
         parts = (t._indices(),)
     else:
         parts = (t,)

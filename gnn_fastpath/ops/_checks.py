@@ -73,7 +73,7 @@ def check_tensor(name: str, t, shape: Sequence[Optional[int]], like: Optional[Te
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+    if t.dim() != len(shape) or not _sizes_match(shape, t.shape):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
     if like is not None:
@@ -82,6 +82,14 @@ def check_tensor(name: str, t, shape: Sequence[Optional[int]], like: Optional[Te
         if t.dtype != like.dtype:
             raise ValueError(f"{name} has dtype {t.dtype} but the other inputs have {like.dtype}")
     return t
+
+
+def _sizes_match(shape: Sequence[Optional[int]], sizes) -> bool:
+    """Whether ``sizes`` has every size ``shape`` gives (None = any), dimension by dimension."""
+    for want, size in zip(shape, sizes):
+        if want is not None and want != size:
+            return False
+    return True
 
 
 def graph_on(graph: Graph, x: Tensor) -> Graph:

@@ -25,6 +25,7 @@ reference and, for CUDA inputs, warns once per (op, reason).
 """
 from __future__ import annotations
 
+import importlib
 import threading
 import warnings
 from dataclasses import dataclass
@@ -49,6 +50,12 @@ class Decision:
     backend: str
     reason: Optional[str] = None
     detail: str = ""
+
+
+#: The decisions that depend on nothing but the rule (immutable: one instance serves all calls).
+_FUSED = Decision(CUDA)
+_FORCED = Decision(REFERENCE, "forced", "force_reference() is active")
+_CPU = Decision(REFERENCE, "cpu", "CPU tensors (the fused kernels run on CUDA)")
 
 
 class Unsupported(Exception):
@@ -80,9 +87,9 @@ def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional
     if dtype not in CUDA_DTYPES:
         return Decision(REFERENCE, "dtype", f"{dtype} input (the fused path takes float32, float16 and bfloat16)")
     if config.reference_forced():
-        return Decision(REFERENCE, "forced", "force_reference() is active")
+        return _FORCED
     if device.type != "cuda":
-        return Decision(REFERENCE, "cpu", "CPU tensors (the fused kernels run on CUDA)")
+        return _CPU
     why = cuda.unavailable_reason()
     if why is not None:
         return Decision(REFERENCE, "no_kernel", why)
@@ -91,7 +98,7 @@ def decide(device: torch.device, dtype: torch.dtype, graph=None, limit: Optional
                                             "nodes: the kernels index with int32 (fewer than 2**31)")
     if limit is not None:
         return Decision(REFERENCE, "kernel_limit", limit)
-    return Decision(CUDA)
+    return _FUSED
 
 
 def backend_for(op: str, x) -> str:
@@ -140,18 +147,23 @@ def is_compiling() -> bool:
     return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
+#: The ops whose kernels limit the head shape -> their launcher module in gnn_fastpath.cuda,
+#: whose ``unsupported(H, D)`` says why not (imported on first use, then kept in
+#: _limit_modules: a per-call import statement costs more than the check itself).
+_LIMITED_OPS = {"gat_attention": "gat_attention", "gatv2_attention": "gatv2_attention",
+                "dot_attention": "dot_attention"}
+_limit_modules: dict = {}
+
+
 def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
     """Why op ``op``'s kernels cannot take heads of shape ``heads`` = (H, D), or None."""
     if heads is None:
         return None
-    if op == "gat_attention":
-        from ..cuda import gat_attention as kernels
-    elif op == "gatv2_attention":
-        from ..cuda import gatv2_attention as kernels
-    elif op == "dot_attention":
-        from ..cuda import dot_attention as kernels
-    else:
-        return None
+    kernels = _limit_modules.get(op)
+    if kernels is None:
+        if op not in _LIMITED_OPS:
+            return None
+        kernels = _limit_modules[op] = importlib.import_module(f"..cuda.{_LIMITED_OPS[op]}", __package__)
     return kernels.unsupported(*heads)
 
 

@@ -170,11 +170,18 @@ def _forward(graph, x, edge_weight, reduce, tie_break, non_finite, need_grad, us
     if use_reference:
         with torch.no_grad():  # an operator's output records no autograd
             return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite), None
-    x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-    # allocated in its final shape so the op returns a fresh tensor, not a view
-    result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight), device=x2.device)
+    if x.dim() == 2:  # the usual [N, F] rows: no reshaped views to make
+        x2 = x.contiguous()
+        result = result2 = torch.empty((graph.n_dst, x.size(1)), dtype=product_dtype(x, edge_weight),
+                                       device=x.device)
+    else:
+        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
+        # allocated in its final shape so the op returns a fresh tensor, not a view
+        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
+                             device=x2.device)
+        result2 = result.view(graph.n_dst, x2.size(1))
     state = kernels.forward(graph, x2, weight_fp32(edge_weight), _sign(reduce), tie_break, non_finite, need_grad,
-                            result.view(graph.n_dst, x2.size(1)))
+                            result2)
     return result, state if need_grad else None
 
 

@@ -102,3 +102,22 @@ def test_every_kernel_has_a_launchable_parameter_list(source, name):
     """Each parameter is a pointer or a scalar type launches can pass (else a TypeError)."""
     params = launch._parameters(loader.read_source(source), name)
     assert params and len({p.name for p in params}) == len(params)  # named, no duplicates
+
+
+def test_vector_width_follows_each_calls_alignment_and_dtypes():
+    """The width depends on the rows' element sizes and base addresses; asked again (its
+    answers are cached per description of the rows) with other rows, it follows them."""
+    base = torch.zeros(64)
+    half = torch.zeros(64, dtype=torch.float16)
+    assert base.data_ptr() % 16 == 0 and half.data_ptr() % 16 == 0
+    for _ in range(2):
+        assert launch.vector_width(16, base, resolved=True) == 4
+        assert launch.vector_width(16, base[1:17], resolved=True) == 1  # 4-byte aligned
+        assert launch.vector_width(16, base, base[2:18], resolved=True) == 1
+        assert launch.vector_width(16, half, vec16_bytes=16, resolved=True) == 8
+        assert launch.vector_width(16, half, vec16_bytes=8, resolved=True) == 4
+        assert launch.vector_width(16, half[4:20], vec16_bytes=16, resolved=True) == 4  # 8-byte aligned
+        assert launch.vector_width(16, half, base[1:17], vec16_bytes=16, resolved=True) == 1
+        assert launch.vector_width(6, half, None, vec16_bytes=16, resolved=True) == 1
+        assert launch.lane_groups(512, base, base, max_chunks=2, resolved=True) == (4, 32, 2, 2)
+        assert launch.lane_groups(512, base[1:513], max_chunks=2, resolved=True) == (1, 32, 2, 8)
