@@ -324,16 +324,21 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
                  ) -> Optional[Tuple[str, str]]:
     """The small-graph rule's blocker (:mod:`.small_graph`) for a call whose fused path would
     run on the GPU, else None. Asked before the other checks: a call it sends to stock runs
-    stock whatever they would say, so the stock call pays only for this question."""
-    if shim.edges is None or not small_graph.covers(shim.key):
+    stock whatever they would say, so the stock call pays only for this question; a layer
+    without an entry, or a call above the layer's largest entry, pays a lookup or two."""
+    largest = small_graph.largest(shim.key) if shim.edges is not None else None
+    if largest is None:
+        return None
+    num_edges = shim.edges(*args, **kwargs)
+    if num_edges is None:
         return None
     try:
         x = shim.features(*args, **kwargs)
     except Unsupported:
         return None
-    if not _fused_on_cuda(x):
+    if not isinstance(x, Tensor) or x.dim() == 0 or num_edges * x.size(-1) >= largest or not _fused_on_cuda(x):
         return None
-    return small_graph.blocker(shim.key, shim.op_for(module), module, shim.edges(*args, **kwargs), x.size(-1))
+    return small_graph.blocker(shim.key, shim.op_for(module), module, num_edges, x.size(-1))
 
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):

@@ -44,9 +44,19 @@ MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
 }
 
 
-def covers(layer: str) -> bool:
-    """Whether the rule is on and has an entry for layer key ``layer``."""
-    return config.setting("GNN_FASTPATH_SMALL_GRAPH") != "off" and any(k == layer for k, _ in MIN_EDGE_FEATURES)
+_largest: Dict[str, int] = {}
+_largest_of: list = [None]  # the table _largest was built from (tests replace the table)
+
+
+def largest(layer: str) -> Optional[int]:
+    """The largest entry of layer key ``layer`` (None: no entry): a call at least this large
+    runs fused whatever its variant, so the rule asks nothing more of it."""
+    if _largest_of[0] is not MIN_EDGE_FEATURES:
+        _largest.clear()
+        for (key, _), least in MIN_EDGE_FEATURES.items():
+            _largest[key] = max(least, _largest.get(key, 0))
+        _largest_of[0] = MIN_EDGE_FEATURES
+    return _largest.get(layer)
 
 
 def variant(layer: str, op: str, module) -> str:

@@ -150,6 +150,9 @@ def test_every_row_names_a_patched_layer_and_a_variant():
     from gnn_fastpath.integrations.pyg.layers import SHIMS
 
     keys = {s.key for s in SHIMS}
+    assert small_graph.largest("pyg.SAGEConv") == max(small_graph.MIN_EDGE_FEATURES[("pyg.SAGEConv", v)]
+                                                      for v in ("spmm", "segment_reduce"))
+    assert small_graph.largest("pyg.GATv2Conv") is None
     for layer, variant in small_graph.MIN_EDGE_FEATURES:
         assert layer in keys and variant in ("spmm", "segment_reduce", "cached"), (layer, variant)
     assert all(s.edges is not None for s in SHIMS if s.key in {k for k, _ in small_graph.MIN_EDGE_FEATURES})
