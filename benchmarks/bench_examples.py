@@ -10,6 +10,8 @@ Two questions, one command each part:
   the scripts' learning rate and weight decay. An epoch is what the scripts time: one training
   step, then one evaluation forward over every node with the accuracy of the three masks read
   back. Reported: mean ms per epoch after ``--warmup`` epochs, per seed, and the test accuracy.
+  Stock runs first on even seeds, the enabled model on odd ones (and alternately per size in
+  the sweep), so a drift of the machine does not favour one side.
 * ``sweep``: the crossover. A two-layer model of each layer (``--layers``) on random graphs of
   growing size (``--nodes``, average in-degree ``--degree``, ``--features`` wide), one training
   step per measurement (forward, loss, backward, Adam), stock against enabled: where the
@@ -343,7 +345,9 @@ def main(argv=None) -> int:
                                                  "status": "skipped: time budget"})
                             continue
                         row: Dict[str, object] = {"dataset": ds_name, "example": name, "seed": seed, "status": "ok"}
-                        for mode in ("stock", "enabled"):
+                        # which runs first alternates with the seed: a drift of the machine
+                        # (clocks, allocator, caches) then does not favour one side
+                        for mode in ("stock", "enabled") if seed % 2 == 0 else ("enabled", "stock"):
                             r = example_epochs(name, dataset, data, seed, mode == "enabled", a, device, gf)
                             for k, v in r.items():
                                 row[f"{mode}_{k}"] = v
@@ -360,8 +364,12 @@ def main(argv=None) -> int:
                     row["status"] = "skipped: time budget"
                 else:
                     try:
-                        row["stock_ms"] = sweep_step_ms(layer, nodes, a, device, gf, False)[0]
-                        row["enabled_ms"], row["ran"] = sweep_step_ms(layer, nodes, a, device, gf, True)
+                        order = (False, True) if sizes.index(nodes) % 2 == 0 else (True, False)
+                        for enabled in order:  # alternating, as the examples
+                            ms, ran = sweep_step_ms(layer, nodes, a, device, gf, enabled)
+                            row["enabled_ms" if enabled else "stock_ms"] = ms
+                            if enabled:
+                                row["ran"] = ran
                         row["speedup"] = row["stock_ms"] / row["enabled_ms"]
                     except Exception as exc:  # noqa: BLE001 (OOM or a failure of one size: the row says so)
                         row["status"] = f"{type(exc).__name__}: {str(exc)[:200]}"
