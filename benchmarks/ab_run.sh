@@ -10,7 +10,8 @@
 #   bash benchmarks/ab_run.sh BEFORE_DIR [ROUNDS]      (from the repository root = "after")
 #
 # BEFORE_DIR is a checkout of the older commit inside the repository (carry it). Writes
-# $OUT/ab_compare.md and $OUT/ab_runs.tar.gz (every JSON). ROUNDS defaults to 2.
+# $OUT/ab_compare.md and $OUT/ab_runs.tar.gz (every JSON), refreshed after every round. ROUNDS
+# defaults to 2.
 # AB_OPS_ARGS / AB_LAYERS_ARGS / AB_HOST_ARGS / AB_TRAIN_ARGS replace the benchmarks' arguments
 # (defaults: "--quick"; host "--calls 500 --time-budget 30"; train "--quick --graphs tolokers
 # --layers gatv2,transformer,gcn,sage_max --dtypes float32,bfloat16 --time-budget 90"); "skip"
@@ -19,6 +20,7 @@ set -u
 BEFORE=$(cd "$1" && pwd); AFTER=$PWD; ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/ab_out}; WORK=/tmp/ab; T=${AB_TIMEOUT:-300}
 mkdir -p "$OUT" "$WORK"
+rm -f "$WORK"/*.json "$WORK/bench.log"  # a warm machine keeps /tmp: no runs of an earlier call
 export PYTHONUNBUFFERED=1
 DATA="--data-dir $AFTER/.data"
 for tree in before after; do
@@ -43,6 +45,8 @@ for r in $(seq 1 "$ROUNDS"); do
        ${AB_TRAIN_ARGS:---quick --graphs tolokers --layers gatv2,transformer,gcn,sage_max --dtypes float32,bfloat16 --time-budget 90} \
        $DATA --out "$WORK/o" --json "$WORK/train-$tree-$r.json" --markdown "" >>"$WORK/bench.log" 2>&1 || echo "bench_train_full $tree failed"; }
   done
+  # after every round: a run cut by its caller's time limit still leaves its comparison and JSON
+  tar czf "$OUT/ab_runs.tar.gz" -C "$WORK" $(cd "$WORK" && ls *.json bench.log 2>/dev/null)
+  python3 -m benchmarks.compare_runs "$WORK" --md "$OUT/ab_compare.md" >/dev/null 2>&1 || echo "compare after round $r failed"
 done
-tar czf "$OUT/ab_runs.tar.gz" -C "$WORK" $(cd "$WORK" && ls *.json bench.log 2>/dev/null)
 python3 -m benchmarks.compare_runs "$WORK" --md "$OUT/ab_compare.md"
