@@ -12,6 +12,7 @@ import math
 import numbers
 from typing import Optional, Sequence, Tuple
 
+import torch
 from torch import Tensor
 
 from ..graph import Graph, GraphTensors
@@ -181,3 +182,17 @@ def row_width(t: Tensor) -> int:
     for d in t.shape[1:]:
         n *= d
     return n
+
+
+def as_rows(t: Tensor, n: int) -> Tensor:
+    """``t`` [n, *] as contiguous rows [n, row_width(t)] (``t`` itself when 2-D and contiguous)."""
+    return (t if t.dim() == 2 else t.reshape(n, row_width(t))).contiguous()
+
+
+def fresh_rows(n: int, like: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """A fresh output [n, *like.shape[1:]] of ``dtype`` on ``like``'s device, and its rows view
+    [n, row_width(like)] (the same tensor when 2-D): allocated in its final shape, so the op
+    returns a fresh tensor, not a view."""
+    out = torch.empty((n,) + tuple(like.shape[1:]), dtype=dtype, device=like.device)
+    return out, (out if out.dim() == 2 else out.view(n, row_width(like)))
+

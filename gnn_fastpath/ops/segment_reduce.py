@@ -43,7 +43,7 @@ from .. import reference
 from ..graph import GraphTensors
 from ..cuda import segment_reduce as kernels
 from ..reference._precision import product_dtype
-from ._checks import check_choice, check_features, check_graph, graph_on, row_width
+from ._checks import as_rows, check_choice, check_features, check_graph, fresh_rows, graph_on, row_width
 from . import library
 from .dispatch import CUDA, CUDA_DTYPES, choose
 
@@ -170,16 +170,8 @@ def _forward(graph, x, edge_weight, reduce, tie_break, non_finite, need_grad, us
     if use_reference:
         with torch.no_grad():  # an operator's output records no autograd
             return reference.segment_reduce(graph, x, reduce, edge_weight, tie_break, non_finite), None
-    if x.dim() == 2:  # the usual [N, F] rows: no reshaped views to make
-        x2 = x.contiguous()
-        result = result2 = torch.empty((graph.n_dst, x.size(1)), dtype=product_dtype(x, edge_weight),
-                                       device=x.device)
-    else:
-        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-        # allocated in its final shape so the op returns a fresh tensor, not a view
-        result = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=product_dtype(x, edge_weight),
-                             device=x2.device)
-        result2 = result.view(graph.n_dst, x2.size(1))
+    x2 = as_rows(x, graph.n_src)
+    result, result2 = fresh_rows(graph.n_dst, x, product_dtype(x, edge_weight))
     state = kernels.forward(graph, x2, weight_fp32(edge_weight), _sign(reduce), tie_break, non_finite, need_grad,
                             result2)
     return result, state if need_grad else None

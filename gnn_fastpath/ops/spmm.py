@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from .. import reference
 from ..graph import GraphTensors
 from ..cuda import spmm as kernels
-from ._checks import check_choice, check_features, check_graph, graph_on, row_width
+from ._checks import as_rows, check_choice, check_features, check_graph, fresh_rows, graph_on
 from . import library
 from .dispatch import CUDA, CUDA_DTYPES, choose
 
@@ -147,14 +147,8 @@ def _forward(graph, x, edge_weight, norm, out_dtype, use_reference=False):
     if use_reference:
         with torch.no_grad():  # an operator's output records no autograd
             return reference.spmm(graph, x, edge_weight, norm, out_dtype), None
-    if x.dim() == 2:  # the usual [N, F] rows: no reshaped views to make
-        x2 = x.contiguous()
-        out = out2 = torch.empty((graph.n_dst, x.size(1)), dtype=out_dtype, device=x.device)
-    else:
-        x2 = x.reshape(graph.n_src, row_width(x)).contiguous()
-        # allocated in its final shape so the op returns a fresh tensor, not a view
-        out = torch.empty((graph.n_dst,) + tuple(x.shape[1:]), dtype=out_dtype, device=x2.device)
-        out2 = out.view(graph.n_dst, x2.size(1))
+    x2 = as_rows(x, graph.n_src)
+    out, out2 = fresh_rows(graph.n_dst, x, out_dtype)
     return out, kernels.forward(graph, x2, edge_weight, norm, out2)
 
 
@@ -175,15 +169,10 @@ def _backward(graph, x, edge_weight, norm, grad_out, x_dtype, need_x, need_w, en
         return library.reference_grads(run, (x, edge_weight), (need_x, need_w), (grad_out,))
     if entry is None:
         entry = kernels.cache_of(graph).values(norm, edge_weight)
-    if grad_out.dim() == 2:  # the usual [N, F] rows: no reshaped views to make
-        x2 = None if x is None else x.contiguous()
-        dx, dw = kernels.backward(graph, entry, norm, x2, grad_out.contiguous(), need_x, need_w, x_dtype)
-    else:
-        width = row_width(grad_out)
-        x2 = None if x is None else x.reshape(graph.n_src, width).contiguous()
-        dx, dw = kernels.backward(graph, entry, norm, x2, grad_out.reshape(graph.n_dst, width).contiguous(), need_x,
-                                  need_w, x_dtype)
-        dx = None if dx is None else dx.view(dx_shape)
+    x2 = None if x is None else as_rows(x, graph.n_src)
+    dx, dw = kernels.backward(graph, entry, norm, x2, as_rows(grad_out, graph.n_dst), need_x, need_w, x_dtype)
+    if dx is not None and grad_out.dim() != 2:
+        dx = dx.view(dx_shape)
     return dx, None if dw is None else dw.to(w_dtype or edge_weight.dtype)
 
 
