@@ -42,8 +42,9 @@ What each process does
   group), then about ten lines per epoch (step, mean loss, median step time) and one per epoch.
 * At the end: test accuracy (sampled inference over each rank's share of the test ids,
   counts summed over ranks), and per rank the median step time (sampling, copy to the
-  device, forward, backward with DDP's all-reduce, optimizer; the sampling part is shown
-  too), the fused/fallback counts of
+  device, forward, backward with DDP's all-reduce, optimizer), its sampling part and its
+  model part (from the copy on; the ranks meet at a barrier after sampling, so a rank's model
+  step does not include waiting for another rank's sampler), the fused/fallback counts of
   ``gnn_fastpath.stats()`` (gathered with ``all_gather_object``) and a checksum of its
   parameters (DDP keeps them bit-identical on every rank). Rank 0 prints them and, with
   ``--json PATH``, writes them with every rank's per-step losses.
@@ -369,6 +370,10 @@ def train(ddp_model, data, train_ids, args, device, rank) -> Dict:
                 batch = next(batches, None)
             if batch is None:
                 break
+            # the ranks start the model step together: a rank whose sampling ran long would
+            # otherwise make the others wait in the gradient all-reduce, inside their model step
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
             t1 = time.perf_counter()
             batch = batch.to(device)
             opt.zero_grad(set_to_none=True)
@@ -477,7 +482,9 @@ def _run(args, rank, local_rank, world, device, backend) -> int:
         "rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": str(device),
         "device_name": device_name(device), "stats": stats, "fused_calls": fused, "fallback_calls": fallback,
         "steps": len(run["losses"]), "median_step_ms": _median_ms(run["step_s"]),
-        "median_sample_ms": _median_ms(run["sample_s"]), "param_sha256": sha, "param_sum": psum,
+        "median_sample_ms": _median_ms(run["sample_s"]),
+        "median_model_ms": _median_ms([a - b for a, b in zip(run["step_s"], run["sample_s"])]),
+        "param_sha256": sha, "param_sum": psum,
         "test_correct": correct, "test_total": total, "test_acc": correct / total if total else float("nan"),
         "step_ms": [round(1e3 * t, 3) for t in run["step_s"]], "losses": run["losses"],
     }
@@ -491,10 +498,11 @@ def _run(args, rank, local_rank, world, device, backend) -> int:
     accuracy = all_correct / all_total if all_total else float("nan")
     same = len({r["param_sha256"] for r in ranks}) == 1
     print(f"{'rank':>4}  {'host':<16} {'device':<28} {'steps':>5} {'step ms':>9} {'sample ms':>9} "
-          f"{'test acc':>8}  fused/fallback calls")
+          f"{'model ms':>9} {'test acc':>8}  fused/fallback calls")
     for r in ranks:
         print(f"{r['rank']:>4}  {r['host'][:16]:<16} {r['device_name'][:28]:<28} {r['steps']:>5} "
-              f"{r['median_step_ms']:>9.1f} {r['median_sample_ms']:>9.1f} {r['test_acc']:>8.4f}  "
+              f"{r['median_step_ms']:>9.1f} {r['median_sample_ms']:>9.1f} "
+              f"{r['median_model_ms']:>9.1f} {r['test_acc']:>8.4f}  "
               f"{r['fused_calls']}/{r['fallback_calls']}")
     print(f"test accuracy {accuracy:.4f} ({all_correct}/{all_total}); parameters identical on every rank: "
           f"{'yes' if same else 'NO'}")
