@@ -83,18 +83,23 @@ def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", in
         raise ValueError(f"tag must be one of {TAGS}, got {tag!r}")
     dev = indptr.device
     indptr = indptr.to(torch.int64)
+    n_rows = max(indptr.numel() - 1, 0)
+    # (begin, end) of every row: a view of indptr, so that a gather of it (or a copy) brings
+    # both bounds of a row at once.
+    bounds = indptr.as_strided((n_rows, 2), (indptr.stride(0), indptr.stride(0)))
+    if max_degree is not None and max_degree < split_from:
+        return _whole_rows_only(indptr, bounds, order)
+    # the one host sync: how many rows are split and into how many chunks
     deg = indptr[1:] - indptr[:-1]
     is_split = deg >= split_from
-    if max_degree is not None and max_degree < split_from:
-        n_split = n_slots = 0
-    else:  # the one host sync: how many rows are split and into how many chunks
-        chunks_per_row = torch.where(is_split, (deg + chunk - 1) // chunk, 0)
-        n_split, n_slots = torch.stack([is_split.sum(), chunks_per_row.sum()]).tolist()
+    chunks_per_row = torch.where(is_split, (deg + chunk - 1) // chunk, 0)
+    n_split, n_slots = torch.stack([is_split.sum(), chunks_per_row.sum()]).tolist()
+    if not n_split:
+        return _whole_rows_only(indptr, bounds, order, deg)
     # Split rows first, then whole rows, each ascending: a stable sort of the 0/1 flags
     # instead of two nonzero() calls (each of which would synchronise).
-    rows = torch.sort((~is_split).to(torch.uint8), stable=True).indices if n_split else None
-    split_rows = rows[:n_split] if n_split else deg.new_empty(0)
-    whole_rows = rows[n_split:] if n_split else torch.arange(deg.numel(), device=dev)
+    rows = torch.sort((~is_split).to(torch.uint8), stable=True).indices
+    split_rows, whole_rows = rows[:n_split], rows[n_split:]
     if order == "degree":  # longest first, stably (ties keep row order)
         split_rows = split_rows[torch.sort(deg[split_rows], descending=True, stable=True).indices]
         whole_rows = whole_rows[torch.sort(deg[whole_rows], descending=True, stable=True).indices]
@@ -108,15 +113,44 @@ def build(indptr: Tensor, chunk: int, split_from: int, *, order: str = "row", in
     begin = indptr[row] + local * chunk
     end = torch.minimum(begin + chunk, indptr[row + 1])
     chunk_items = torch.stack([row, begin, end, slot if tag == "slot" else owner], 1)
-    if interleave and n_slots:
+    if interleave:
         chunk_items = chunk_items[torch.sort(local * split_rows.numel() + owner).indices]
 
-    whole_items = torch.stack([whole_rows, indptr[whole_rows], indptr[whole_rows + 1],
-                               torch.full_like(whole_rows, -1)], 1)
-    items = torch.cat([chunk_items, whole_items]).to(torch.int32).contiguous()
+    whole_rows = whole_rows.to(torch.int32)
+    items = torch.empty(n_slots + whole_rows.numel(), 4, dtype=torch.int32, device=dev)
+    items[:n_slots] = chunk_items
+    _write_whole_items(items[n_slots:], whole_rows, bounds[whole_rows])
     split = torch.stack([split_rows, first, n_chunks, torch.zeros_like(split_rows)], 1).to(torch.int32).contiguous()
-    return RowChunks(items, split, split_rows, whole_rows.to(torch.int32).contiguous(), items.shape[0], n_slots,
-                     split_rows.numel())
+    return RowChunks(items, split, split_rows, whole_rows, items.shape[0], n_slots, split_rows.numel())
+
+
+def _write_whole_items(out: Tensor, rows: Tensor, bounds: Tensor) -> None:
+    """Write the items (row, begin, end, -1) of whole rows ``rows`` (int32) with their
+    ``bounds`` (int64 [n, 2]) into ``out`` (int32 [n, 4]): column writes into one int32
+    buffer instead of stacking int64 columns and converting the result."""
+    out[:, 0] = rows
+    out[:, 1:3] = bounds
+    out[:, 3].fill_(-1)  # a Python scalar assigned would first become a tensor
+
+
+def _whole_rows_only(indptr: Tensor, bounds: Tensor, order: str, deg: Optional[Tensor] = None) -> RowChunks:
+    """:func:`build`'s list when no row is split (the sampled-batch case): one item per row,
+    without the chunk machinery, whose tensors would all be empty. ``deg``: the row lengths
+    when the caller has them (only ``order="degree"`` needs them)."""
+    dev = indptr.device
+    n_rows = bounds.shape[0]
+    items = torch.empty(n_rows, 4, dtype=torch.int32, device=dev)
+    if order == "degree":  # longest first, stably (ties keep row order)
+        if deg is None:
+            deg = indptr[1:] - indptr[:-1]
+        rows = torch.sort(deg, descending=True, stable=True).indices
+        whole_rows = rows.to(torch.int32)
+        _write_whole_items(items, whole_rows, bounds[rows])
+    else:  # every row in row order: the bounds are indptr's as they stand
+        whole_rows = torch.arange(n_rows, dtype=torch.int32, device=dev)
+        _write_whole_items(items, whole_rows, bounds)
+    split = torch.empty(0, 4, dtype=torch.int32, device=dev)
+    return RowChunks(items, split, torch.empty(0, dtype=torch.int64, device=dev), whole_rows, n_rows, 0, 0)
 
 
 def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False, order: str = "row",

@@ -11,6 +11,7 @@ integrations register theirs when ``gnn_fastpath`` is imported).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
@@ -21,6 +22,7 @@ from . import cache
 from .convert import _as_node_count, check_readable, edge_index_to_coo, sparse_to_coo, tensor_version
 
 INT32_MAX = 2**31 - 1
+_NO_GUARD = contextlib.nullcontext()  # reusable and reentrant
 
 
 def _normal_tensors():
@@ -28,8 +30,12 @@ def _normal_tensors():
 
     A Graph (and what is memoised on it) outlives the call that built it; built from
     inference tensors it could never be saved for backward in a later training step.
+    Outside inference mode tensors are normal already: no guard to enter (this runs for
+    every build and memo of a new graph).
     """
-    return torch.inference_mode(False)
+    if torch.is_inference_mode_enabled():
+        return torch.inference_mode(False)
+    return _NO_GUARD
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,21 @@ def register_adapter(predicate: Callable[[object], bool], describe: Describe, ac
     _adapters.append((predicate, describe, accepts))
 
 
+# device -> str(device), the cache's device key: str() formats it anew on every call
+_device_keys: Dict[torch.device, str] = {}
+
+
+def _device_key(device: torch.device) -> str:
+    key = _device_keys.get(device)
+    if key is None:
+        key = _device_keys[device] = str(device)
+    return key
+
+
 def _describe_tensor(obj: Tensor, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
     if obj.layout in (torch.sparse_csr, torch.sparse_coo):
-        return str(obj.device), tensor_version(obj), lambda: Graph.from_sparse(obj)
-    return str(obj.device), tensor_version(obj), lambda: Graph.from_edge_index(obj, num_nodes)
+        return _device_key(obj.device), tensor_version(obj), lambda: Graph.from_sparse(obj)
+    return _device_key(obj.device), tensor_version(obj), lambda: Graph.from_edge_index(obj, num_nodes)
 
 
 def _describe(obj, num_nodes) -> Tuple[str, Hashable, Callable[[], "Graph"]]:
@@ -179,20 +196,24 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
     out_degree = torch.bincount(src, minlength=n_src)
     grouped = bool((dst[1:] >= dst[:-1]).all())
     sources_sorted = grouped and not bool(((dst[1:] == dst[:-1]) & (src[1:] < src[:-1])).any())
-    loops = int((src == dst).sum())
-    max_in = int(in_degree.max()) if n_dst else 0
-    max_out = int(out_degree.max()) if n_src else 0
+    # One read for the counts; the ids are in range and M >= 1, so both sides have nodes.
+    loops, max_in, max_out = torch.stack([(src == dst).sum(), in_degree.max(), out_degree.max()]).tolist()
     return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), grouped, sources_sorted, loops, max_in, max_out),
             in_degree, out_degree)
 
 
-def _indptr_from_sorted(rows: Tensor, n_rows: int) -> Tensor:
-    """indptr [n_rows+1] from row ids sorted ascending (CUDA kernel when available)."""
+def _indptr_of_sorted(rows: Tensor, order: Tensor, n_rows: int) -> Tensor:
+    """indptr [n_rows+1] of the row ids ``rows[order]``, sorted ascending.
+
+    On CUDA one kernel over the sorted ids (``bincount`` would synchronise there). On the
+    CPU ``bincount`` of ``rows`` as they are: counts do not depend on the order, so the
+    sorted copy is not needed.
+    """
     if rows.is_cuda and rows.numel() > 0:
         from .. import cuda
 
         if cuda.available():
-            return cuda.csr_indptr(rows, n_rows)
+            return cuda.csr_indptr(rows[order], n_rows)
     counts = torch.bincount(rows, minlength=n_rows)
     indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(counts, 0, out=indptr[1:])
@@ -211,13 +232,13 @@ def _sort_into_csr(rows: Tensor, cols: Tensor, n_rows: int, n_cols: int,
         empty = torch.empty(0, dtype=torch.int64, device=rows.device)
         return torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device), empty, empty.clone()
     if n_cols > 0 and n_rows <= (2**62) // max(n_cols, 1):
-        key = rows * n_cols + cols
+        key = cols.add(rows, alpha=n_cols)  # rows * n_cols + cols in one op
         order = torch.sort(key, stable=True).indices
     else:  # keys would overflow int64: two stable passes
         order = torch.sort(cols, stable=True).indices
         order = order[torch.sort(rows[order], stable=True).indices]
     if indptr is None:
-        indptr = _indptr_from_sorted(rows[order], n_rows)
+        indptr = _indptr_of_sorted(rows, order, n_rows)
     return indptr, cols[order], order
 
 
@@ -255,6 +276,8 @@ class Graph:
         self._stats: Optional[DegreeStats] = None
         self._source_csr: Optional[SourceCSR] = None
         self._dst_index: Optional[Tensor] = None
+        # The out-degrees counted by the build (int32 on CUDA), for out_degree().
+        self._counted_out_degree: Optional[Tensor] = None
         self._kernel_csr: Optional[KernelCSR] = None
         self._device_copies: Dict[torch.device, "Graph"] = {}
         self._memo: Dict[object, object] = {}
@@ -326,14 +349,22 @@ class Graph:
             torch.cumsum(in_degree, 0, dtype=torch.int64, out=indptr[1:])
             if facts.grouped:
                 # A copy: ``src`` may be a view of the caller's edge_index, which the Graph
-                # (cached against that very tensor) must neither keep alive nor share.
-                indices, perm = src.clone(), torch.arange(src.numel(), device=src.device)
+                # (cached against that very tensor) must neither keep alive nor share. Both
+                # rows in one copy: grouped targets are already the destination of each CSR
+                # edge (dst_index), and with perm the identity the caller's edge order is the
+                # CSR's (caller_coo), so neither needs building later.
+                indices, dst_index = torch.stack([src, dst]).unbind(0)
+                perm = torch.arange(src.numel(), device=src.device)
             else:
                 _, indices, perm = _sort_into_csr(dst, src, n_dst, n_src, indptr=indptr)
             graph = cls(indptr, indices, perm, n_src, n_dst)
+            if facts.grouped:
+                graph._dst_index = dst_index
+                graph._memo["caller_coo"] = (indices, dst_index)
             graph._sources_sorted = facts.sources_sorted or not facts.grouped  # else sorted above
             graph._set_facts(facts.max_in_degree, facts.max_out_degree, facts.num_self_loops)
-            graph._memo["out_degree"] = out_degree.to(torch.int64)
+            # Widened to int64 by out_degree() when first asked: many graphs never are.
+            graph._counted_out_degree = out_degree
         return graph
 
     @classmethod
@@ -433,6 +464,9 @@ class Graph:
     def out_degree(self) -> Tensor:
         """int64 [n_src], out-degree of each source."""
         def build():
+            counted, self._counted_out_degree = self._counted_out_degree, None
+            if counted is not None:
+                return counted.to(torch.int64)
             if self._static:  # bincount sizes its result on the host; a static graph reads nothing back
                 ones = torch.ones(self.num_edges, dtype=torch.int64, device=self.device)
                 return torch.zeros(self.n_src, dtype=torch.int64, device=self.device).index_add_(
@@ -605,7 +639,7 @@ class Graph:
 
     def fits_int32(self) -> bool:
         """Whether int32 kernels can index this graph (fewer than 2**31 edges and nodes)."""
-        return self.num_edges <= INT32_MAX and max(self.n_src, self.n_dst) <= INT32_MAX
+        return self.indices.numel() <= INT32_MAX and self.n_src <= INT32_MAX and self.n_dst <= INT32_MAX
 
     def _check_int32(self) -> None:
         if not self.fits_int32():

@@ -110,6 +110,29 @@ def test_matches_oracle(case, config):
     assert torch.equal(work32.items, work.items) and torch.equal(work32.split, work.split)
 
 
+@pytest.mark.parametrize("order", worklist.ORDERS)
+@pytest.mark.parametrize("seed", range(6))
+def test_known_degree_bound_gives_the_sized_list(seed, order):
+    """A host bound below split_from (no sizing read) gives exactly the list that counting
+    the split rows gives, on random CSRs with empty rows and ties."""
+    rng = random.Random(seed)
+    deg = _degrees(seed, rng.randint(0, 40), 0, rng.randint(0, 9), zeros=0)
+    indptr = torch.tensor(_indptr(deg), dtype=rng.choice([torch.int32, torch.int64]))
+    split_from = max(deg, default=0) + rng.randint(1, 3)
+    for max_degree in (max(deg, default=0), split_from - 1):
+        for interleave, tag in ((False, "slot"), (True, "split_row")):
+            fast = worklist.build(indptr, 4, split_from, order=order, interleave=interleave, tag=tag,
+                                  max_degree=max_degree)
+            sized = worklist.build(indptr, 4, split_from, order=order, interleave=interleave, tag=tag)
+            items, split, split_rows, whole_rows = _oracle(indptr.tolist(), 4, split_from, order, interleave, tag)
+            assert fast.items.tolist() == items and fast.whole_rows.tolist() == whole_rows
+            assert split == split_rows == [] and fast.split.shape == (0, 4) and fast.split_rows.shape == (0,)
+            for field in ("items", "split", "split_rows", "whole_rows"):
+                a, b = getattr(fast, field), getattr(sized, field)
+                assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) and a.is_contiguous()
+            assert (fast.n_items, fast.n_split_items, fast.n_split) == (sized.n_items, 0, 0) == (len(deg), 0, 0)
+
+
 def test_cases_are_what_they_say():
     def n_split(case, config="segment_reduce"):
         chunk, split_from, order, interleave, tag = CONFIGS[config]
