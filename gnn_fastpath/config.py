@@ -165,6 +165,8 @@ _parsed: dict = {}
 _environ_keys: dict = {}
 # names tuple -> (raw texts last read, their parsed values) (see settings)
 _snapshots: dict = {}
+# names tuple -> os.environ's own keys for them (see settings)
+_snapshot_keys: dict = {}
 
 
 def _raw(name: str):
@@ -213,7 +215,14 @@ def setting(name: str):
 def settings(names: Tuple[str, ...]) -> tuple:
     """The parsed values of the settings ``names`` (a tuple), each as :func:`setting` reads
     it: while none of their texts changed, one comparison and the values parsed before."""
-    raw = tuple([_raw(n) for n in names])
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        raw = tuple([_raw(n) for n in names])
+    else:  # os.environ's own dict, as _raw reads it, with the tuple's keys encoded once
+        keys = _snapshot_keys.get(names)
+        if keys is None:
+            keys = _snapshot_keys[names] = tuple([os.environ.encodekey(n) for n in names])
+        raw = tuple(map(data.get, keys))
     cached = _snapshots.get(names)
     if cached is not None and cached[0] == raw:
         return cached[1]
@@ -227,7 +236,17 @@ def settings(names: Tuple[str, ...]) -> tuple:
 
 CPU_MODES = ("stock", "reference")
 _cpu = {"mode": "stock"}
-_thread = threading.local()
+
+
+class _ThreadSwitches(threading.local):
+    """The per-thread switches. The class attribute is the value of every thread that has not
+    set its own: a thread-local attribute that is missing would make each read raise and
+    catch an AttributeError, and the dispatch reads this on every op call."""
+
+    forced = False
+
+
+_thread = _ThreadSwitches()
 
 
 def cpu_mode() -> str:
@@ -244,7 +263,7 @@ def set_cpu_mode(mode: str) -> None:
 @contextlib.contextmanager
 def force_reference(enabled: bool = True) -> Iterator[None]:
     """Context manager: while active (in this thread), every op runs its reference path."""
-    previous = getattr(_thread, "forced", False)
+    previous = _thread.forced
     _thread.forced = bool(enabled)
     try:
         yield
@@ -254,4 +273,4 @@ def force_reference(enabled: bool = True) -> Iterator[None]:
 
 def reference_forced() -> bool:
     """Whether :func:`force_reference` is active in this thread."""
-    return getattr(_thread, "forced", False)
+    return _thread.forced

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch.nn.modules import module as _module_mod
+from torch.nn.parameter import is_lazy
 
 from gnn_fastpath import config
 from gnn_fastpath.ops import dispatch, library
@@ -60,9 +61,9 @@ class Shim:
         methods: the methods the fused forward stands in for; a subclass or an instance
             that overrides any of them (``forward``; for PyG also ``message``, ``propagate``,
             ...) runs stock, since the fused math would silently skip the override.
-        edges: ``edges(*args, **kwargs) -> int or None``, the call's edge count read off its
-            graph input without building anything (None: not known cheaply), for the
-            small-graph rule (:mod:`.small_graph`).
+        edges: ``edges(*args, **kwargs) -> (int, graph input) or None``, the call's edge
+            count read off its graph input without building anything, and that input (None:
+            not known cheaply), for the small-graph rule (:mod:`.small_graph`).
     """
 
     key: str
@@ -71,7 +72,7 @@ class Shim:
     op: Union[str, Callable[[torch.nn.Module], str]]
     features: Callable[..., Tensor]
     methods: Tuple[str, ...] = ("forward",)
-    edges: Optional[Callable[..., Optional[int]]] = None
+    edges: Optional[Callable[..., Optional[Tuple[int, Any]]]] = None
 
     def op_for(self, module: torch.nn.Module) -> str:
         """The op family ``module`` runs on."""
@@ -116,8 +117,6 @@ _materialised: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
 def _has_lazy_parameters(module: torch.nn.Module) -> bool:
-    from torch.nn.parameter import is_lazy
-
     if module in _materialised:
         return False
     if any(is_lazy(p) for p in module.parameters()):
@@ -126,9 +125,18 @@ def _has_lazy_parameters(module: torch.nn.Module) -> bool:
     return False
 
 
+def _any_set(obj, names: Tuple[str, ...]) -> bool:
+    """Whether any attribute ``names`` of ``obj`` is truthy (a plain loop: this runs several
+    times on every layer call)."""
+    for name in names:
+        if getattr(obj, name, None):
+            return True
+    return False
+
+
 def has_module_hooks(module: torch.nn.Module) -> bool:
     """Whether forward/backward hooks are registered on ``module`` itself."""
-    return any(getattr(module, name, None) for name in _MODULE_HOOK_DICTS)
+    return _any_set(module, _MODULE_HOOK_DICTS)
 
 
 def _autocast_mix(dtype: torch.dtype, like: Tensor) -> bool:
@@ -263,10 +271,12 @@ def _is_own_method(module: torch.nn.Module, attr) -> bool:
 
 def _override(shim: Shim, module: torch.nn.Module) -> Optional[str]:
     """Why the module's own code must run (a method of ``shim.methods`` overridden), or None."""
-    for name in shim.methods:
-        attr = module.__dict__.get(name)
-        if attr is not None and not _is_own_method(module, attr):
-            return f"the instance overrides {name}"  # e.g. accelerate wraps ``forward`` per instance
+    own = module.__dict__
+    if not own.keys().isdisjoint(shim.methods):  # most instances hold none of them
+        for name in shim.methods:
+            attr = own.get(name)
+            if attr is not None and not _is_own_method(module, attr):
+                return f"the instance overrides {name}"  # e.g. accelerate wraps ``forward`` per instance
     key = (shim.cls, type(module))
     if key not in _class_overrides:
         _class_overrides[key] = _class_override(shim, type(module))
@@ -279,11 +289,11 @@ def _framework_blocker(shim: Shim, module: torch.nn.Module) -> Optional[Tuple[st
         return "torchscript", "scripting or tracing"
     if _is_fx_tracing():
         return "fx_tracing", "torch.fx symbolic tracing"
-    if has_module_hooks(module):
+    if _any_set(module, _MODULE_HOOK_DICTS):
         return "hooks", "module hooks are registered"
-    if any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
+    if _any_set(_module_mod, _GLOBAL_HOOK_DICTS):
         return "hooks", "global module hooks are registered"
-    if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):
+    if _any_set(module, _PYG_HOOK_DICTS):
         return "hooks", "message-passing hooks are registered"
     if getattr(module, "_explain", None) or getattr(module, "explain", None) is True:
         return "explain", "explain mode"
@@ -329,16 +339,17 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     largest = small_graph.largest(shim.key) if shim.edges is not None else None
     if largest is None:
         return None
-    num_edges = shim.edges(*args, **kwargs)
-    if num_edges is None:
+    size = shim.edges(*args, **kwargs)
+    if size is None:
         return None
+    num_edges, graph_input = size
     try:
         x = shim.features(*args, **kwargs)
     except Unsupported:
         return None
     if not isinstance(x, Tensor) or x.dim() == 0 or num_edges * x.size(-1) >= largest or not _fused_on_cuda(x):
         return None
-    return small_graph.blocker(shim.key, shim.op_for(module), module, num_edges, x.size(-1))
+    return small_graph.blocker(shim.key, shim.op_for(module), module, num_edges, x.size(-1), graph_input)
 
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):

@@ -16,6 +16,14 @@ in-degree 8), fused, was no slower than stock's at every larger size measured on
 at every size measured, or not measured, and run fused at every size. The rule is read in
 eager mode; under ``torch.compile`` the layers trace their fused path.
 
+A graph that lives one step (a sampled mini-batch) pays the fused path's graph build (CSR,
+degrees, self loops) in every step, which a static graph pays once; where that moves a layer's
+crossover, the layer has a second, *new-graph* entry (:data:`NEW_GRAPH_MIN_EDGE_FEATURES`),
+which applies to a graph input until it has been called :data:`STATIC_AFTER_CALLS` times (more
+than the layer calls of one step of any usual model, so a sampled batch never gets there and a
+static graph does within its first steps). The count is kept per graph input object, weakly
+(:func:`gnn_fastpath.graph.cache.cached`), and only for calls between the two entries.
+
 ``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size (to measure it).
 """
 from __future__ import annotations
@@ -23,6 +31,8 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 from gnn_fastpath import config
+from gnn_fastpath.graph import cache
+from gnn_fastpath.graph.convert import tensor_version
 
 #: (layer key, variant) -> the edge features (edges x input width) from which the fused path
 #: runs. The variant is what changes stock's cost: the op family of an aggregation (``spmm`` for
@@ -43,19 +53,32 @@ MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
     ("pyg.GraphConv", "segment_reduce"): _MAX_MIN,
 }
 
+#: (layer key, variant) -> the edge features from which the fused path runs on a *new* graph
+#: (a graph input called fewer than :data:`STATIC_AFTER_CALLS` times), where that is more than
+#: :data:`MIN_EDGE_FEATURES` says. GCNConv's fused path on a new graph also builds the graph
+#: with self loops and its degree normalisation; its sampled training step (arxiv-like, batch
+#: 1024: 99.6k edges, 128 then 64 features) was slower than stock's, so until a new-graph sweep
+#: measures its crossover it takes the largest aggregation entry.
+NEW_GRAPH_MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
+    ("pyg.GCNConv", "spmm"): _SPMM_SUM_MEAN,
+}
+#: Calls on one graph input after which it counts as static (no longer new).
+STATIC_AFTER_CALLS = 16
+
 
 _largest: Dict[str, int] = {}
-_largest_of: list = [None]  # the table _largest was built from (tests replace the table)
+_largest_of: list = [None, None]  # the tables _largest was built from (tests replace them)
 
 
 def largest(layer: str) -> Optional[int]:
     """The largest entry of layer key ``layer`` (None: no entry): a call at least this large
     runs fused whatever its variant, so the rule asks nothing more of it."""
-    if _largest_of[0] is not MIN_EDGE_FEATURES:
+    if _largest_of[0] is not MIN_EDGE_FEATURES or _largest_of[1] is not NEW_GRAPH_MIN_EDGE_FEATURES:
         _largest.clear()
-        for (key, _), least in MIN_EDGE_FEATURES.items():
-            _largest[key] = max(least, _largest.get(key, 0))
-        _largest_of[0] = MIN_EDGE_FEATURES
+        for table in (MIN_EDGE_FEATURES, NEW_GRAPH_MIN_EDGE_FEATURES):
+            for (key, _), least in table.items():
+                _largest[key] = max(least, _largest.get(key, 0))
+        _largest_of[:] = [MIN_EDGE_FEATURES, NEW_GRAPH_MIN_EDGE_FEATURES]
     return _largest.get(layer)
 
 
@@ -66,22 +89,36 @@ def variant(layer: str, op: str, module) -> str:
     return op
 
 
-def threshold(layer: str, op: str, module) -> Optional[int]:
-    """The edge features below which ``module`` (of layer key ``layer``, on op ``op``) runs
-    stock under the rule, or None (fused at every size; also with
-    ``GNN_FASTPATH_SMALL_GRAPH=off``)."""
-    if config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off":
-        return None
-    return MIN_EDGE_FEATURES.get((layer, variant(layer, op, module)))
+def calls_on(graph_input) -> int:
+    """How many times the rule has been asked about ``graph_input`` (this call included), while
+    the object lives unchanged (its tensor version); 1 for anything it cannot count."""
+    if not hasattr(graph_input, "layout"):
+        return 1
+    counter = cache.cached(graph_input, tensor_version(graph_input), lambda: [0], "small_graph")
+    counter[0] += 1
+    return counter[0]
 
 
-def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int) -> Optional[Tuple[str, str]]:
+def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int,
+            graph_input=None) -> Optional[Tuple[str, str]]:
     """``("small_graph", detail)`` when a call over ``num_edges`` edges of ``width``-wide input
-    features runs stock by the rule."""
-    if num_edges is None:
+    features runs stock by the rule (never with ``GNN_FASTPATH_SMALL_GRAPH=off``);
+    ``graph_input`` (the caller's graph object) is counted where the layer's new-graph entry
+    applies."""
+    if num_edges is None or config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off":
         return None
-    least = threshold(layer, op, module)
-    if least is None or num_edges * width >= least:
+    key = (layer, variant(layer, op, module))
+    size = num_edges * width
+    least = MIN_EDGE_FEATURES.get(key)
+    if least is not None and size < least:
+        return "small_graph", (f"{num_edges} edges x {width} features, fused from {least} edge features "
+                               "(GNN_FASTPATH_SMALL_GRAPH=off runs it fused)")
+    new_least = NEW_GRAPH_MIN_EDGE_FEATURES.get(key)
+    if new_least is None or size >= new_least or graph_input is None:
         return None
-    return "small_graph", (f"{num_edges} edges x {width} features, fused from {least} edge features "
+    calls = calls_on(graph_input)
+    if calls > STATIC_AFTER_CALLS:
+        return None
+    return "small_graph", (f"{num_edges} edges x {width} features on a new graph (call {calls} on it), fused from "
+                           f"{new_least} edge features until a graph has had {STATIC_AFTER_CALLS} calls "
                            "(GNN_FASTPATH_SMALL_GRAPH=off runs it fused)")

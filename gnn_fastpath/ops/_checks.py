@@ -74,7 +74,8 @@ def check_tensor(name: str, t, shape: Sequence[Optional[int]], like: Optional[Te
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != len(shape) or not _sizes_match(shape, t.shape):
+    sizes = t.shape
+    if len(sizes) != len(shape) or not _sizes_match(shape, sizes):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
     if like is not None:

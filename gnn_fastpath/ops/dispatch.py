@@ -118,7 +118,15 @@ def accepted(decision: Decision) -> bool:
 # ----------------------------------------------------------------------------------------
 # What the ops of one patched layer call ran on.
 
-_local = threading.local()
+class _Recording(threading.local):
+    """The recording open in this thread (``call``). The class attribute is the value of every
+    thread that has not opened one: a missing thread-local attribute would make each read raise
+    and catch an AttributeError, on every op call outside a patched layer."""
+
+    call = None
+
+
+_local = _Recording()
 
 
 class recording:
@@ -130,7 +138,7 @@ class recording:
 
     def __enter__(self) -> "recording":
         self.backend = None
-        self._previous = getattr(_local, "call", None)
+        self._previous = _local.call
         _local.call = self
         return self
 
@@ -141,10 +149,13 @@ class recording:
 _warned: set = set()
 
 
+# Looked up once: the test runs several times on every layer call.
+_compiler_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def is_compiling() -> bool:
     """Whether torch.compile (dynamo) is tracing this call (the one test of it in the package)."""
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+    return bool(_compiler_is_compiling is not None and _compiler_is_compiling())
 
 
 #: The ops whose kernels limit the head shape -> their launcher module in gnn_fastpath.cuda,
@@ -153,18 +164,27 @@ def is_compiling() -> bool:
 _LIMITED_OPS = {"gat_attention": "gat_attention", "gatv2_attention": "gatv2_attention",
                 "dot_attention": "dot_attention"}
 _limit_modules: dict = {}
+# (op, heads) -> kernel_limit's answer: ``unsupported(H, D)`` reads nothing but the head shape
+_limits: dict = {}
 
 
 def kernel_limit(op: str, heads: Optional[Tuple[int, int]]) -> Optional[str]:
     """Why op ``op``'s kernels cannot take heads of shape ``heads`` = (H, D), or None."""
     if heads is None:
         return None
+    key = (op, heads)
+    if key in _limits:
+        return _limits[key]
     kernels = _limit_modules.get(op)
     if kernels is None:
         if op not in _LIMITED_OPS:
             return None
         kernels = _limit_modules[op] = importlib.import_module(f"..cuda.{_LIMITED_OPS[op]}", __package__)
-    return kernels.unsupported(*heads)
+    limit = kernels.unsupported(*heads)
+    if len(_limits) >= 1024:  # bounded: a process sees few head shapes
+        _limits.clear()
+    _limits[key] = limit
+    return limit
 
 
 def require(op: str, device: torch.device, dtype: torch.dtype, graph=None,
@@ -173,7 +193,7 @@ def require(op: str, device: torch.device, dtype: torch.dtype, graph=None,
     will not run fused on this graph (and head shape); outside a layer, nothing. Under
     torch.compile, nothing: the traced layer decided before it started (its graph is tensors,
     whose limits the operators' shapes carry)."""
-    if is_compiling() or getattr(_local, "call", None) is None:
+    if is_compiling() or _local.call is None:
         return
     decision = decide(device, dtype, graph, kernel_limit(op, heads))
     if not accepted(decision):
@@ -184,7 +204,7 @@ def choose(op: str, device: torch.device, dtype: torch.dtype, graph=None,
            heads: Optional[Tuple[int, int]] = None) -> str:
     """The backend op ``op`` runs this call on (see the module docstring)."""
     decision = decide(device, dtype, graph, kernel_limit(op, heads))
-    call = getattr(_local, "call", None)
+    call = _local.call
     if call is not None:
         if not accepted(decision):
             raise Unsupported(decision.reason, decision.detail)

@@ -10,6 +10,8 @@ Importing it registers it with the core (:mod:`gnn_fastpath.registry`): :func:`s
 The shims reproduce the layers of the PyG versions in :data:`TESTED_VERSIONS` (their
 arguments, defaults, fallbacks and numerics); ``enable()`` warns once when another is installed.
 """
+import functools
+
 from gnn_fastpath import registry
 
 #: The top-level package this integration patches.
@@ -58,7 +60,13 @@ def version() -> str:
 def is_graph(obj) -> bool:
     """Whether ``obj`` is a PyG ``EdgeIndex`` (through the MRO, so that subclasses are taken
     too; by the classes' modules: imports nothing)."""
-    return any(cls.__name__ == "EdgeIndex" and registry.comes_from(cls, PACKAGE) for cls in type(obj).__mro__)
+    return _is_graph_class(type(obj))
+
+
+# Asked of every graph input on every layer call (Graph.of); the answer is the class's.
+@functools.lru_cache(maxsize=256)
+def _is_graph_class(cls: type) -> bool:
+    return any(k.__name__ == "EdgeIndex" and registry.comes_from(k, PACKAGE) for k in cls.__mro__)
 
 
 def describe_graph(obj, num_nodes):

@@ -30,6 +30,11 @@ from gnn_fastpath.graph import Graph
 from ..shim import Unsupported, check_like
 from .graph import EdgeIndex, check_sparse_product, is_sparse, sparse_values, split_pair
 
+try:  # imported once here: an import statement would run on every layer call
+    from torch_geometric.nn import aggr as _aggr
+except ImportError:  # pragma: no cover - PyG missing: no shim calls reduce_of
+    _aggr = None
+
 #: The plain aggregation modules by class name, and the reduction each performs.
 PLAIN = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
          "MinAggregation": "min"}
@@ -40,11 +45,9 @@ _NO_FUSED_BRANCH = "'message_and_aggregate' not implemented"
 
 def reduce_of(module) -> Optional[str]:
     """The reduction of ``module.aggr_module`` when it is one of the plain ones, else None."""
-    from torch_geometric.nn import aggr
-
     aggr_module = getattr(module, "aggr_module", None)
     name = type(aggr_module).__name__
-    if name in PLAIN and type(aggr_module) is getattr(aggr, name):
+    if name in PLAIN and type(aggr_module) is getattr(_aggr, name):
         return PLAIN[name]
     return None
 
@@ -151,6 +154,11 @@ class Path:
     tie: str = "split"
 
 
+#: The paths without values, made once (frozen: one instance serves every call).
+_PLAIN_PATHS = {(reduce, kind): Path(reduce, kind) for reduce in SPARSE_REDUCE.values()
+                for kind in ("edge_index", "message")}
+
+
 def aggregation(module, reduce: str, edge_index, x_src: Tensor, dtype: torch.dtype) -> Path:
     """The path stock takes for this input (see the module docstring); ``dtype`` is the dtype
     of the features stock aggregates (the sparse product multiplies them by the values)."""
@@ -181,21 +189,21 @@ def aggregation(module, reduce: str, edge_index, x_src: Tensor, dtype: torch.dty
                                                    "installed, each with its own tie rule)")
         if dtype != torch.float32:
             raise Unsupported("dtype", f"EdgeIndex.matmul of {dtype} features (stock's sparse product decides)")
-        return Path(reduce, "edge_index")
+        return _PLAIN_PATHS[reduce, "edge_index"]
     # message + aggregate: the aggregation reduces by segment when it was built under
     # deterministic algorithms and the graph gives a target pointer (sorted EdgeIndex, CSR).
     by_segment = getattr(module.aggr_module, "_deterministic", False) and (
         (is_edge_index and edge_index.is_sorted_by_col)
         or (edge_index.layout == torch.sparse_csr and csr_gives_pointer(module)))
     if not by_segment:
-        return Path(reduce, "message")
+        return _PLAIN_PATHS[reduce, "message"]
     if is_edge_index and edge_index.num_cols is None:
         raise Unsupported("size", "sorted EdgeIndex without a target count on the segment path")
     if reduce in ("max", "min"):
         raise Unsupported("segment_ties", "PyG's deterministic segment reduction: torch's "
                                           "_segment_reduce backward splits a tie's gradient only when "
                                           "it is positive (a negative one goes whole to every tied edge)")
-    return Path(reduce, "message")
+    return _PLAIN_PATHS[reduce, "message"]
 
 
 def aggregate(graph: Graph, x: Tensor, path: Path, edge_weight: Optional[Tensor] = None) -> Tensor:

@@ -157,8 +157,8 @@ def forward(module, backend: str, x, edge_index, edge_weight=None):
             # graph (static shapes, loops kept in the extra row) cannot give: stock builds it
             raise Unsupported("compile", "the first cached=True call under torch.compile (stock builds the cache)")
         graph, weight, memoised = _normalised(module, edge_index, edge_weight, n, x)
-        require("spmm", x.device, x.dtype, graph)  # before the cache is written or lin runs
         if module.cached:
+            require("spmm", x.device, x.dtype, graph)  # before the cache is written
             module._cached_edge_index = (_stock_edge_index(module, edge_index, n),
                                          weight.clone() if memoised else weight)
 

@@ -35,6 +35,10 @@ try:  # PyG >= 2.5
     from torch_geometric import EdgeIndex
 except ImportError:  # pragma: no cover
     EdgeIndex = None
+try:  # imported once here: an import statement would run on every layer call
+    from torch_geometric.nn.aggr import SumAggregation
+except ImportError:  # pragma: no cover - PyG missing: no shim calls the checks below
+    SumAggregation = None
 
 # Stock PyG indexes with int32/int64 only (it raises, or for some layers widens smaller ids
 # through its self-loop concatenation): other dtypes run stock, which decides.
@@ -100,8 +104,6 @@ def split_pair(x, *, single_is_target: bool = False,
 
 def check_message_passing(module) -> None:
     """The MessagePassing settings every shim needs: sum aggregation, source-to-target flow."""
-    from torch_geometric.nn.aggr import SumAggregation
-
     if module.aggr not in ("add", "sum") or type(module.aggr_module) is not SumAggregation:
         raise Unsupported("aggr", f"aggr={module.aggr!r} (the fused path sums)")
     if module.flow != "source_to_target":
@@ -112,11 +114,51 @@ def check_inputs(module, x: Tensor) -> None:
     """Parameters on ``x``'s device and dtype; under autocast float32 parameters with 16-bit
     features (the previous layer's output) too (:func:`..shim.check_like`). Any other mix
     runs stock, which decides."""
-    dtype, device = x.dtype, x.device
-    if all(p.dtype == dtype and p.device == device for p in module.parameters()):
+    if _parameters_on(module, x.dtype, x.device):
         return  # the common case, without building a name per parameter
     for name, p in module.named_parameters():
         check_like(f"parameter {name}", p, x)
+
+
+#: The methods through which ``Module.parameters()`` finds a module tree's parameters.
+_WALK_METHODS = ("parameters", "named_parameters", "_named_members", "named_modules")
+# class -> whether it keeps torch.nn.Module's own _WALK_METHODS
+_plain_walk: dict = {}
+
+
+def _parameters_on(module, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether every parameter of ``module``'s tree has ``dtype`` and ``device``, as
+    ``all(... for p in module.parameters())`` says (:func:`_walk_parameters`, without the
+    generators of ``parameters()``: this runs on every layer call). Under torch.compile,
+    through ``parameters()`` as dynamo traces it (the walk's class table is process state)."""
+    found = None if is_compiling() else _walk_parameters(module, dtype, device)
+    if found is None:
+        return all(p.dtype == dtype and p.device == device for p in module.parameters())
+    return found
+
+
+def _walk_parameters(module, dtype: torch.dtype, device: torch.device) -> Optional[bool]:
+    """:func:`_parameters_on` read from the ``_parameters`` and ``_modules`` dicts that
+    ``parameters()`` walks. None where a class in the tree finds its parameters its own way
+    (overrides one of :data:`_WALK_METHODS`): then only ``parameters()`` knows. False may also
+    come from a parameter such a class would hide, which only costs :func:`check_inputs` its
+    exact check. A submodule shared by two parents is visited twice, which changes nothing."""
+    cls = type(module)
+    plain = _plain_walk.get(cls)
+    if plain is None:
+        plain = _plain_walk[cls] = all(getattr(cls, name, None) is getattr(torch.nn.Module, name)
+                                       for name in _WALK_METHODS)
+    if not plain:
+        return None
+    for p in module._parameters.values():
+        if p is not None and (p.dtype != dtype or p.device != device):
+            return False
+    for child in module._modules.values():
+        if child is not None:
+            found = _walk_parameters(child, dtype, device)
+            if found is not True:
+                return found
+    return True
 
 
 def check_return_attention(return_attention_weights, module=None) -> None:

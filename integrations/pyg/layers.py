@@ -38,15 +38,16 @@ def _features(module) -> Callable:
 
 
 def edges(x=None, edge_index=None, *args, **kwargs):
-    """The call's edge count, read off ``edge_index`` (a Tensor [2, M], an ``EdgeIndex`` or a
-    torch.sparse adjacency) without building anything; None for anything else."""
+    """(the call's edge count, ``edge_index``), the count read off ``edge_index`` (a Tensor
+    [2, M], an ``EdgeIndex`` or a torch.sparse adjacency) without building anything; None for
+    anything else."""
     if not isinstance(edge_index, torch.Tensor):
         return None
     if edge_index.layout == torch.sparse_coo:
-        return edge_index._nnz()
+        return edge_index._nnz(), edge_index
     if edge_index.layout == torch.sparse_csr:
-        return edge_index.col_indices().numel()
-    return edge_index.size(1) if edge_index.dim() == 2 else None
+        return edge_index.col_indices().numel(), edge_index
+    return (edge_index.size(1), edge_index) if edge_index.dim() == 2 else None
 
 
 # What a fused forward replaces of a MessagePassing layer: overriding any of these (in a

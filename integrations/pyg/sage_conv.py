@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
+from torch_geometric.nn.conv import SAGEConv
 
 from gnn_fastpath.ops.dispatch import require
 from ..shim import linear_dtype
@@ -83,8 +84,6 @@ def features(x, *args, **kwargs) -> Tensor:
 
 def forward(module, backend: str, x, edge_index, size=None):
     """Fused ``SAGEConv.forward``: same arguments, same return value."""
-    from torch_geometric.nn.conv import SAGEConv
-
     reduce = check_module(module, SAGEConv)
     x_src, x_dst = split(x)
     check_inputs(module, x_src)

@@ -42,6 +42,7 @@ def table(monkeypatch):
     rows = {("pyg.SAGEConv", "spmm"): (_graph(30)[1] + 1) * F_IN, ("pyg.SAGEConv", "segment_reduce"): 1_000 * F_IN,
             ("pyg.GCNConv", "cached"): 500 * F_IN}
     monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", rows)
+    monkeypatch.setattr(small_graph, "NEW_GRAPH_MIN_EDGE_FEATURES", {})
     return rows
 
 
@@ -58,13 +59,16 @@ def _graph(m):
 
 
 def _run(module, m):
-    edge_index, _ = _graph(m)
+    return _run_on(module, _graph(m)[0])
+
+
+def _run_on(module, edge_index):
+    """(the patched call's output, the stock forward's) on ``edge_index``."""
     x = torch.randn(N, F_IN)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastpathFallbackWarning)  # small_graph never warns
         out = module(x, edge_index)
-    expected = torch.nn.Module.__call__(module, x, edge_index)  # the stock forward
-    return out, expected
+    return out, torch.nn.Module.__call__(module, x, edge_index)
 
 
 def test_below_the_crossover_stock_runs_counted_not_warned(as_if_cuda, table):
@@ -129,8 +133,8 @@ def test_edge_count_of_every_graph_input(kind):
     else:
         graph = edge_index
     x = torch.randn(N, F_IN)
-    assert edges(x, graph) == m
-    assert edges(x, edge_index=graph) == m
+    assert edges(x, graph)[0] == m and edges(x, graph)[1] is graph
+    assert edges(x, edge_index=graph)[0] == m
     assert edges(x) is None and edges(x, "not a graph") is None
 
 
@@ -153,6 +157,76 @@ def test_every_row_names_a_patched_layer_and_a_variant():
     assert small_graph.largest("pyg.SAGEConv") == max(small_graph.MIN_EDGE_FEATURES[("pyg.SAGEConv", v)]
                                                       for v in ("spmm", "segment_reduce"))
     assert small_graph.largest("pyg.GATv2Conv") is None
-    for layer, variant in small_graph.MIN_EDGE_FEATURES:
+    for layer, variant in [*small_graph.MIN_EDGE_FEATURES, *small_graph.NEW_GRAPH_MIN_EDGE_FEATURES]:
         assert layer in keys and variant in ("spmm", "segment_reduce", "cached"), (layer, variant)
     assert all(s.edges is not None for s in SHIMS if s.key in {k for k, _ in small_graph.MIN_EDGE_FEATURES})
+
+
+@pytest.fixture
+def new_graph_table(monkeypatch):
+    """GCNConv with a static entry of 10 edges and a new-graph entry of 1000 (x F_IN)."""
+    from gnn_fastpath.integrations import small_graph
+
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "auto")
+    monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", {("pyg.GCNConv", "spmm"): 10 * F_IN})
+    monkeypatch.setattr(small_graph, "NEW_GRAPH_MIN_EDGE_FEATURES", {("pyg.GCNConv", "spmm"): 1000 * F_IN})
+    return small_graph
+
+
+def test_a_new_graph_runs_stock_until_it_counts_as_static(new_graph_table):
+    """Between the two entries a graph input runs stock for its first STATIC_AFTER_CALLS calls
+    (a sampled batch: a few layer calls, then it dies), then fused; another graph starts over,
+    and so does the same tensor once changed in place (its version moves)."""
+    from torch_geometric.nn import GCNConv
+
+    sg = new_graph_table
+    module = GCNConv(F_IN, 4)
+    edge_index, m = _graph(40)
+
+    def ask(graph_input, edges=m):
+        return sg.blocker("pyg.GCNConv", "spmm", module, edges, F_IN, graph_input)
+
+    assert [ask(edge_index) is not None for _ in range(sg.STATIC_AFTER_CALLS)] == [True] * sg.STATIC_AFTER_CALLS
+    reason, detail = ask(_graph(40)[0])
+    assert reason == "small_graph" and "new graph (call 1 on it)" in detail
+    assert ask(edge_index) is None and ask(edge_index) is None  # static from here on
+    edge_index.add_(0)  # in place: a changed graph is a new one
+    assert ask(edge_index) is not None
+    # below the static entry: stock however often the graph is called; from the new-graph
+    # entry on: fused from the first call; no graph input known: the static entry alone
+    assert all(ask(edge_index, edges=5) is not None for _ in range(2 * sg.STATIC_AFTER_CALLS))
+    assert ask(_graph(40)[0], edges=1000) is None
+    assert ask(None) is None
+
+
+def test_the_new_graph_entry_is_off_with_the_rule(new_graph_table, monkeypatch):
+    from torch_geometric.nn import GCNConv
+
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
+    edge_index, m = _graph(40)
+    assert new_graph_table.blocker("pyg.GCNConv", "spmm", GCNConv(F_IN, 4), m, F_IN, edge_index) is None
+
+
+def test_largest_covers_the_new_graph_entries(new_graph_table):
+    assert new_graph_table.largest("pyg.GCNConv") == 1000 * F_IN
+
+
+def test_a_sampled_batch_runs_gcn_stock_and_a_static_graph_fused(as_if_cuda, new_graph_table):
+    """Through the layer call: a new graph (each batch a new edge_index, a few layer calls
+    each) runs stock under ``small_graph``; one graph called again and again runs fused once it
+    counts as static."""
+    from torch_geometric.nn import GCNConv
+
+    sg = new_graph_table
+    module = GCNConv(F_IN, 4)
+    for _ in range(3):  # three batches, two layer calls each
+        edge_index, _ = _graph(40)
+        for _ in range(2):
+            out, expected = _run_on(module, edge_index)
+            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert gnn_fastpath.stats()["pyg.GCNConv"]["fallback"] == {"small_graph": 6}
+    edge_index, _ = _graph(40)
+    for _ in range(sg.STATIC_AFTER_CALLS + 2):
+        _run_on(module, edge_index)
+    entry = gnn_fastpath.stats()["pyg.GCNConv"]
+    assert entry["fallback"] == {"small_graph": 6 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 2
