@@ -31,12 +31,12 @@ def pytest_configure(config):
     # sampling); stock PyG would send its CUDA scatter there and fail. Stock runs as it
     # would without torch_scatter instead.
     pyg = import_pyg()
-    if pyg is not None:
-        scatter_without_cpu_only_torch_scatter(pyg)
+    scatter_changed = pyg is not None and scatter_without_cpu_only_torch_scatter(pyg)
     # NeighborLoader without pyg-lib or torch-sparse (neither has a wheel for this torch): the
     # real loader samples with the pure-torch kernel of tests/pyg_sampler_shim.py, here and in
-    # the processes the tests start (examples, torchrun, benchmark tools: _sampler_site/).
-    if (pyg_neighbor_sampler() or "").startswith("pure-torch"):
+    # the processes the tests start (examples, torchrun, benchmark tools: _sampler_site/, which
+    # also carries the torch_scatter choice above into them).
+    if (pyg_neighbor_sampler() or "").startswith("pure-torch") or scatter_changed:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SAMPLER_SITE, os.environ.get("PYTHONPATH")) if p)
 
 

@@ -66,7 +66,8 @@ def _sampler_shim():
     return shim
 
 
-#: Folder whose ``sitecustomize.py`` installs the sampler shim in the processes tests start.
+#: Folder whose ``sitecustomize.py`` carries the session's PyG adjustments (the sampler shim,
+#: torch's scatter instead of a CPU-only torch_scatter) into the processes tests start.
 SAMPLER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sampler_site")
 
 
@@ -85,23 +86,27 @@ def pyg_neighbor_sampler() -> str | None:
     return shim.NAME if shim.install() else None
 
 
-def scatter_without_cpu_only_torch_scatter(pyg) -> None:
+def scatter_without_cpu_only_torch_scatter(pyg, quiet: bool = False) -> bool:
     """PyG routes scatter (e.g. SAGEConv's max) to torch_scatter whenever it imports; a
     CPU-only build (what the device runs get, built from source for NeighborLoader's sampling)
     then fails on CUDA tensors ("Not compiled with CUDA support"). Stock then runs as it would
-    without torch_scatter: torch's own scatter_reduce. Used by the test session and by the
-    benchmarks (benchmarks/harness.py loads this file)."""
+    without torch_scatter: torch's own scatter_reduce. Used by the test session, the processes
+    it starts (``_sampler_site/``) and the benchmarks (benchmarks/harness.py loads this file).
+    Returns whether it changed PyG's choice."""
     import torch
 
     if not (getattr(pyg.typing, "WITH_TORCH_SCATTER", False) and torch.cuda.is_available()):
-        return
+        return False
     try:
         cuda_version = torch.ops.torch_scatter.cuda_version()
     except Exception:  # noqa: BLE001 - an old build without the op: leave PyG's choice alone
-        return
-    if cuda_version == -1:
-        pyg.typing.WITH_TORCH_SCATTER = False
+        return False
+    if cuda_version != -1:
+        return False
+    pyg.typing.WITH_TORCH_SCATTER = False
+    if not quiet:
         print("torch_scatter is a CPU-only build: PyG's scatter uses torch's scatter_reduce in this run")
+    return True
 
 
 #: The warning torch gives at every synchronising operation under set_sync_debug_mode("warn")

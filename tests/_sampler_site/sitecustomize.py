@@ -1,12 +1,15 @@
-"""Carries the test suite's pure-torch PyG neighbour sampler into the Python processes that
-tests start (the examples, ``torchrun`` and its workers, the benchmark tools).
+"""Carries the test suite's PyG adjustments into the Python processes that tests start (the
+examples, ``torchrun`` and its workers, the benchmark tools): the pure-torch neighbour sampler,
+and torch's own scatter in place of a CPU-only torch_scatter build.
 
-``tests/conftest.py`` puts this folder first on ``PYTHONPATH`` only when it has installed the
-shim (neither pyg-lib nor torch-sparse imports); Python then runs this file at start-up. It
-imports nothing heavy itself: it waits for ``torch_geometric`` to be imported and then calls
-``tests/pyg_sampler_shim.py``'s ``install()``, which does nothing if a real backend imports.
-``GNN_FASTPATH_TEST_SAMPLER_SHIM=0`` turns it off (a test of the no-sampler path). Another
-``sitecustomize`` later on the path still runs (this one imports it).
+``tests/conftest.py`` puts this folder first on ``PYTHONPATH`` only when the session made one
+of them (neither pyg-lib nor torch-sparse imports; torch_scatter imports but has no CUDA);
+Python then runs this file at start-up. It imports nothing heavy itself: it waits for
+``torch_geometric`` to be imported, then calls ``tests/pyg_sampler_shim.py``'s ``install()``,
+which does nothing if a real backend imports, and ``tests/frameworks.py``'s
+``scatter_without_cpu_only_torch_scatter``, which does nothing for a CUDA build.
+``GNN_FASTPATH_TEST_SAMPLER_SHIM=0`` turns the sampler off (a test of the no-sampler path).
+Another ``sitecustomize`` later on the path still runs (this one imports it).
 """
 import importlib.abc
 import importlib.util
@@ -14,20 +17,31 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SHIM = os.path.join(os.path.dirname(_HERE), "pyg_sampler_shim.py")
+_TESTS = os.path.dirname(_HERE)
+
+
+def _load(name: str):
+    """tests/<name>.py as the module ``name`` (one instance per process)."""
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_TESTS, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def _install_shim():
+    """Both adjustments, once ``torch_geometric`` has been imported."""
+    if os.environ.get("GNN_FASTPATH_TEST_SAMPLER_SHIM", "1") != "0":
+        try:
+            _load("pyg_sampler_shim").install()
+        except Exception as exc:  # noqa: BLE001 - never break the import of torch_geometric
+            print(f"tests/_sampler_site: the PyG sampler shim was not installed: {exc!r}", file=sys.stderr)
     try:
-        shim = sys.modules.get("pyg_sampler_shim")
-        if shim is None:
-            spec = importlib.util.spec_from_file_location("pyg_sampler_shim", _SHIM)
-            shim = importlib.util.module_from_spec(spec)
-            sys.modules["pyg_sampler_shim"] = shim
-            spec.loader.exec_module(shim)
-        shim.install()
-    except Exception as exc:  # noqa: BLE001 - never break the import of torch_geometric
-        print(f"tests/_sampler_site: the PyG sampler shim was not installed: {exc!r}", file=sys.stderr)
+        _load("frameworks").scatter_without_cpu_only_torch_scatter(sys.modules["torch_geometric"], quiet=True)
+    except Exception as exc:  # noqa: BLE001 - as above
+        print(f"tests/_sampler_site: the torch_scatter check failed: {exc!r}", file=sys.stderr)
 
 
 class _AfterTorchGeometric(importlib.abc.MetaPathFinder):
@@ -69,8 +83,7 @@ def _chain_next_sitecustomize():
 
 
 _chain_next_sitecustomize()
-if os.environ.get("GNN_FASTPATH_TEST_SAMPLER_SHIM", "1") != "0":
-    if "torch_geometric" in sys.modules:
-        _install_shim()
-    else:
-        sys.meta_path.insert(0, _AfterTorchGeometric())
+if "torch_geometric" in sys.modules:
+    _install_shim()
+else:
+    sys.meta_path.insert(0, _AfterTorchGeometric())
