@@ -19,6 +19,7 @@ config. Prints the tables; exits 0 without PyG.
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -90,6 +91,50 @@ def plan_sampled(graphs: Sequence[str], layers: Sequence[str], dtypes: Sequence[
         return tier, group != last, group_order[group], index[c]
 
     return first + sorted((c for c in wanted if c not in first), key=key)
+
+
+def alternate_rounds(configs: Sequence[SampledConfig], rounds: int) -> List[SampledConfig]:
+    """``configs`` with each stock/enabled pair (adjacent, same config but the mode) run
+    ``rounds`` times in a row, the order of the two flipped every round: whichever mode runs
+    first in a warm process (or right after a loader is built) has no lasting advantage."""
+    out: List[SampledConfig] = []
+    i = 0
+    while i < len(configs):
+        pair = list(configs[i:i + 2])
+        if len(pair) == 2 and pair[0][:3] + pair[0][4:] != pair[1][:3] + pair[1][4:]:
+            pair = pair[:1]
+        for r in range(max(rounds, 1)):
+            out.extend(pair if r % 2 == 0 else pair[::-1])
+        i += len(pair)
+    return out
+
+
+def merge_rounds(rows: Sequence[dict]) -> List[dict]:
+    """One row per config from rows run over several rounds (``round`` 1, 2, ...): the first
+    round's row with ``step_ms``, ``host_ms``, ``whole_ms`` the medians over the rounds that
+    measured them and ``rounds`` the per-round values (``step_ms_rounds``, ...)."""
+    keys = ("graph", "layer_key", "dtype", "mode", "sampler", "batch_size", "compile")
+    groups: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        merged = dict(group[0])
+        merged["rounds"] = len(group)
+        for field in ("step_ms", "host_ms", "whole_ms"):
+            values = [r.get(field) for r in group]
+            merged[f"{field}_rounds"] = values
+            measured = [v for v in values if isinstance(v, float)]
+            if measured:
+                merged[field] = statistics.median(measured)
+        bad = [r.get("status") for r in group if r.get("status") != "ok"]
+        if bad:
+            merged["status"] = bad[0]
+        out.append(merged)
+    return out
 
 
 def dominant_phase(phases: Optional[dict]) -> str:
@@ -323,7 +368,9 @@ class TrainSampledRunner(SampledRunner):
     benchmark = "train_sampled"
 
     def extend(self, payload: dict) -> None:
-        payload["sampled_targets"] = evaluate_sampled_targets(self.rows)
+        if getattr(self.args, "rounds", 1) > 1:
+            payload["round_rows"], payload["rows"] = payload["rows"], merge_rounds(payload["rows"])
+        payload["sampled_targets"] = evaluate_sampled_targets(payload["rows"])
         payload["loaders"] = self.loaders
 
     def render(self, payload: dict) -> str:
@@ -347,6 +394,9 @@ def parse_args(argv=None):
     p.add_argument("--pad-batches", action="store_true",
                    help="pad PyG-sampler batches to fixed sizes (N_cap nodes, M_cap edges), as bench_compile's "
                         "sampled rows are")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each stock/enabled pair this many times, flipping which runs first every round; "
+                        "rows report the median over the rounds (default 1)")
     return p.parse_args(argv)
 
 
@@ -362,8 +412,11 @@ def main(argv=None) -> int:
     runner = TrainSampledRunner(args, device, pyg, gf, reason)
     runner.target_configs = {c for t in SAMPLED_TARGETS for c in t.configs()}
     runner.env = H.environment(None)
-    configs = plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers, args.batch_sizes)
-    runner.settings = dict(common_settings(args, device), modes=["sampled"],
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    configs = alternate_rounds(plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers,
+                                            args.batch_sizes), args.rounds)
+    runner.settings = dict(common_settings(args, device), modes=["sampled"], rounds=args.rounds,
                            sampled=sampled_settings(args, graphs, configs))
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)

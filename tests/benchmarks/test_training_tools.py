@@ -146,6 +146,31 @@ def test_train_sampled_pyg_padded(tool, result, tmp_path):
     assert all(r["padded"] for r in payload["rows"])
 
 
+def test_train_sampled_rounds_flip_the_order(tool, result, tmp_path):
+    """``--rounds 3``: each stock/enabled pair runs three times, the first mode of the pair
+    flipping every round; the rows are the medians of the rounds, the raw rows are kept."""
+    reason = _pyg_sampler_reason()
+    if reason:
+        pytest.skip(reason)
+    js = tmp_path / "s.json"
+    tool("bench_train_sampled", *SAMPLED, "--samplers", "pyg", "--layers", "gcn", "--no-whole", "--rounds", "3",
+         "--json", js, "--markdown", "")
+    payload = result(js, "train_sampled")
+    raw = payload["round_rows"]
+    first, second = raw[0]["mode"], raw[1]["mode"]
+    assert {first, second} == {"stock", "enabled"}
+    assert [(r["mode"], r["round"]) for r in raw] == [
+        (first, 1), (second, 1), (second, 2), (first, 2), (first, 3), (second, 3)]
+    assert payload["settings"]["rounds"] == 3
+    _check_sampled_rows(payload["rows"], "pyg", ["gcn"], whole=False)
+    for r in payload["rows"]:
+        mine = [x["step_ms"] for x in raw if x["mode"] == r["mode"]]
+        assert r["rounds"] == 3 and r["step_ms_rounds"] == mine and r["step_ms"] == sorted(mine)[1], r
+    [target] = [t for t in payload["sampled_targets"] if t["layer"] == "gcn" and t["batch_size"] == 32] or [None]
+    stock, enabled = ({r["mode"]: r for r in payload["rows"]}[m]["step_ms"] for m in ("stock", "enabled"))
+    assert target is None or target["value"] == pytest.approx(stock / enabled)
+
+
 def test_train_sampled_pyg_without_a_sampling_library(request, monkeypatch, tmp_path):
     """Without torch_sparse or pyg_lib the PyG rows are reported as skipped, not a crash (the
     tool runs without the tests' pure-torch sampler)."""
