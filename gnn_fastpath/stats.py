@@ -61,7 +61,9 @@ def record_fallback(layer: str, reason: str, detail: str = "", warn: bool = True
 
 def record_compiled(layer: str, outcome: str) -> None:
     """A patched layer traced by ``torch.compile``: ``outcome`` is the backend its custom
-    operators run on (``"cuda"``/``"reference"``) or ``"fallback:<reason>"``. Called while
+    operators run on (``"cuda"``/``"reference"``), ``"eager"`` (a DGL layer: its eager path
+    runs at a graph break, counted per call under ``fused`` / ``fallback``) or
+    ``"fallback:<reason>"``. Called while
     dynamo traces, so it counts compiled graphs, not calls; no lock (dynamo cannot trace one)."""
     compiled = _entry(layer).setdefault("compiled", defaultdict(int))
     compiled[outcome] += 1

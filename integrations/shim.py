@@ -391,8 +391,6 @@ def _compile_blocker(shim: Shim, module: torch.nn.Module, x) -> Optional[Tuple[s
     features' device and dtype) rather than from per-process caches."""
     if not library.AVAILABLE:
         return "compile", f"torch {torch.__version__} has no torch.library.register_fake (torch >= 2.4 compiles the fused path)"
-    if shim.key.startswith("dgl."):
-        return "compile", "DGL graphs do not trace: DGL layers run stock code under torch.compile"
     if has_module_hooks(module) or any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOK_DICTS):
         return "hooks", "module hooks are registered"
     if any(getattr(module, name, None) for name in _PYG_HOOK_DICTS):
@@ -418,7 +416,15 @@ def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict
     (:mod:`gnn_fastpath.ops.library`), the graph built inside the traced region
     (:mod:`gnn_fastpath.graph.tensors`). What runs is decided while tracing and recorded in
     ``stats()`` then, once per compiled graph (not per call: a compiled call runs no Python)
-    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``."""
+    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``.
+
+    DGL layers are the exception: DGL's graph objects do not trace (stock itself breaks the
+    graph several times per layer, at DGL's C calls), so the layer runs its eager path at one
+    graph break of its own (:func:`_run_at_graph_break`), fused where eager runs fused; counted
+    ``"eager"`` per trace and fused / fallback per call as in eager mode."""
+    if shim.key.startswith("dgl."):
+        _record_at_trace(shim.key, "eager")
+        return _run_at_graph_break(shim, module, args, kwargs)
     try:
         x = shim.features(*args, **kwargs)
     except Unsupported as exc:
@@ -436,6 +442,15 @@ def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict
             return out
     _record_at_trace(shim.key, "fallback:" + blocker[0])
     return torch.nn.Module.__call__(module, *args, **kwargs)
+
+
+def _eager(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
+    """:func:`run` outside dynamo: ``torch.compiler.disable`` makes its call a graph break and
+    runs it as Python, where :func:`dispatch.is_compiling` is false (the eager path)."""
+    return run(shim, module, args, kwargs)
+
+
+_run_at_graph_break = torch.compiler.disable(_eager) if hasattr(torch, "compiler") else _eager
 
 
 try:
