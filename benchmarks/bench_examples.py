@@ -147,6 +147,16 @@ def sweep_model(layer: str, features: int, classes: int) -> torch.nn.Module:
 
 
 # ------------------------------------------------------------------------------- the runs
+def planetoid_raw(name: str, data_dir) -> Optional[Path]:
+    """The folder holding the Planetoid raw files ``ind.<name>.*`` (``name`` lower case, as
+    the files are named), looked up in :func:`benchmarks.graphs.data_dirs`; None if absent."""
+    for base in graphs.data_dirs(data_dir):
+        for sub in ("planetoid", ".", f"{name.capitalize()}/raw"):
+            if (base / sub / f"ind.{name}.graph").is_file():
+                return base / sub
+    return None
+
+
 def planetoid(name: str, data_dir, root: Path, device: torch.device):
     """PyG's Planetoid ``name`` (NormalizeFeatures) processed from the raw files found."""
     import torch_geometric.transforms as T
@@ -154,14 +164,7 @@ def planetoid(name: str, data_dir, root: Path, device: torch.device):
 
     raw = root / name.capitalize() / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    found = None
-    for base in graphs.data_dirs(data_dir):
-        for sub in ("planetoid", ".", f"{name.capitalize()}/raw"):
-            if (base / sub / f"ind.{name}.graph").is_file():
-                found = base / sub
-                break
-        if found:
-            break
+    found = planetoid_raw(name, data_dir)
     if found is None:
         raise FileNotFoundError(f"the Planetoid raw files ind.{name}.* were not found in "
                                 f"{', '.join(map(str, graphs.data_dirs(data_dir)))}")
