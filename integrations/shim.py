@@ -450,7 +450,7 @@ def _eager(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, A
     return run(shim, module, args, kwargs)
 
 
-_run_at_graph_break = torch.compiler.disable(_eager) if hasattr(torch, "compiler") else _eager
+_run_at_graph_break = torch.compiler.disable(_eager)
 
 
 try:
