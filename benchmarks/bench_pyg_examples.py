@@ -134,7 +134,7 @@ def summarise(rows: List[dict], cases: List[str]) -> List[dict]:
 
 def markdown(payload: dict) -> str:
     fmt = H.fmt
-    cases = payload["cases"]
+    cases = [dict(c) for c in payload["cases"]]  # display columns added to copies, not to the JSON
     for c in cases:
         c["stock_rounds"] = " / ".join(fmt(v) for v in c["stock_ms_rounds"])
         c["enabled_rounds"] = " / ".join(fmt(v) for v in c["enabled_ms_rounds"])

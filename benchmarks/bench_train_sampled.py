@@ -103,7 +103,7 @@ def alternate_rounds(configs: Sequence[SampledConfig], rounds: int) -> List[Samp
         pair = list(configs[i:i + 2])
         if len(pair) == 2 and pair[0][:3] + pair[0][4:] != pair[1][:3] + pair[1][4:]:
             pair = pair[:1]
-        for r in range(max(rounds, 1)):
+        for r in range(rounds):
             out.extend(pair if r % 2 == 0 else pair[::-1])
         i += len(pair)
     return out

@@ -24,6 +24,7 @@ import math
 import statistics
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -781,15 +782,15 @@ class SampledRunner(Runner):
         element, the torch.compile mode of a compiled row."""
         a = self.args
         missing: Dict[str, str] = {}
-        runs: Dict[tuple, int] = {}  # a config listed again is its next round
+        listed = Counter(map(tuple, configs))  # a config listed again is its next round
+        runs: Dict[tuple, int] = {}
         for config in configs:
             gname, layer, dtype, mode, sampler, bsize = config[:6]
             cmode = config[6] if len(config) > 6 else None
             row = {"graph": gname, "layer_key": layer, "layer": sampled_layer_label(sampler, layer), "dtype": dtype,
                    "mode": mode, "sampler": sampler, "batch_size": bsize}
-            runs[tuple(config)] = runs.get(tuple(config), 0) + 1
-            if configs.count(config) > 1:
-                row["round"] = runs[tuple(config)]
+            if listed[tuple(config)] > 1:
+                runs[tuple(config)] = row["round"] = runs.get(tuple(config), 0) + 1
             if cmode:
                 row.update(compile=cmode, compile_backend=a.compile_backend)
             status = None
