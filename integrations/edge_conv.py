@@ -134,7 +134,7 @@ def edge_graph(graph: Graph) -> Graph:
     (memoised on ``graph``)."""
     if isinstance(graph, GraphTensors):
         return GraphTensors(graph.indptr, graph.perm, graph.perm, None, None, None, None, graph.num_edges,
-                            graph.extra_row)
+                            extra_row=graph.extra_row)
     return graph.memo(("integrations", "edge_graph"),
                       lambda: Graph.from_csr(graph.indptr, graph.perm, graph.perm, graph.num_edges, graph.n_dst,
                                              name="edge graph"))

@@ -219,6 +219,11 @@ def _kernel(cfg: Config, name: str, device: torch.device, *dtypes: torch.dtype,
     return family.kernel(device, name, *types, *(cfg.args(name) if name in _TEMPLATES else ()))
 
 
+def static_geometry() -> Tuple[worklist.StaticGeometry, ...]:
+    """The work lists a static graph's launches read (what the operators are handed)."""
+    return (row_attention.static_work(CHUNK_EDGES),)
+
+
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     return row_attention.work(graph, CHUNK_EDGES, source_major)
 

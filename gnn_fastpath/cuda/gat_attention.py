@@ -152,6 +152,11 @@ def backward_class(graph, width: int, dtype: torch.dtype) -> str:
                              _work(graph).n_split_items)
 
 
+def static_geometry() -> Tuple[worklist.StaticGeometry, ...]:
+    """The work lists a static graph's launches read (what the operators are handed)."""
+    return (row_attention.static_work(CHUNK_EDGES, order="degree"),)
+
+
 def _work(graph, source_major: bool = False) -> worklist.RowChunks:
     return row_attention.work(graph, CHUNK_EDGES, source_major, order="degree")
 

@@ -175,6 +175,19 @@ def _datt_shared_bytes(need_att: bool, H: int, D: int, rng: Optional[Tensor]) ->
     return H * D * 4 if need_att and fits else 0
 
 
+def static_geometry() -> Tuple[worklist.StaticGeometry, ...]:
+    """The work lists a static graph's launches read (what the operators are handed)."""
+    return (row_attention.static_work(_chunk_setting(), order="degree"),)
+
+
+@torch.compiler.assume_constant_result
+def _chunk_setting() -> int:
+    """``GNN_FASTPATH_GATV2_CHUNK``, read as a constant by traced code (the settings' parse
+    cache does not trace). A value changed after tracing leaves the handed list unused: the
+    launcher builds the list its plan names."""
+    return config.setting("GNN_FASTPATH_GATV2_CHUNK")
+
+
 def _work(graph, source_major: bool = False, chunk: Optional[int] = None) -> worklist.RowChunks:
     """The row-chunk work list for rows cut at ``chunk`` edges (the plan's; None:
     ``GNN_FASTPATH_GATV2_CHUNK``)."""

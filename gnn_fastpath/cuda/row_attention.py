@@ -187,12 +187,12 @@ def work(graph, chunk: int, source_major: bool = False, order: str = "row") -> w
     accumulators below and the merge kernels handle too."""
     if not graph.static:
         return worklist.for_graph(graph, chunk, chunk + 1, source_major=source_major, order=order)
+    return worklist.static_geometry(graph, static_work(chunk, source_major, order))
 
-    def make():
-        indptr = graph.source_csr().indptr if source_major else graph.indptr
-        return worklist.build_static(indptr, graph.num_edges, chunk, chunk + 1)
 
-    return graph.memo(("row_chunks_static", source_major, chunk), make)
+def static_work(chunk: int, source_major: bool = False, order: str = "row") -> worklist.StaticGeometry:
+    """The static graph's work list :func:`work` reads (the operators are handed it)."""
+    return worklist.StaticGeometry("row_chunks", chunk, source_major, order)
 
 
 def with_chunks(buf: ForwardBuffers, work: worklist.RowChunks) -> ForwardBuffers:

@@ -279,10 +279,18 @@ def _pieces(graph, non_finite: str) -> bool:
     return graph.static and non_finite == "keep"
 
 
+#: The static launch's row pieces (:func:`_virtual`).
+PIECES = worklist.StaticGeometry("virtual_rows", SPLIT_FROM)
+
+
+def static_geometry(non_finite: str) -> Tuple[worklist.StaticGeometry, ...]:
+    """The work lists a static graph's launches read (what the operators are handed)."""
+    return (PIECES,) if non_finite == "keep" else ()
+
+
 def _virtual(graph):
-    """(vindptr, owner) of the destination rows cut into pieces of at most CHUNK edges."""
-    return graph.memo(("segment_reduce", "virtual_rows"),
-                      lambda: worklist.virtual_rows(graph.kernel_csr().indptr, graph.num_edges, SPLIT_FROM))
+    """(vindptr, owner) of the destination rows cut into pieces of at most SPLIT_FROM edges."""
+    return worklist.static_geometry(graph, PIECES)
 
 
 def _static_forward(graph, x, w, sign, mode, nf, zero_walks, fcfg, out, aux, walk_all, row_walks) -> None:

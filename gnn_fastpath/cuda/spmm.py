@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, OrderedDict
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -257,6 +257,13 @@ def _own_kernel(graph_ref, csr, source_major: bool):
 VIRTUAL_ROW_EDGES = 128
 
 
+def static_geometry() -> Tuple[worklist.StaticGeometry, ...]:
+    """The work lists a static graph's products read (what the operators are handed): the
+    virtual rows of A (forward) and of A^T (backward, on the source-major CSR)."""
+    return (worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES),
+            worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES, source_major=True))
+
+
 #: The work list of a CSR walked as whole rows (no row split): what ``own_spmm`` takes for
 #: virtual rows, which are short by construction.
 _WHOLE_ROWS = worklist.RowChunks(*(torch.empty(0, dtype=torch.int32),) * 4, 0, 0, 0)
@@ -274,16 +281,16 @@ class OwnMatrix:
     transposed product) is spread over many lane groups, as the degree-aware work
     list does for cached graphs, without the host read that sizes that list."""
 
-    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int):
-        self.nnz = indices.numel()
+    def __init__(self, indptr: Tensor, indices: Tensor, n_rows: int, pieces: Callable[[], Tuple[Tensor, Tensor]]):
         self.indptr, self.indices, self.n_rows = indptr, indices, n_rows
+        self._pieces = pieces  # the virtual rows (the graph's static geometry), asked on first use
         self._virtual: Optional[Tuple[Tensor, Tensor]] = None
 
     def matmul(self, values, b: Tensor, c: Tensor, transpose: bool = False) -> Tensor:
         if transpose:
             raise NoAlgorithm("the own kernels take no transposed product")
         if self._virtual is None:
-            vindptr, owner = worklist.virtual_rows(self.indptr, self.nnz, VIRTUAL_ROW_EDGES)
+            vindptr, owner = self._pieces()
             self._virtual = vindptr, owner.clamp(max=max(self.n_rows - 1, 0))  # the empty tail adds 0
         vindptr, owner = self._virtual
         partial = torch.empty(owner.numel(), b.size(1), dtype=torch.float32, device=b.device)
@@ -331,7 +338,8 @@ def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
     """The product's matrix: cuSPARSE with the own CSR kernel and (16-bit features) the
     block-sparse kernel as timed candidates, or the own kernel alone on a static graph."""
     if graph_ref().static:
-        return OwnMatrix(csr.indptr, csr.indices, n_rows)
+        spec = worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES, source_major)
+        return OwnMatrix(csr.indptr, csr.indices, n_rows, lambda: worklist.static_geometry(graph_ref(), spec))
     return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, _own_kernel(graph_ref, csr, source_major),
                      _BlockKernel(csr, n_rows, n_cols))
 

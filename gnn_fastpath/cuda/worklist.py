@@ -166,7 +166,7 @@ def for_graph(graph, chunk: int, split_from: int, *, source_major: bool = False,
     return graph.memo(key, make)
 
 
-def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int) -> RowChunks:
+def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int, order: str = "row") -> RowChunks:
     """Row chunks of a CSR with ``nnz`` edges, sized from shapes alone (no host read): the
     work list of the attention families on a static graph (compiled path, CUDA graphs).
 
@@ -175,10 +175,12 @@ def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int) -> RowCh
     counted on the host, so every count is its bound and the lists are padded:
 
     * ``items`` [cap, 4], ``cap = n_rows + nnz // chunk`` (a row of d edges gives at most
-      ``1 + d // chunk`` items), in row order: a whole row as one item with tag -1, a split
-      row's chunks with tag = the item's index, which is also its workspace slot (so
-      ``n_slots = cap``); the unused tail is empty chunk items (edges 0..0) of the last row,
-      each with its own unused slot: they add nothing and write only their own slot;
+      ``1 + d // chunk`` items), rows in ``order`` (``"row"``: by id; ``"degree"``: longest
+      first, stably, as :func:`build` orders them, by one sort on the device): a whole row as
+      one item with tag -1, a split row's chunks (consecutive) with tag = the item's index,
+      which is also its workspace slot (so ``n_slots = cap``); the unused tail is empty chunk
+      items (edges 0..0) of the last row in that order, each with its own unused slot: they
+      add nothing and write only their own slot;
     * ``split`` [n_rows, 4] = (row, first slot, chunks, 0) for every row, with 0 chunks for a
       row that is not split: merges skip such entries (``gf_merge_chunks``, ``dot_fwd_merge``,
       ``dot_sum_partials``);
@@ -187,6 +189,8 @@ def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int) -> RowCh
     """
     if chunk < 1 or split_from <= chunk:
         raise ValueError(f"build_static needs 1 <= chunk < split_from, got {chunk} and {split_from}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     dev = indptr.device
     n_rows = indptr.numel() - 1
     cap = n_rows + nnz // chunk
@@ -199,17 +203,23 @@ def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int) -> RowCh
     deg = ip[1:] - ip[:-1]
     is_split = deg >= split_from
     pieces = torch.where(is_split, (deg + chunk - 1) // chunk, 1)
-    ends = torch.cumsum(pieces, 0)
-    first = ends - pieces
+    rows = torch.arange(n_rows, device=dev)
+    # the rows in item order: ``ranked[k]`` is the k-th row laid out (identity in row order)
+    ranked = torch.sort(deg, descending=True, stable=True).indices if order == "degree" else None
+    laid = pieces if ranked is None else pieces[ranked]
+    ends = torch.cumsum(laid, 0)
     v = torch.arange(cap, device=dev)
-    owner = torch.clamp(torch.searchsorted(ends, v, right=True), max=n_rows - 1)
+    at = torch.clamp(torch.searchsorted(ends, v, right=True), max=n_rows - 1)  # each item's rank
+    owner = at if ranked is None else ranked[at]
+    first = ends - laid  # first slot, by rank, then by row
+    if ranked is not None:
+        first = torch.empty_like(first).scatter_(0, ranked, first)
     used = v < ends[-1:]
     begin = torch.minimum(ip[owner] + (v - first[owner]) * chunk, ip[owner + 1])
     end = torch.minimum(begin + chunk, ip[owner + 1])
     zero = torch.zeros_like(v)
     tag = torch.where(is_split[owner] | ~used, v, -1)
     items = torch.stack([owner, torch.where(used, begin, zero), torch.where(used, end, zero), tag], 1)
-    rows = torch.arange(n_rows, device=dev)
     split = torch.stack([rows, first, torch.where(is_split, pieces, 0), torch.zeros_like(rows)], 1)
     return RowChunks(items.to(torch.int32).contiguous(), split.to(torch.int32).contiguous(), rows,
                      rows.to(torch.int32), cap, cap, n_rows, is_split, owner.to(torch.int32))
@@ -240,3 +250,77 @@ def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
     begin = torch.where(used, torch.minimum(ip[owner] + local * chunk, ip[owner + 1]), nnz)
     vindptr = torch.cat([begin, ip[-1:]]).to(torch.int32)
     return vindptr, torch.where(used, owner, n_rows)
+
+
+# ----------------------------------------------------------------------------------------
+# Static geometry handed to the operators.
+
+@dataclass(frozen=True)
+class StaticGeometry:
+    """A work list of a static graph (:func:`build_static` or :func:`virtual_rows` over one
+    CSR), as the compiled path passes it to the custom operators.
+
+    A static graph is rebuilt inside every operator call, so a launcher that built its work
+    list there would rebuild it (a dozen to forty torch operations, each a launch and host
+    time) in every call. Instead the op layer builds the lists its family's launchers read
+    with :meth:`build` in the caller's traced code, once per step (AOTAutograd merges the same
+    list of layers sharing a graph, and Inductor fuses its operations), and hands them to the
+    operators as tensors (:meth:`gnn_fastpath.graph.tensors.GraphTensors.with_geometry`); a
+    launcher asks :func:`static_geometry`, which finds them, or builds them where nobody did
+    (an operator called directly).
+
+    Attributes:
+        kind: ``"row_chunks"`` (:func:`build_static` with ``split_from = chunk + 1``, the
+            attention families' list) or ``"virtual_rows"`` (:func:`virtual_rows`, SpMM's and
+            min/max's pieces).
+        chunk: the edges per chunk or piece.
+        source_major: over the source-major CSR instead of the destination-major one.
+        order: the row order of a ``"row_chunks"`` list (:func:`build_static`).
+    """
+
+    kind: str
+    chunk: int
+    source_major: bool = False
+    order: str = "row"
+
+    @property
+    def name(self) -> str:
+        """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"``."""
+        return f"{self.kind}/{'src' if self.source_major else 'dst'}/{self.chunk}/{self.order}"
+
+    def build(self, indptr: Tensor, nnz: int) -> Tuple[Tensor, ...]:
+        """The list's tensors for the CSR with row offsets ``indptr`` and ``nnz`` edges
+        (traceable: no host read)."""
+        if self.kind == "row_chunks":
+            w = build_static(indptr, nnz, self.chunk, self.chunk + 1, self.order)
+            return w.items, w.split, w.split_rows, w.whole_rows, w.split_mask, w.slot_split
+        return virtual_rows(indptr, nnz, self.chunk)
+
+    def restore(self, tensors: Tuple[Tensor, ...]):
+        """What a launcher reads: a :class:`RowChunks` (counts from the shapes, as
+        :func:`build_static` sets them) or ``(vindptr, owner)``."""
+        if self.kind == "row_chunks":
+            items, split, split_rows, whole_rows, split_mask, slot_split = tensors
+            cap = items.shape[0]
+            return RowChunks(items, split, split_rows, whole_rows, cap, cap, split.shape[0], split_mask, slot_split)
+        return tuple(tensors)
+
+
+KINDS = ("row_chunks", "virtual_rows")
+
+
+def static_geometry(graph, spec: StaticGeometry):
+    """``spec``'s work list for the static ``graph``: the one handed in with the operator's
+    graph tensors (:func:`gnn_fastpath.graph.tensors.as_graph` keeps it in the graph's memo
+    under ``("geometry", spec.name)``), else built here; restored once per graph."""
+    if spec.kind not in KINDS:
+        raise ValueError(f"StaticGeometry.kind must be one of {KINDS}, got {spec.kind!r}")
+
+    def make():
+        tensors = graph.memo_get(("geometry", spec.name))
+        if tensors is None:
+            indptr = graph.source_csr().indptr if spec.source_major else graph.indptr
+            tensors = spec.build(indptr, graph.num_edges)
+        return spec.restore(tensors)
+
+    return graph.memo(("static_geometry", spec.name), make)

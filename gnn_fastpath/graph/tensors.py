@@ -31,7 +31,9 @@ from .graph import DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
 
 
 #: How many leading fields of :class:`GraphTensors` the operators take.
-N_OPERANDS = 8
+N_OPERANDS = 10
+#: How many of them are the CSR tensors (the fields before ``n_src``).
+N_CSR = 7
 
 
 class GraphTensors(NamedTuple):
@@ -45,6 +47,8 @@ class GraphTensors(NamedTuple):
             [M] destination ids, [M] caller edge ids, [M] positions in the destination-major
             CSR), or None where no backward needs it.
         n_src: number of source nodes (a SymInt under dynamic shapes).
+        geometry, geometry_names: the launchers' work lists built by the caller's traced code
+            (:meth:`with_geometry`), one name per tensor: ``"<list name>.<i>"``.
     """
 
     indptr: Tensor
@@ -55,6 +59,8 @@ class GraphTensors(NamedTuple):
     src_perm: Optional[Tensor]
     src_csr_pos: Optional[Tensor]
     n_src: int
+    geometry: Tuple[Tensor, ...] = ()
+    geometry_names: Tuple[str, ...] = ()
     #: Whether the last CSR row is the extra row of removed edges (see :func:`from_coo`);
     #: not an operand: the ops pad destination inputs by one row and slice it off the result.
     extra_row: bool = False
@@ -104,6 +110,24 @@ class GraphTensors(NamedTuple):
         """The same graph without its source-major CSR (for ops whose backward never walks it)."""
         return self._replace(src_indptr=None, src_indices=None, src_perm=None, src_csr_pos=None)
 
+    def with_geometry(self, specs) -> "GraphTensors":
+        """The same graph carrying the work lists ``specs`` describe
+        (:class:`gnn_fastpath.cuda.worklist.StaticGeometry`: ``name``, ``source_major`` and
+        ``build(indptr, nnz)``), built here, in the caller's (traced) code, so that an operator
+        finds them instead of building them in every call. Lists it carries already, and
+        source-major ones of a graph without its source-major CSR, are skipped."""
+        names, tensors = list(self.geometry_names), list(self.geometry)
+        have = {name.rpartition(".")[0] for name in names}
+        for spec in specs:
+            indptr = self.src_indptr if spec.source_major else self.indptr
+            if spec.name in have or indptr is None:
+                continue
+            built = spec.build(indptr, self.num_edges)
+            names += [f"{spec.name}.{i}" for i in range(len(built))]
+            tensors += built
+            have.add(spec.name)
+        return self._replace(geometry=tuple(tensors), geometry_names=tuple(names))
+
     def pad(self, t: Optional[Tensor]) -> Optional[Tensor]:
         """A destination-indexed input [n_dst, ...] with the extra row's zero row appended
         (itself without an extra row)."""
@@ -145,11 +169,12 @@ def from_coo(src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, removed: Optio
     extra = removed is not None
     indptr, indices, perm = _csr(rows, src, n_rows)
     if not source_major:
-        return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src, extra, (src, dst))
+        return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src, extra_row=extra,
+                            coo=(src, dst))
     s_indptr, s_indices, s_order = _csr(src, rows, n_src)
     csr_pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
     return GraphTensors(indptr, indices, perm.to(torch.int32), s_indptr, s_indices, s_order.to(torch.int32),
-                        csr_pos[s_order].to(torch.int32), n_src, extra, (src, dst))
+                        csr_pos[s_order].to(torch.int32), n_src, extra_row=extra, coo=(src, dst))
 
 
 def of_graph(graph: Graph, source_major: bool = True) -> GraphTensors:
@@ -169,7 +194,9 @@ def as_graph(gt: GraphTensors) -> Graph:
     size their lists from shapes, :func:`gnn_fastpath.cuda.worklist.build_static` and
     :func:`~gnn_fastpath.cuda.worklist.virtual_rows`),
     the out-degrees from the source-major CSR (or, on first use, a scatter), the destination of
-    each edge (on first use) from ``searchsorted``. On the CPU (the reference
+    each edge (on first use) from ``searchsorted``; the work lists handed in with ``gt``
+    (:meth:`GraphTensors.with_geometry`) are kept in the memo under ``("geometry", name)``, where
+    :func:`gnn_fastpath.cuda.worklist.static_geometry` finds them. On the CPU (the reference
     ops) the index tensors are widened to int64, as torch's scatter operations need.
     """
     on_cpu = gt.indptr.device.type == "cpu"
@@ -187,4 +214,9 @@ def as_graph(gt: GraphTensors) -> Graph:
         graph._memo["kernel_source_csr"] = KernelSourceCSR(gt.src_indptr, gt.src_indices, gt.src_perm,
                                                            gt.src_csr_pos)
         graph._memo["out_degree"] = (gt.src_indptr[1:] - gt.src_indptr[:-1]).to(torch.int64)
+    lists: dict = {}
+    for name, t in zip(gt.geometry_names, gt.geometry):
+        lists.setdefault(name.rpartition(".")[0], []).append(t)
+    for name, tensors in lists.items():
+        graph._memo[("geometry", name)] = tuple(tensors)
     return graph

@@ -154,7 +154,7 @@ def dot_attention(graph, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float]
     if isinstance(graph, GraphTensors):
         scale = 1.0 / math.sqrt(D) if scale is None else scale
         # the attention backward on a static graph walks destinations (atomic): no source-major CSR
-        graph = graph.destination_major()
+        graph = graph.destination_major().with_geometry(kernels.static_geometry())
         return library.unpad_result(graph, DotAttentionFunction.apply(
             graph.pad(q), k, v, edge_term, graph, scale, return_attention, dropout, library.draw_rng(dropout, k),
             None, out_dtype))

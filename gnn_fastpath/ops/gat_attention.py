@@ -151,7 +151,7 @@ def gat_attention(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, ed
     graph = graph_on(graph, x_src)
     if isinstance(graph, GraphTensors):
         # the attention backward on a static graph walks destinations (atomic): no source-major CSR
-        graph = graph.destination_major()
+        graph = graph.destination_major().with_geometry(kernels.static_geometry())
         return library.unpad_result(graph, GATAttentionFunction.apply(
             x_src, score_src, graph.pad(score_dst), edge_score, edge_weight, graph, negative_slope, return_attention,
             dropout, library.draw_rng(dropout, x_src), None, out_dtype))

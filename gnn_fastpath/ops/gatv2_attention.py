@@ -168,7 +168,7 @@ def gatv2_attention(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, negative_s
     graph = graph_on(graph, x_src)
     if isinstance(graph, GraphTensors):
         # the attention backward on a static graph walks destinations (atomic): no source-major CSR
-        graph = graph.destination_major()
+        graph = graph.destination_major().with_geometry(kernels.static_geometry())
         return library.unpad_result(graph, GATv2AttentionFunction.apply(
             x_src, graph.pad(x_dst), att, edge_term, graph, negative_slope, return_attention, dropout,
             library.draw_rng(dropout, x_src), None, out_dtype))

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..graph.tensors import N_OPERANDS, GraphTensors, as_graph
+from ..graph.tensors import N_CSR, N_OPERANDS, GraphTensors, as_graph
 from ..reference._precision import product_dtype
 from ._attention import incoming
 
@@ -43,7 +43,7 @@ NAMESPACE = "gnn_fastpath"
 AVAILABLE = all(hasattr(torch.library, name) for name in ("register_fake", "register_autograd", "impl"))
 #: The graph arguments every operator starts with (:class:`GraphTensors`' fields).
 GRAPH_SCHEMA = ("Tensor indptr, Tensor indices, Tensor perm, Tensor? src_indptr, Tensor? src_indices, "
-                "Tensor? src_perm, Tensor? src_csr_pos, SymInt n_src")
+                "Tensor? src_perm, Tensor? src_csr_pos, SymInt n_src, Tensor[] geometry, str[] geometry_names")
 N_GRAPH = N_OPERANDS
 #: return_attention as the operators take it (an int: the schema has no str-or-bool type).
 ATTENTION_CODES = {False: 0, True: 1, "dropped": 2}
@@ -71,7 +71,8 @@ def _define(name: str, schema: str, impl: Callable, fake: Callable, family: str)
 
 
 def _graph(args: Sequence) -> Tuple[GraphTensors, tuple]:
-    return GraphTensors(*args[:N_GRAPH]), tuple(args[N_GRAPH:])
+    csr, (n_src, geometry, names) = args[:N_CSR], args[N_CSR:N_GRAPH]
+    return GraphTensors(*csr, n_src, tuple(geometry), tuple(names)), tuple(args[N_GRAPH:])
 
 
 def _stream(rng: Optional[Tensor]) -> Tuple[object, Optional[int]]:
@@ -100,11 +101,12 @@ def save(ctx, graph, *tensors: Optional[Tensor]) -> None:
     through ``save_for_backward`` with the others (nothing but tensors crosses a compiled
     graph: ``n_src``, a SymInt under dynamic shapes, travels as the size of an empty
     [n_src, 0] tensor, since dynamo does not carry a forward's SymInt on ctx into the
-    backward), an eager Graph stays on ``ctx``."""
+    backward; its work lists' names stay on ``ctx``), an eager Graph stays on ``ctx``."""
     ctx.on_operators = isinstance(graph, GraphTensors)
     if ctx.on_operators:
         n_src = graph.indptr.new_empty((graph.n_src, 0))
-        ctx.save_for_backward(*graph.operands[:N_GRAPH - 1], n_src, *tensors)
+        ctx.geometry_names = graph.geometry_names
+        ctx.save_for_backward(*graph.operands[:N_CSR], n_src, *graph.geometry, *tensors)
     else:
         ctx.graph = graph
         ctx.save_for_backward(*tensors)
@@ -114,8 +116,9 @@ def saved(ctx) -> Tuple[object, tuple]:
     """(the graph, the tensors) :func:`save` kept."""
     tensors = ctx.saved_tensors
     if ctx.on_operators:
-        k = N_GRAPH - 1
-        return GraphTensors(*tensors[:k], tensors[k].shape[0]), tuple(tensors[k + 1:])
+        k, g = N_CSR, len(ctx.geometry_names)
+        return (GraphTensors(*tensors[:k], tensors[k].shape[0], tuple(tensors[k + 1:k + 1 + g]), ctx.geometry_names),
+                tuple(tensors[k + 1 + g:]))
     return ctx.graph, tuple(tensors)
 
 

@@ -111,7 +111,8 @@ def segment_reduce(graph, x: Tensor, reduce: str = "max", edge_weight: Optional[
         raise ValueError(f"non_finite='drop' (DGL's rule) goes with tie_break 'first' or 'last'; got {tie_break!r}")
     graph = graph_on(graph, x)
     if isinstance(graph, GraphTensors):
-        graph = graph.destination_major()  # its backward follows the saved arg indices: no source-major CSR
+        # its backward follows the saved arg indices: no source-major CSR
+        graph = graph.destination_major().with_geometry(kernels.static_geometry(non_finite))
         return graph.unpad(SegmentReduceFunction.apply(x, edge_weight, graph, reduce, tie_break, non_finite))
     out_dtype = product_dtype(x, edge_weight)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference

@@ -250,6 +250,44 @@ def test_static_list_matches_build(case, config):
     assert [work.slot_split[v].item() for v in range(len(expected))] == [it[0] for it in items[: len(expected)]]
 
 
+@pytest.mark.parametrize("config", list(STATIC_CONFIGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_static_list_longest_first(case, config):
+    """build_static(order="degree"): build()'s items in its longest-first order (split rows' chunks
+    consecutive, each chunk tagged with its own index), the same split entries' chunk counts and
+    the same rows split as in row order; the padding tail belongs to the last row laid out."""
+    chunk, split_from = STATIC_CONFIGS[config]
+    deg = CASES[case]
+    indptr = _indptr(deg)
+    n, nnz = len(deg), indptr[-1]
+    t = torch.tensor(indptr, dtype=torch.int32)
+    work = worklist.build_static(t, nnz, chunk, split_from, order="degree")
+    by_row = worklist.build_static(t, nnz, chunk, split_from)
+    cap = n + nnz // chunk if n else 0
+    assert (work.n_items, work.n_slots, work.n_split) == (by_row.n_items, by_row.n_slots, by_row.n_split) == (cap, cap, n)
+    assert torch.equal(work.split_mask, by_row.split_mask)
+    items = work.items.tolist()
+    used = sum(max(1, -(-d // chunk)) if d >= split_from else 1 for d in deg)
+    rows_laid = []
+    for row, _, _, _ in items[:used]:
+        if not rows_laid or rows_laid[-1] != row:
+            rows_laid.append(row)
+    assert rows_laid == sorted(range(n), key=lambda r: -deg[r])  # longest first, ties by id (stable)
+    assert sorted(tuple(it[:3]) for it in items[:used]) == sorted(tuple(it[:3]) for it in by_row.items.tolist()[:used])
+    for v, (row, begin, end, tag) in enumerate(items[:used]):
+        assert tag == (v if deg[row] >= split_from else -1)
+    for v, (row, begin, end, tag) in enumerate(items[used:], start=used):
+        assert (row, begin, end, tag) == (rows_laid[-1], 0, 0, v)
+    for row, first, n_chunks, zero in work.split.tolist():
+        assert zero == 0 and n_chunks == by_row.split[row, 2].item()
+        if n_chunks:
+            assert [it[0] for it in items[first:first + n_chunks]] == [row] * n_chunks
+            assert items[first][1] == indptr[row] and items[first + n_chunks - 1][2] == indptr[row + 1]
+    assert work.slot_split[:used].tolist() == [it[0] for it in items[:used]]
+    with pytest.raises(ValueError, match="order"):
+        worklist.build_static(t, nnz, chunk, split_from, order="random")
+
+
 def test_static_list_bound_is_tight():
     """Rows of chunk + 1 edges, each split into 2 chunks, come close to the bound n_rows +
     nnz // chunk; the items past the used ones are empty."""

@@ -50,7 +50,7 @@ def test_dtypes_shapes_and_fields(built, coo):
     assert gt.src_indptr.shape == (n_src + 1,)
     assert gt.src_indices.shape == gt.src_perm.shape == gt.src_csr_pos.shape == (m,)
     assert gt.n_src == n_src and gt.n_dst == n_dst and gt.num_edges == m and not gt.extra_row
-    assert len(gt.operands) == N_OPERANDS and gt.operands[-1] == n_src
+    assert len(gt.operands) == N_OPERANDS and gt.operands[7] == n_src and gt.operands[8:] == ((), ())
     assert torch.equal(gt.coo[0], src) and torch.equal(gt.coo[1], dst)
 
 
