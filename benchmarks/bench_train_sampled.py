@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import harness as H
 from .harness import OOM, SHORT, fmt
-from .sampling import (FANOUTS, SAMPLERS, DGL_LAYERS, SampledConfig, SampledRunner, add_sampled_args,
+from .sampling import (FANOUTS, PAIRED, SAMPLERS, DGL_LAYERS, SampledConfig, SampledRunner, add_sampled_args,
                        finish_sampled_args, run_sampled_configs, sampled_layer_label, sampled_settings)
 from .training import (DTYPE_NAMES, LAYER_LABELS, LAYERS, MODES, _fmt_or_status, _ms, _ratio, add_common_args,
                        common_settings, finish_common_args, is_compiled, is_sampled, path_summary)
@@ -107,6 +107,30 @@ def alternate_rounds(configs: Sequence[SampledConfig], rounds: int) -> List[Samp
             out.extend(pair if r % 2 == 0 else pair[::-1])
         i += len(pair)
     return out
+
+
+def paired_configs(configs: Sequence[SampledConfig]) -> List[SampledConfig]:
+    """``configs`` with each stock/enabled pair as one :data:`~benchmarks.sampling.PAIRED`
+    config (the two modes alternating step by step), in the order the stock configs had."""
+    return [c[:3] + (PAIRED,) + c[4:] for c in configs if c[3] == "stock"]
+
+
+def paired_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
+    """One table row per paired config: the median per-pair ratio and how often enabled lost."""
+    out = []
+    for r in payload.get("rows", []):
+        p = r.get("paired")
+        if r.get("mode") != "enabled" or not p or not p.get("pairs"):
+            continue
+        out.append({"graph": r.get("graph"), "batch": r.get("batch_size"),
+                    "layer": sampled_layer_label(r.get("sampler"), r.get("layer_key")),
+                    "dtype": SHORT.get(r.get("dtype"), r.get("dtype")), "pairs": p["pairs"],
+                    "x": f"{p['paired_x']:.3f}x", "slower": f"{100 * p['paired_enabled_slower']:.0f}%",
+                    "path": path_summary(r)})
+    cols = ["graph", "batch", "layer", "dtype", "pairs", "x", "slower", "path"]
+    heads = ["graph", "batch", "layer", "dtype", "step pairs", "median of stock / enabled per pair",
+             "pairs where enabled was slower", "fused path (enabled)"]
+    return out, cols, heads
 
 
 def merge_rounds(rows: Sequence[dict]) -> List[dict]:
@@ -355,6 +379,11 @@ def sampled_markdown(payload: dict, header: bool = True) -> str:
         sampled_targets_table(payload.get("sampled_targets") or evaluate_sampled_targets(payload.get("rows", []))), "",
         H.markdown_table(lrows, lcols, lheads), "",
         H.markdown_table(rows, cols, heads), ""]
+    qrow, qcols, qheads = paired_rows(payload)
+    if qrow:
+        parts += ["Paired steps (--paired): stock and enabled models (same parameters) take turns on the same "
+                  "batches, the first of each pair alternating; each step timed alone from an idle device.", "",
+                  H.markdown_table(qrow, qcols, qheads), ""]
     prow, pcols, pheads = phase_rows(payload)
     if prow:
         parts += ["Per-phase breakdown (--profile-phases): cold = a step on a new batch, warm = the same step again "
@@ -397,6 +426,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="run each stock/enabled pair this many times, flipping which runs first every round; "
                         "rows report the median over the rounds (default 1)")
+    p.add_argument("--paired", action="store_true",
+                   help="stock and enabled steps take turns step by step in one run (model step only; rows also "
+                        "give the median per-pair ratio and the share of pairs the enabled step lost)")
     return p.parse_args(argv)
 
 
@@ -414,9 +446,11 @@ def main(argv=None) -> int:
     runner.env = H.environment(None)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    configs = alternate_rounds(plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers,
-                                            args.batch_sizes), args.rounds)
-    runner.settings = dict(common_settings(args, device), modes=["sampled"], rounds=args.rounds,
+    if args.paired and args.rounds > 1:
+        raise SystemExit("--paired alternates the modes every step: --rounds does not apply")
+    configs = plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers, args.batch_sizes)
+    configs = paired_configs(configs) if args.paired else alternate_rounds(configs, args.rounds)
+    runner.settings = dict(common_settings(args, device), modes=["sampled"], rounds=args.rounds, paired=args.paired,
                            sampled=sampled_settings(args, graphs, configs))
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)

@@ -504,6 +504,28 @@ def loader_alone(source: "BatchSource", device: torch.device, warmup: int, steps
     return _timed_window(source, device, warmup, steps, None)
 
 
+#: The mode of a config whose stock and enabled steps alternate (:func:`run_paired_config`).
+PAIRED = "paired"
+
+
+def _timed_step(step: Callable[[], object], device: torch.device) -> Tuple[float, float]:
+    """(ms, host ms) of ``step()`` started from an idle device: CUDA events on the GPU (wall
+    time on the CPU), and the host time of issuing it."""
+    _sync(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    h0 = time.perf_counter()
+    step()
+    host_ms = (time.perf_counter() - h0) * 1e3
+    if cuda:
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), host_ms
+    return host_ms, host_ms
+
+
 def run_sampled_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
                        mode: str, device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0,
                        gf=None, frameworks: str = "pyg", whole_steps: int = 0, profile_steps: int = 0,
@@ -583,19 +605,11 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
                         snaps.append(watch.snapshot())
                 snaps.append(watch.snapshot())
             b = source.from_kept(kept[i % len(kept)])
-            _sync(device)
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            h0 = time.perf_counter()
-            _train_step(step_model, opt, scaler, b, dtype, device, losses, mark)
-            h1 = time.perf_counter()
-            if cuda:
-                end.record()
-                end.synchronize()
+            ms, host_ms = _timed_step(lambda b=b: _train_step(step_model, opt, scaler, b, dtype, device, losses, mark),
+                                      device)
             if i >= warmup:
-                times.append(start.elapsed_time(end) if cuda else (h1 - h0) * 1e3)
-                hosts.append((h1 - h0) * 1e3)
+                times.append(ms)
+                hosts.append(host_ms)
             del b
         if watch is not None:
             snaps.append(watch.snapshot())
@@ -637,6 +651,71 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
                 res["whole_ms"] = OOM if failure[0] else "error"
                 res["whole_status"] = OOM if failure[0] else f"error: {failure[1]}"
                 free_memory()
+
+
+def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
+                      device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0, gf=None,
+                      frameworks: str = "pyg") -> Tuple[dict, dict, dict]:
+    """Stock and enabled model steps interleaved step by step on the same batches: (the stock
+    row's fields, the enabled row's, the pair statistics).
+
+    Two models from the same seed (the same parameters), each with its own optimizer. Step
+    ``i`` runs pre-sampled batch ``i mod K`` on both, back to back, stock first on even ``i``
+    and enabled first on odd ``i``, each from an idle device and timed alone as
+    :func:`run_sampled_config` times a step. Machine drift (clocks, other processes, the host
+    CPU) then hits both sides of every pair alike, so a difference smaller than the
+    round-to-round spread of separate runs is still resolved: ``paired_x`` is the median over
+    the pairs of stock ms / enabled ms, ``paired_enabled_slower`` the share of pairs in which
+    the enabled step took longer. Each row's ``step_ms`` is the median of its own steps."""
+    cuda = device.type == "cuda"
+    rows = {m: {"step_ms": None, "peak_mb": None, "status": "ok", "whole_status": "skipped: paired rows time the "
+                "model step only"} for m in ("stock", "enabled")}
+    stats: Dict[str, object] = {"pairs": 0}
+    if gf is not None:
+        gf.reset_stats()
+    runs = {}
+    times: Dict[str, List[float]] = {"stock": [], "enabled": []}
+    hosts: Dict[str, List[float]] = {"stock": [], "enabled": []}
+    losses: Dict[str, List[torch.Tensor]] = {"stock": [], "enabled": []}
+    try:
+        for mode in ("stock", "enabled"):
+            torch.manual_seed(seed)
+            runs[mode] = start_steps(make_model, device, dtype, lr)[1:]
+        for i in range(warmup + steps):
+            for mode in (("stock", "enabled") if i % 2 == 0 else ("enabled", "stock")):
+                model, opt, scaler = runs[mode]
+                b = source.from_kept(kept[i % len(kept)])
+                kept_losses = losses[mode]
+                with _fastpath_context(gf, mode, device, frameworks):
+                    ms, host_ms = _timed_step(
+                        lambda b=b: _train_step(model, opt, scaler, b, dtype, device, kept_losses), device)
+                if i >= warmup:
+                    times[mode].append(ms)
+                    hosts[mode].append(host_ms)
+                del b
+    except Exception as exc:  # noqa: BLE001 - OOM is a result; other errors are reported
+        status = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:400]
+        for r in rows.values():
+            r["step_ms"], r["status"] = OOM if status == OOM else "error", status
+    else:
+        for mode, r in rows.items():
+            values = [float(v) for v in torch.stack(losses[mode][-steps:]).float().cpu()] if steps else []
+            r.update(step_ms=statistics.median(times[mode]) if times[mode] else None,
+                     step_ms_all=[round(t, 4) for t in times[mode]],
+                     host_ms=statistics.median(hosts[mode]) if hosts[mode] else None,
+                     losses=values, finite_losses=all(v == v and abs(v) != float("inf") for v in values))
+        ratios = [s / e for s, e in zip(times["stock"], times["enabled"]) if e > 0]
+        stats.update(pairs=len(ratios), paired_x=statistics.median(ratios) if ratios else None,
+                     paired_enabled_slower=sum(r < 1.0 for r in ratios) / len(ratios) if ratios else None)
+    if gf is not None:
+        rows["enabled"].update(stats_counts(gf.stats()))
+    runs.clear()
+    if cuda:
+        free_memory()
+        torch.cuda.reset_peak_memory_stats(device)
+    for r in rows.values():
+        r["paired"] = dict(stats)
+    return rows["stock"], rows["enabled"], stats
 
 
 # ----------------------------------------------------------------------------- runner
@@ -779,7 +858,8 @@ class SampledRunner(Runner):
 
     def run_sampled(self, configs: Sequence[tuple]) -> None:
         """Sampled configs: (graph, layer, dtype, mode, sampler, batch size), or with a 7th
-        element, the torch.compile mode of a compiled row."""
+        element, the torch.compile mode of a compiled row. Mode :data:`PAIRED` runs
+        :func:`run_paired_config` and adds its stock and its enabled row."""
         a = self.args
         missing: Dict[str, str] = {}
         listed = Counter(map(tuple, configs))  # a config listed again is its next round
@@ -796,11 +876,11 @@ class SampledRunner(Runner):
             status = None
             if self.over_budget():
                 status = "skipped: time budget"
-            elif mode == "enabled" and self.gf is None:
+            elif mode in ("enabled", PAIRED) and self.gf is None:
                 status = f"skipped: {self.gf_reason}"
             elif self.sampler_reason.get(sampler):
                 status = self.sampler_reason[sampler]
-            elif sampler == "dgl" and mode == "stock" and not self.dgl_cuda:
+            elif sampler == "dgl" and mode in ("stock", PAIRED) and not self.dgl_cuda:
                 status = DGL_NOT_RUNNABLE
             elif gname in missing:
                 status = missing[gname]
@@ -818,8 +898,8 @@ class SampledRunner(Runner):
                     if info.get("status") != "ok":
                         status = info["status"]
             if status is not None:
-                row["status"] = status
-                self.add(row)
+                for mode_row in (("stock", "enabled") if mode == PAIRED else (mode,)):
+                    self.add(dict(row, mode=mode_row, status=status))
                 continue
             data = self._data
             row.update(nodes=data.num_nodes, edges=int(data.edge_index.shape[1]), workers=info.get("workers"),
@@ -827,6 +907,14 @@ class SampledRunner(Runner):
                        loader_ms=info.get("loader_ms"))
             if info.get("padded"):
                 row.update(padded=True, padded_nodes=info["padded_nodes"], padded_edges=info["padded_edges"])
+            if mode == PAIRED:
+                with watchdog(a.config_timeout):
+                    stock, enabled, _ = run_paired_config(self.model_factory(data, layer, sampler), source, kept,
+                                                          dtype, self.device, a.warmup, a.steps, a.lr, a.seed, self.gf,
+                                                          frameworks=sampler)
+                for side in (stock, enabled):
+                    self.add(dict(row, mode="stock" if side is stock else "enabled", **side))
+                continue
             with watchdog(a.config_timeout):
                 row.update(run_sampled_config(
                     self.model_factory(data, layer, sampler), source, kept, dtype, mode, self.device, a.warmup,

@@ -4,6 +4,7 @@ tables, plots and RESULTS.md are made from, a run cut by its time budget still w
 has, a hung config leaves a stack, and stock and enabled start from the same weights."""
 import importlib.util
 import math
+import statistics
 
 import pytest
 
@@ -169,6 +170,36 @@ def test_train_sampled_rounds_flip_the_order(tool, result, tmp_path):
     [target] = [t for t in payload["sampled_targets"] if t["layer"] == "gcn" and t["batch_size"] == 32] or [None]
     stock, enabled = ({r["mode"]: r for r in payload["rows"]}[m]["step_ms"] for m in ("stock", "enabled"))
     assert target is None or target["value"] == pytest.approx(stock / enabled)
+
+
+def test_train_sampled_paired_steps_alternate(tool, result, tmp_path):
+    """``--paired``: one run per config in which the stock and the enabled model take turns on
+    the same batches; a stock and an enabled row (each its own steps' median) carrying the same
+    pair statistics, and the markdown's paired table; ``--rounds`` does not combine with it."""
+    reason = _pyg_sampler_reason()
+    if reason:
+        pytest.skip(reason)
+    js, md = tmp_path / "s.json", tmp_path / "s.md"
+    tool("bench_train_sampled", *SAMPLED, "--steps", "3", "--samplers", "pyg", "--layers", "gcn,gatv2", "--paired",
+         "--json", js, "--markdown", md)
+    payload = result(js, "train_sampled")
+    assert payload["settings"]["paired"] is True
+    _check_sampled_rows(payload["rows"], "pyg", ["gcn", "gatv2"], whole=False)
+    steps = payload["settings"]["steps"]
+    for layer in ("gcn", "gatv2"):
+        mine = {r["mode"]: r for r in payload["rows"] if r["layer_key"] == layer}
+        stock, enabled = mine["stock"], mine["enabled"]
+        assert stock["paired"] == enabled["paired"]
+        pair = enabled["paired"]
+        assert pair["pairs"] == steps == len(stock["step_ms_all"]) == len(enabled["step_ms_all"])
+        ratios = sorted(s / e for s, e in zip(stock["step_ms_all"], enabled["step_ms_all"]))
+        assert pair["paired_x"] == pytest.approx(statistics.median(ratios), rel=1e-3)
+        assert pair["paired_enabled_slower"] == sum(r < 1.0 for r in ratios) / steps
+        assert stock["whole_status"].startswith("skipped: paired")
+    assert "Paired steps (--paired)" in md.read_text()
+    proc = tool("bench_train_sampled", *SAMPLED, "--samplers", "pyg", "--layers", "gcn", "--paired", "--rounds", "2",
+                "--json", tmp_path / "x.json", "--markdown", "", expect=1)
+    assert "--rounds does not apply" in proc.stderr
 
 
 def test_train_sampled_pyg_without_a_sampling_library(request, monkeypatch, tmp_path):

@@ -105,7 +105,7 @@ def _leaf(*shape, dtype=torch.float32):
 def _run_family(family, g, dtype=torch.float32):
     """One forward and backward of ``family``'s Function on graph ``g`` (a Graph or GraphTensors)."""
     H, D, F = 2, 32, 24
-    n_src, n_dst, m = g.n_src, g.n_dst, g.num_edges
+    n_src, n_dst = g.n_src, g.n_dst
     if family == "gatv2_attention":
         xs, xd, att = _leaf(n_src, H, D, dtype=dtype), _leaf(n_dst, H, D, dtype=dtype), _leaf(H, D)
         out = GATv2AttentionFunction.apply(xs, xd, att, None, g, 0.2, False, 0.0, 0, 0, None)
