@@ -257,11 +257,14 @@ def _own_kernel(graph_ref, csr, source_major: bool):
 VIRTUAL_ROW_EDGES = 128
 
 
+#: The virtual rows of a static A (forward) and of A^T (backward, on the source-major CSR).
+PIECES = (worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES),
+          worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES, source_major=True))
+
+
 def static_geometry() -> Tuple[worklist.StaticGeometry, ...]:
-    """The work lists a static graph's products read (what the operators are handed): the
-    virtual rows of A (forward) and of A^T (backward, on the source-major CSR)."""
-    return (worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES),
-            worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES, source_major=True))
+    """The work lists a static graph's products read (what the operators are handed)."""
+    return PIECES
 
 
 #: The work list of a CSR walked as whole rows (no row split): what ``own_spmm`` takes for
@@ -338,7 +341,7 @@ def _matrix(graph_ref, csr, n_rows: int, n_cols: int, source_major: bool):
     """The product's matrix: cuSPARSE with the own CSR kernel and (16-bit features) the
     block-sparse kernel as timed candidates, or the own kernel alone on a static graph."""
     if graph_ref().static:
-        spec = worklist.StaticGeometry("virtual_rows", VIRTUAL_ROW_EDGES, source_major)
+        spec = PIECES[int(source_major)]
         return OwnMatrix(csr.indptr, csr.indices, n_rows, lambda: worklist.static_geometry(graph_ref(), spec))
     return CsrMatrix(csr.indptr, csr.indices, n_rows, n_cols, _own_kernel(graph_ref, csr, source_major),
                      _BlockKernel(csr, n_rows, n_cols))

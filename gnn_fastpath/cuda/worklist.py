@@ -255,6 +255,10 @@ def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------------------
 # Static geometry handed to the operators.
 
+#: The kinds of :class:`StaticGeometry`.
+KINDS = ("row_chunks", "virtual_rows")
+
+
 @dataclass(frozen=True)
 class StaticGeometry:
     """A work list of a static graph (:func:`build_static` or :func:`virtual_rows` over one
@@ -283,6 +287,10 @@ class StaticGeometry:
     source_major: bool = False
     order: str = "row"
 
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"StaticGeometry.kind must be one of {KINDS}, got {self.kind!r}")
+
     @property
     def name(self) -> str:
         """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"``."""
@@ -306,15 +314,11 @@ class StaticGeometry:
         return tuple(tensors)
 
 
-KINDS = ("row_chunks", "virtual_rows")
-
 
 def static_geometry(graph, spec: StaticGeometry):
     """``spec``'s work list for the static ``graph``: the one handed in with the operator's
     graph tensors (:func:`gnn_fastpath.graph.tensors.as_graph` keeps it in the graph's memo
     under ``("geometry", spec.name)``), else built here; restored once per graph."""
-    if spec.kind not in KINDS:
-        raise ValueError(f"StaticGeometry.kind must be one of {KINDS}, got {spec.kind!r}")
 
     def make():
         tensors = graph.memo_get(("geometry", spec.name))
