@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import harness as H
 from .harness import OOM, SHORT, fmt
-from .sampling import (FANOUTS, PAIRED, SAMPLERS, DGL_LAYERS, SampledConfig, SampledRunner, add_sampled_args,
+from .sampling import (FANOUTS, PAIRED, PAIRED_BLOCK, SAMPLERS, DGL_LAYERS, SampledConfig, SampledRunner, add_sampled_args,
                        finish_sampled_args, run_sampled_configs, sampled_layer_label, sampled_settings)
 from .training import (DTYPE_NAMES, LAYER_LABELS, LAYERS, MODES, _fmt_or_status, _ms, _ratio, add_common_args,
                        common_settings, finish_common_args, is_compiled, is_sampled, path_summary)
@@ -116,7 +116,7 @@ def paired_configs(configs: Sequence[SampledConfig]) -> List[SampledConfig]:
 
 
 def paired_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
-    """One table row per paired config: the median per-pair ratio and how often enabled lost."""
+    """One table row per paired config: the median per-block-pair ratio and how often enabled lost."""
     out = []
     for r in payload.get("rows", []):
         p = r.get("paired")
@@ -128,8 +128,8 @@ def paired_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
                     "x": f"{p['paired_x']:.3f}x", "slower": f"{100 * p['paired_enabled_slower']:.0f}%",
                     "path": path_summary(r)})
     cols = ["graph", "batch", "layer", "dtype", "pairs", "x", "slower", "path"]
-    heads = ["graph", "batch", "layer", "dtype", "step pairs", "median of stock / enabled per pair",
-             "pairs where enabled was slower", "fused path (enabled)"]
+    heads = ["graph", "batch", "layer", "dtype", "block pairs", "median of stock / enabled per block pair",
+             "block pairs where enabled was slower", "fused path (enabled)"]
     return out, cols, heads
 
 
@@ -382,7 +382,9 @@ def sampled_markdown(payload: dict, header: bool = True) -> str:
     qrow, qcols, qheads = paired_rows(payload)
     if qrow:
         parts += ["Paired steps (--paired): stock and enabled models (same parameters) take turns on the same "
-                  "batches, the first of each pair alternating; each step timed alone from an idle device.", "",
+                  f"batches in blocks of {PAIRED_BLOCK} timed steps (stock, enabled, enabled, stock, ...), each block "
+                  "after one untimed step; each step timed alone from an idle device; a block pair's ratio is "
+                  "of the two blocks' medians.", "",
                   H.markdown_table(qrow, qcols, qheads), ""]
     prow, pcols, pheads = phase_rows(payload)
     if prow:
@@ -427,8 +429,8 @@ def parse_args(argv=None):
                    help="run each stock/enabled pair this many times, flipping which runs first every round; "
                         "rows report the median over the rounds (default 1)")
     p.add_argument("--paired", action="store_true",
-                   help="stock and enabled steps take turns step by step in one run (model step only; rows also "
-                        "give the median per-pair ratio and the share of pairs the enabled step lost)")
+                   help="stock and enabled steps take turns in short blocks in one run (model step only; rows also "
+                        "give the median per-block-pair ratio and the share of block pairs the enabled side lost)")
     return p.parse_args(argv)
 
 
@@ -447,7 +449,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     if args.paired and args.rounds > 1:
-        raise SystemExit("--paired alternates the modes every step: --rounds does not apply")
+        raise SystemExit("--paired alternates the modes in blocks of steps: --rounds does not apply")
     configs = plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers, args.batch_sizes)
     configs = paired_configs(configs) if args.paired else alternate_rounds(configs, args.rounds)
     runner.settings = dict(common_settings(args, device), modes=["sampled"], rounds=args.rounds, paired=args.paired,

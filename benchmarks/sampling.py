@@ -653,58 +653,90 @@ def _sampled_steps(res: dict, make_model, source: BatchSource, kept: Sequence[di
                 free_memory()
 
 
+#: Timed steps of one mode in a row under ``--paired`` (a block), after one untimed step.
+PAIRED_BLOCK = 4
+
+
+def paired_schedule(steps: int, block: int = PAIRED_BLOCK) -> List[Tuple[str, int]]:
+    """The ``--paired`` blocks: (mode, timed steps) in the order stock, enabled, enabled, stock,
+    stock, enabled, ... (ABBA: a drift linear in time weighs both modes alike), ``steps`` timed
+    steps per mode in all."""
+    sizes = [min(block, steps - i) for i in range(0, steps, block)]
+    out = []
+    for k, n in enumerate(sizes):
+        first, second = ("stock", "enabled") if k % 2 == 0 else ("enabled", "stock")
+        out += [(first, n), (second, n)]
+    return out
+
+
 def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
                       device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0, gf=None,
                       frameworks: str = "pyg") -> Tuple[dict, dict, dict]:
-    """Stock and enabled model steps interleaved step by step on the same batches: (the stock
+    """Stock and enabled model steps interleaved in short blocks on the same batches: (the stock
     row's fields, the enabled row's, the pair statistics).
 
-    Two models from the same seed (the same parameters), each with its own optimizer. Step
-    ``i`` runs pre-sampled batch ``i mod K`` on both, back to back, stock first on even ``i``
-    and enabled first on odd ``i``, each from an idle device and timed alone as
+    Two models from the same seed (the same parameters), each with its own optimizer; each
+    mode's ``i``-th step runs pre-sampled batch ``i mod K``. After ``warmup`` steps of each,
+    the modes take turns in blocks of :data:`PAIRED_BLOCK` timed steps (:func:`paired_schedule`),
+    each block entered with ``enable()`` or left stock and started by one untimed step: switching
+    patches the layer classes, which slows the next step by up to a millisecond whichever model
+    runs it (measured on the H200: toggling before every step made the enabled step 1.3 ms
+    slower), and a user enables once. Every step runs from an idle device and is timed alone as
     :func:`run_sampled_config` times a step. Machine drift (clocks, other processes, the host
-    CPU) then hits both sides of every pair alike, so a difference smaller than the
+    CPU) then hits both sides of every block pair alike, so a difference smaller than the
     round-to-round spread of separate runs is still resolved: ``paired_x`` is the median over
-    the pairs of stock ms / enabled ms, ``paired_enabled_slower`` the share of pairs in which
-    the enabled step took longer. Each row's ``step_ms`` is the median of its own steps."""
+    the block pairs of (stock block's median ms / enabled block's), ``paired_enabled_slower`` the
+    share of pairs in which the enabled block was slower. Each row's ``step_ms`` is the median
+    of its own steps."""
     cuda = device.type == "cuda"
     rows = {m: {"step_ms": None, "peak_mb": None, "status": "ok", "whole_status": "skipped: paired rows time the "
                 "model step only"} for m in ("stock", "enabled")}
-    stats: Dict[str, object] = {"pairs": 0}
+    stats: Dict[str, object] = {"pairs": 0, "block": PAIRED_BLOCK}
     if gf is not None:
         gf.reset_stats()
     runs = {}
-    times: Dict[str, List[float]] = {"stock": [], "enabled": []}
+    done = {"stock": 0, "enabled": 0}
+    blocks: Dict[str, List[List[float]]] = {"stock": [], "enabled": []}
     hosts: Dict[str, List[float]] = {"stock": [], "enabled": []}
     losses: Dict[str, List[torch.Tensor]] = {"stock": [], "enabled": []}
+
+    def run_block(mode: str, untimed: int, timed: int) -> None:
+        model, opt, scaler = runs[mode]
+        times = []
+        with _fastpath_context(gf, mode, device, frameworks):
+            for j in range(untimed + timed):
+                b = source.from_kept(kept[done[mode] % len(kept)])
+                done[mode] += 1
+                ms, host_ms = _timed_step(
+                    lambda b=b: _train_step(model, opt, scaler, b, dtype, device, losses[mode]), device)
+                if j >= untimed:
+                    times.append(ms)
+                    hosts[mode].append(host_ms)
+                del b
+        if timed:
+            blocks[mode].append(times)
+
     try:
         for mode in ("stock", "enabled"):
             torch.manual_seed(seed)
             runs[mode] = start_steps(make_model, device, dtype, lr)[1:]
-        for i in range(warmup + steps):
-            for mode in (("stock", "enabled") if i % 2 == 0 else ("enabled", "stock")):
-                model, opt, scaler = runs[mode]
-                b = source.from_kept(kept[i % len(kept)])
-                kept_losses = losses[mode]
-                with _fastpath_context(gf, mode, device, frameworks):
-                    ms, host_ms = _timed_step(
-                        lambda b=b: _train_step(model, opt, scaler, b, dtype, device, kept_losses), device)
-                if i >= warmup:
-                    times[mode].append(ms)
-                    hosts[mode].append(host_ms)
-                del b
+        for mode in ("stock", "enabled"):
+            run_block(mode, warmup, 0)
+        for mode, n in paired_schedule(steps):
+            run_block(mode, 1, n)
     except Exception as exc:  # noqa: BLE001 - OOM is a result; other errors are reported
         status = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:400]
         for r in rows.values():
             r["step_ms"], r["status"] = OOM if status == OOM else "error", status
     else:
         for mode, r in rows.items():
+            times = [t for blk in blocks[mode] for t in blk]
             values = [float(v) for v in torch.stack(losses[mode][-steps:]).float().cpu()] if steps else []
-            r.update(step_ms=statistics.median(times[mode]) if times[mode] else None,
-                     step_ms_all=[round(t, 4) for t in times[mode]],
+            r.update(step_ms=statistics.median(times) if times else None,
+                     step_ms_all=[round(t, 4) for t in times],
                      host_ms=statistics.median(hosts[mode]) if hosts[mode] else None,
                      losses=values, finite_losses=all(v == v and abs(v) != float("inf") for v in values))
-        ratios = [s / e for s, e in zip(times["stock"], times["enabled"]) if e > 0]
+        ratios = [statistics.median(s) / statistics.median(e) for s, e in zip(blocks["stock"], blocks["enabled"])]
         stats.update(pairs=len(ratios), paired_x=statistics.median(ratios) if ratios else None,
                      paired_enabled_slower=sum(r < 1.0 for r in ratios) / len(ratios) if ratios else None)
     if gf is not None:

@@ -411,12 +411,31 @@ def _compile_blocker(shim: Shim, module: torch.nn.Module, x) -> Optional[Tuple[s
     return None
 
 
+def _traced_for_cuda(x: Tensor) -> bool:
+    """Whether a traced fused forward fed ``x`` runs the CUDA kernels."""
+    return x.device.type == "cuda"
+
+
+def _compiled_small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], x: Tensor
+                          ) -> Optional[Tuple[str, str]]:
+    """The small-graph rule's compiled entry (:func:`small_graph.compiled_blocker`) for a call
+    traced without CUDA graphs; None under CUDA graphs, where the fused path is traced."""
+    if shim.edges is None or x.dim() == 0 or dispatch.compiling_with_cuda_graphs():
+        return None
+    size = shim.edges(*args, **kwargs)
+    if size is None:
+        return None
+    return small_graph.compiled_blocker(shim.key, shim.op_for(module), module, size[0], x.size(-1))
+
+
 def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
     """:func:`run` under ``torch.compile``: the fused forward traced onto the custom operators
     (:mod:`gnn_fastpath.ops.library`), the graph built inside the traced region
     (:mod:`gnn_fastpath.graph.tensors`). What runs is decided while tracing and recorded in
     ``stats()`` then, once per compiled graph (not per call: a compiled call runs no Python)
-    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``.
+    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``. Without
+    CUDA graphs, the small-graph rule's compiled entry may send the call to stock too
+    (:func:`_compiled_small_graph`).
 
     DGL layers are the exception: DGL's graph objects do not trace (stock itself breaks the
     graph several times per layer, at DGL's C calls), so the layer runs its eager path at one
@@ -431,6 +450,8 @@ def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict
         blocker = (exc.reason, exc.detail)
     else:
         blocker = _compile_blocker(shim, module, x)
+    if blocker is None and _traced_for_cuda(x):
+        blocker = _compiled_small_graph(shim, module, args, kwargs, x)
     if blocker is None:
         backend = dispatch.CUDA if x.device.type == "cuda" else dispatch.REFERENCE
         try:

@@ -24,11 +24,22 @@ than the layer calls of one step of any usual model, so a sampled batch never ge
 static graph does within its first steps). The count is kept per graph input object, weakly
 (:func:`gnn_fastpath.graph.cache.cached`), and only for calls between the two entries.
 
-``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size (to measure it).
+Under ``torch.compile`` without CUDA graphs (the default mode), a traced fused layer still runs
+each operator's Python body per call and builds the graph's CSR inside the compiled step, while
+compiled stock is a few Inductor kernels; there the layers with an entry in
+:data:`COMPILED_MIN_EDGE_FEATURES` trace their stock forward below that size (every size, for an
+entry of None), counted under ``stats()[layer]["compiled"]`` as
+``"fallback:compiled_stock_faster"``. With CUDA graphs (``mode="reduce-overhead"``) the host
+work is recorded once and the fused path is traced at every size.
+
+``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size, eager and compiled (to
+measure it).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
+
+import torch
 
 from gnn_fastpath import config
 from gnn_fastpath.graph import cache
@@ -62,6 +73,28 @@ MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
 NEW_GRAPH_MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
     ("pyg.GCNConv", "spmm"): _SPMM_SUM_MEAN,
 }
+#: Under torch.compile without CUDA graphs: (layer key, variant) -> the edge features from which
+#: the traced fused path runs; None: stock at every size measured. Measured on an H200 as whole
+#: 3-layer training steps (hidden 64, fp32) of compiled stock against compiled enabled
+#: (``python -m benchmarks.bench_compile --mode full --compile default``; benchmarks/RESULTS.md,
+#: "torch.compile's default mode"): GCNConv was slower fused on tolokers, arxiv-like and
+#: pokec-like (30.6M edges); SAGEConv max fused was slower on tolokers and arxiv-like, faster on
+#: pokec-like, whose 64-wide layers give its entry. The sum and mean aggregations of SAGEConv,
+#: GINConv and GraphConv run GCNConv's op and graph build and take its entry; their max/min
+#: take SAGEConv max's. Layers without an entry (the attention layers, EdgeConv, AGNNConv)
+#: trace their fused path at every size.
+_COMPILED_MAX_MIN = 30_600_000 * 64
+COMPILED_MIN_EDGE_FEATURES: Dict[Tuple[str, str], Optional[int]] = {
+    ("pyg.GCNConv", "spmm"): None,
+    ("pyg.GCNConv", "cached"): None,
+    ("pyg.SAGEConv", "spmm"): None,
+    ("pyg.SAGEConv", "segment_reduce"): _COMPILED_MAX_MIN,
+    ("pyg.GINConv", "spmm"): None,
+    ("pyg.GINConv", "segment_reduce"): _COMPILED_MAX_MIN,
+    ("pyg.GraphConv", "spmm"): None,
+    ("pyg.GraphConv", "segment_reduce"): _COMPILED_MAX_MIN,
+}
+
 #: Calls on one graph input after which it counts as static (no longer new).
 STATIC_AFTER_CALLS = 16
 
@@ -122,3 +155,31 @@ def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int,
     return "small_graph", (f"{num_edges} edges x {width} features on a new graph (call {calls} on it), fused from "
                            f"{new_least} edge features until a graph has had {STATIC_AFTER_CALLS} calls "
                            "(GNN_FASTPATH_SMALL_GRAPH=off runs it fused)")
+
+
+def _rule_off() -> bool:
+    return config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off"
+
+
+#: The switch read as a constant while dynamo traces (it does not trace the environment's
+#: internals); a compiled graph keeps the choice it was traced with.
+_rule_off_while_tracing = torch.compiler.assume_constant_result(_rule_off)
+
+
+def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Optional[Tuple[str, str]]:
+    """``("compiled_stock_faster", detail)`` when a call traced for torch.compile without CUDA
+    graphs, over ``num_edges`` edges of ``width``-wide features, runs stock by
+    :data:`COMPILED_MIN_EDGE_FEATURES` (never with ``GNN_FASTPATH_SMALL_GRAPH=off``). Read while
+    dynamo traces: ``num_edges`` may be symbolic (``dynamic=True``), and comparing it guards the
+    compiled graph on the side of the entry it falls."""
+    key = (layer, variant(layer, op, module))
+    if key not in COMPILED_MIN_EDGE_FEATURES or _rule_off_while_tracing():
+        return None
+    least = COMPILED_MIN_EDGE_FEATURES[key]
+    if least is None:
+        return "compiled_stock_faster", ("torch.compile without CUDA graphs: compiled stock was faster at every size "
+                                         "measured (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace it fused)")
+    if num_edges * width >= least:
+        return None
+    return "compiled_stock_faster", (f"torch.compile without CUDA graphs: compiled stock is faster below {least} edge "
+                                     "features (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace it fused)")

@@ -158,6 +158,46 @@ def is_compiling() -> bool:
     return bool(_compiler_is_compiling is not None and _compiler_is_compiling())
 
 
+def _backend_records_cuda_graphs() -> bool:
+    """Whether the torch.compile call dynamo is tracing records CUDA graphs: inductor with
+    ``triton.cudagraphs`` (``mode="reduce-overhead"``, an ``options`` dict, or inductor's global
+    config) or the ``"cudagraphs"`` backend. False outside tracing and for backends it cannot
+    read (a custom backend: no CUDA graphs of ours to count on)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        fn = InstructionTranslator.current_tx().output.compiler_fn
+    except Exception:  # noqa: BLE001 - not tracing, or a torch whose dynamo keeps it elsewhere
+        return False
+    for _ in range(8):  # dynamo wraps the backend (WrapBackendDebug, ...): walk to the original
+        options = getattr(fn, "config", None)
+        if isinstance(options, dict) and "triton.cudagraphs" in options:
+            return bool(options["triton.cudagraphs"])
+        if getattr(fn, "__name__", None) == "cudagraphs":
+            return True
+        if type(fn).__name__ == "_TorchCompileInductorWrapper":
+            break
+        inner = next((getattr(fn, a) for a in ("_torchdynamo_orig_backend", "__wrapped__", "compiler_fn")
+                      if getattr(fn, a, None) not in (None, fn)), None)
+        if inner is None:
+            return False
+        fn = inner
+    else:
+        return False
+    try:
+        from torch._inductor import config as inductor_config
+    except ImportError:  # pragma: no cover - torch without inductor
+        return False
+    return bool(inductor_config.triton.cudagraphs)
+
+
+#: :func:`_backend_records_cuda_graphs`, read once per trace as a constant (what it reads is
+#: fixed for a compiled function: its mode and backend).
+_assume_constant = getattr(getattr(torch, "compiler", None), "assume_constant_result", None)
+compiling_with_cuda_graphs = (_assume_constant(_backend_records_cuda_graphs) if _assume_constant is not None
+                              else _backend_records_cuda_graphs)
+
+
 #: The ops whose kernels limit the head shape -> their launcher module in gnn_fastpath.cuda,
 #: whose ``unsupported(H, D)`` says why not (imported on first use, then kept in
 #: _limit_modules: a per-call import statement costs more than the check itself).

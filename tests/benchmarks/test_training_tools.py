@@ -174,7 +174,7 @@ def test_train_sampled_rounds_flip_the_order(tool, result, tmp_path):
 
 def test_train_sampled_paired_steps_alternate(tool, result, tmp_path):
     """``--paired``: one run per config in which the stock and the enabled model take turns on
-    the same batches; a stock and an enabled row (each its own steps' median) carrying the same
+    the same batches, in blocks; a stock and an enabled row (each its own steps' median) carrying the same
     pair statistics, and the markdown's paired table; ``--rounds`` does not combine with it."""
     reason = _pyg_sampler_reason()
     if reason:
@@ -191,10 +191,14 @@ def test_train_sampled_paired_steps_alternate(tool, result, tmp_path):
         stock, enabled = mine["stock"], mine["enabled"]
         assert stock["paired"] == enabled["paired"]
         pair = enabled["paired"]
-        assert pair["pairs"] == steps == len(stock["step_ms_all"]) == len(enabled["step_ms_all"])
-        ratios = sorted(s / e for s, e in zip(stock["step_ms_all"], enabled["step_ms_all"]))
+        assert steps == len(stock["step_ms_all"]) == len(enabled["step_ms_all"])
+        block = pair["block"]
+        assert pair["pairs"] == -(-steps // block)
+        cuts = range(0, steps, block)
+        ratios = [statistics.median(stock["step_ms_all"][i:i + block]) / statistics.median(enabled["step_ms_all"][i:i + block])
+                  for i in cuts]
         assert pair["paired_x"] == pytest.approx(statistics.median(ratios), rel=1e-3)
-        assert pair["paired_enabled_slower"] == sum(r < 1.0 for r in ratios) / steps
+        assert pair["paired_enabled_slower"] == sum(r < 1.0 for r in ratios) / len(ratios)
         assert stock["whole_status"].startswith("skipped: paired")
     assert "Paired steps (--paired)" in md.read_text()
     proc = tool("bench_train_sampled", *SAMPLED, "--samplers", "pyg", "--layers", "gcn", "--paired", "--rounds", "2",
@@ -242,3 +246,14 @@ def test_compile_full_batch(tool, result, tmp_path):
     assert (c["kind"], c["compile"], c["bound"]) == ("full", "default", 1.0) and c["verdict"] in ("met", "missed")
     assert payload["settings"]["compile"]["modes"] == ["default"]
     assert "torch.compile: compiled stock / enabled vs eager" in md.read_text()
+
+
+def test_paired_schedule_alternates_blocks_abba():
+    """Equal timed steps per mode, block by block, the order flipping every block pair."""
+    from benchmarks.sampling import paired_schedule
+
+    assert paired_schedule(10, 4) == [("stock", 4), ("enabled", 4), ("enabled", 4), ("stock", 4),
+                                      ("stock", 2), ("enabled", 2)]
+    assert paired_schedule(0, 4) == []
+    plan = paired_schedule(40)
+    assert all(sum(n for m, n in plan if m == mode) == 40 for mode in ("stock", "enabled"))

@@ -101,3 +101,46 @@ def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypat
         assert exc.value.reason == "kernel_limit"
         with pytest.raises(dispatch.Unsupported, match="int32"):
             dispatch.require("spmm", CUDA0, torch.float32, _graph(False))
+
+
+@pytest.mark.parametrize("compile_kwargs, expected", [
+    ({}, False),
+    ({"mode": "reduce-overhead"}, True),
+    ({"mode": "max-autotune-no-cudagraphs"}, False),
+    ({"options": {"triton.cudagraphs": True}}, True),
+    ({"backend": "aot_eager"}, False),
+], ids=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "options", "aot_eager"])
+def test_compiling_with_cuda_graphs_reads_the_compile_call(compile_kwargs, expected):
+    """Read while dynamo traces, from the torch.compile call's mode, options or backend (the
+    function below never runs under CUDA graphs on the CPU, but inductor is told to record them)."""
+    seen = []
+
+    def f(x):
+        seen.append(dispatch.compiling_with_cuda_graphs())
+        return x + 1
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, **compile_kwargs)(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+    assert seen == [expected]
+
+
+def test_compiling_with_cuda_graphs_follows_inductors_global_config():
+    seen = []
+
+    def f(x):
+        seen.append(dispatch.compiling_with_cuda_graphs())
+        return x + 1
+
+    from torch._inductor import config as inductor_config
+
+    torch._dynamo.reset()
+    try:
+        with inductor_config.patch({"triton.cudagraphs": True}):
+            torch.compile(f)(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+    assert seen == [True]
+    assert dispatch.compiling_with_cuda_graphs() is False  # eager: not tracing at all

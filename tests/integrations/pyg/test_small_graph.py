@@ -3,6 +3,9 @@ layer's crossover it runs stock (counted under ``small_graph``, no warning), fro
 fused path; ``GNN_FASTPATH_SMALL_GRAPH=off`` runs fused at every size; the rule reads the edge
 count off every graph input PyG takes without building anything.
 
+Under torch.compile without CUDA graphs the compiled entries send a traced call to stock
+(``fallback:compiled_stock_faster``); with CUDA graphs the fused path is traced.
+
 On this CPU machine the rule is exercised with the CUDA decision stood in for (the rule applies
 only where the fused path would run on the GPU) and the fused path on the reference ops.
 """
@@ -157,9 +160,11 @@ def test_every_row_names_a_patched_layer_and_a_variant():
     assert small_graph.largest("pyg.SAGEConv") == max(small_graph.MIN_EDGE_FEATURES[("pyg.SAGEConv", v)]
                                                       for v in ("spmm", "segment_reduce"))
     assert small_graph.largest("pyg.GATv2Conv") is None
-    for layer, variant in [*small_graph.MIN_EDGE_FEATURES, *small_graph.NEW_GRAPH_MIN_EDGE_FEATURES]:
+    for layer, variant in [*small_graph.MIN_EDGE_FEATURES, *small_graph.NEW_GRAPH_MIN_EDGE_FEATURES,
+                           *small_graph.COMPILED_MIN_EDGE_FEATURES]:
         assert layer in keys and variant in ("spmm", "segment_reduce", "cached"), (layer, variant)
-    assert all(s.edges is not None for s in SHIMS if s.key in {k for k, _ in small_graph.MIN_EDGE_FEATURES})
+    ruled = {k for k, _ in [*small_graph.MIN_EDGE_FEATURES, *small_graph.COMPILED_MIN_EDGE_FEATURES]}
+    assert all(s.edges is not None for s in SHIMS if s.key in ruled)
 
 
 @pytest.fixture
@@ -230,3 +235,80 @@ def test_a_sampled_batch_runs_gcn_stock_and_a_static_graph_fused(as_if_cuda, new
         _run_on(module, edge_index)
     entry = gnn_fastpath.stats()["pyg.GCNConv"]
     assert entry["fallback"] == {"small_graph": 6 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 2
+
+
+# ---------------------------------------------------------------------- under torch.compile
+@pytest.fixture
+def compiled_table(monkeypatch, clean_fastpath):
+    """Traced calls count as CUDA ones (the fused path then traces the reference ops); SAGEConv
+    max runs fused from 500 edges (x F_IN), GCNConv stock at every size."""
+    import gnn_fastpath.integrations.shim as shim_module
+    from gnn_fastpath.integrations import small_graph
+
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "auto")
+    monkeypatch.setattr(shim_module, "_traced_for_cuda", lambda x: True)
+    rows = {("pyg.SAGEConv", "segment_reduce"): 500 * F_IN, ("pyg.GCNConv", "spmm"): None}
+    monkeypatch.setattr(small_graph, "COMPILED_MIN_EDGE_FEATURES", rows)
+    torch._dynamo.reset()
+    gnn_fastpath.enable(frameworks="pyg", cpu="reference")
+    yield rows
+    torch._dynamo.reset()
+
+
+def _compiled_run(module, m, **compile_kwargs):
+    """(the compiled call's output, stock's, the layer's ``stats()["compiled"]``), traced whole."""
+    edge_index, _ = _graph(m)
+    x = torch.randn(N, F_IN)
+    gnn_fastpath.reset_stats()
+    torch._dynamo.reset()
+    out = torch.compile(module, fullgraph=True, backend="aot_eager", **compile_kwargs)(x, edge_index)
+    key = f"pyg.{type(module).__name__}"
+    return out, torch.nn.Module.__call__(module, x, edge_index), gnn_fastpath.stats()[key].get("compiled")
+
+
+def test_compiled_below_the_entry_traces_stock(compiled_table):
+    from torch_geometric.nn import GCNConv
+
+    out, expected, compiled = _compiled_run(_sage(aggr="max"), 100)
+    torch.testing.assert_close(out, expected)
+    assert compiled == {"fallback:compiled_stock_faster": 1}
+    out, expected, compiled = _compiled_run(GCNConv(F_IN, 4), 30)  # None: stock at every size
+    torch.testing.assert_close(out, expected)
+    assert compiled == {"fallback:compiled_stock_faster": 1}
+
+
+def test_compiled_from_the_entry_on_traces_fused(compiled_table):
+    from torch_geometric.nn import GCNConv
+
+    out, expected, compiled = _compiled_run(_sage(aggr="max"), 600)
+    torch.testing.assert_close(out, expected)
+    assert compiled == {"reference": 1}
+    # the entry is per (layer, variant): SAGEConv mean has no row here (fused at every size),
+    # GCNConv's row says stock at every size
+    assert _compiled_run(_sage(), 5)[2] == {"reference": 1}
+    assert _compiled_run(GCNConv(F_IN, 4), 600)[2] == {"fallback:compiled_stock_faster": 1}
+
+
+def test_compiled_with_cuda_graphs_traces_fused(compiled_table, monkeypatch):
+    """Under CUDA graphs the host work of the fused path is recorded once: traced fused."""
+    from gnn_fastpath.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "compiling_with_cuda_graphs", lambda: True)
+    out, expected, compiled = _compiled_run(_sage(aggr="max"), 100)
+    torch.testing.assert_close(out, expected)
+    assert compiled == {"reference": 1}
+
+
+def test_compiled_entry_is_off_with_the_rule(compiled_table, monkeypatch):
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
+    assert _compiled_run(_sage(aggr="max"), 100)[2] == {"reference": 1}
+
+
+def test_the_compiled_rule_is_for_the_gpu_only(monkeypatch, clean_fastpath):
+    """A traced call on the reference ops (CPU tensors) runs fused whatever the table says."""
+    from gnn_fastpath.integrations import small_graph
+
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "auto")
+    monkeypatch.setattr(small_graph, "COMPILED_MIN_EDGE_FEATURES", {("pyg.SAGEConv", "spmm"): None})
+    gnn_fastpath.enable(frameworks="pyg", cpu="reference")
+    assert _compiled_run(_sage(), 30)[2] == {"reference": 1}
