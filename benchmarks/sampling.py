@@ -679,9 +679,8 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
     mode's ``i``-th step runs pre-sampled batch ``i mod K``. After ``warmup`` steps of each,
     the modes take turns in blocks of :data:`PAIRED_BLOCK` timed steps (:func:`paired_schedule`),
     each block entered with ``enable()`` or left stock and started by one untimed step: switching
-    patches the layer classes, which slows the next step by up to a millisecond whichever model
-    runs it (measured on the H200: toggling before every step made the enabled step 1.3 ms
-    slower), and a user enables once. Every step runs from an idle device and is timed alone as
+    patches the layer classes, which slows the next step whichever model runs it (see
+    benchmarks/RESULTS.md, seventh session), and a user enables once. Every step runs from an idle device and is timed alone as
     :func:`run_sampled_config` times a step. Machine drift (clocks, other processes, the host
     CPU) then hits both sides of every block pair alike, so a difference smaller than the
     round-to-round spread of separate runs is still resolved: ``paired_x`` is the median over

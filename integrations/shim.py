@@ -428,14 +428,24 @@ def _compiled_small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwar
     return small_graph.compiled_blocker(shim.key, shim.op_for(module), module, size[0], x.size(-1))
 
 
+#: What :func:`_traced` returns for a call that traces the stock forward.
+_STOCK = object()
+
+
 def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
-    """:func:`run` under ``torch.compile``: the fused forward traced onto the custom operators
+    """:func:`run` under ``torch.compile`` (:func:`_traced`, else the stock forward)."""
+    out = _traced(shim, module, args, kwargs)
+    return torch.nn.Module.__call__(module, *args, **kwargs) if out is _STOCK else out
+
+
+def _traced(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
+    """The call under ``torch.compile``: the fused forward traced onto the custom operators
     (:mod:`gnn_fastpath.ops.library`), the graph built inside the traced region
     (:mod:`gnn_fastpath.graph.tensors`). What runs is decided while tracing and recorded in
     ``stats()`` then, once per compiled graph (not per call: a compiled call runs no Python)
-    under ``"compiled"``; fallbacks trace the stock forward, reason in ``stats()``. Without
-    CUDA graphs, the small-graph rule's compiled entry may send the call to stock too
-    (:func:`_compiled_small_graph`).
+    under ``"compiled"``; a fallback returns :data:`_STOCK` (its reason in ``stats()``) and the
+    caller traces the stock forward. Without CUDA graphs, the small-graph rule's compiled entry
+    may send the call to stock too (:func:`_compiled_small_graph`).
 
     DGL layers are the exception: DGL's graph objects do not trace (stock itself breaks the
     graph several times per layer, at DGL's C calls), so the layer runs its eager path at one
@@ -462,7 +472,7 @@ def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict
             _record_at_trace(shim.key, backend)
             return out
     _record_at_trace(shim.key, "fallback:" + blocker[0])
-    return torch.nn.Module.__call__(module, *args, **kwargs)
+    return _STOCK
 
 
 def _eager(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
@@ -498,6 +508,12 @@ def make_call(shim: Shim):
     """The class-level ``__call__`` installed on ``shim.cls``."""
 
     def __call__(self, *args, **kwargs):
+        if dispatch.is_compiling():
+            # the stock forward called from this frame, not from run's: where stock breaks the
+            # graph (e.g. GCNConv's self-loop removal), each frame between the model and the
+            # break becomes a frame of its own that every step enters through dynamo
+            out = _traced(shim, self, args, kwargs)
+            return torch.nn.Module.__call__(self, *args, **kwargs) if out is _STOCK else out
         return run(shim, self, args, kwargs)
 
     __call__.__gnn_fastpath_shim__ = shim

@@ -103,16 +103,10 @@ def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypat
             dispatch.require("spmm", CUDA0, torch.float32, _graph(False))
 
 
-@pytest.mark.parametrize("compile_kwargs, expected", [
-    ({}, False),
-    ({"mode": "reduce-overhead"}, True),
-    ({"mode": "max-autotune-no-cudagraphs"}, False),
-    ({"options": {"triton.cudagraphs": True}}, True),
-    ({"backend": "aot_eager"}, False),
-], ids=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "options", "aot_eager"])
-def test_compiling_with_cuda_graphs_reads_the_compile_call(compile_kwargs, expected):
-    """Read while dynamo traces, from the torch.compile call's mode, options or backend (the
-    function below never runs under CUDA graphs on the CPU, but inductor is told to record them)."""
+def _seen_while_compiling(**compile_kwargs) -> list:
+    """What compiling_with_cuda_graphs() said while dynamo traced a function compiled with
+    ``compile_kwargs`` (the function never runs under CUDA graphs on the CPU, but inductor is
+    told to record them)."""
     seen = []
 
     def f(x):
@@ -124,23 +118,24 @@ def test_compiling_with_cuda_graphs_reads_the_compile_call(compile_kwargs, expec
         torch.compile(f, **compile_kwargs)(torch.ones(2))
     finally:
         torch._dynamo.reset()
-    assert seen == [expected]
+    return seen
+
+
+@pytest.mark.parametrize("compile_kwargs, expected", [
+    ({}, False),
+    ({"mode": "reduce-overhead"}, True),
+    ({"mode": "max-autotune-no-cudagraphs"}, False),
+    ({"options": {"triton.cudagraphs": True}}, True),
+    ({"backend": "aot_eager"}, False),
+], ids=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "options", "aot_eager"])
+def test_compiling_with_cuda_graphs_reads_the_compile_call(compile_kwargs, expected):
+    """Read while dynamo traces, from the torch.compile call's mode, options or backend."""
+    assert _seen_while_compiling(**compile_kwargs) == [expected]
 
 
 def test_compiling_with_cuda_graphs_follows_inductors_global_config():
-    seen = []
-
-    def f(x):
-        seen.append(dispatch.compiling_with_cuda_graphs())
-        return x + 1
-
     from torch._inductor import config as inductor_config
 
-    torch._dynamo.reset()
-    try:
-        with inductor_config.patch({"triton.cudagraphs": True}):
-            torch.compile(f)(torch.ones(2))
-    finally:
-        torch._dynamo.reset()
-    assert seen == [True]
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        assert _seen_while_compiling() == [True]
     assert dispatch.compiling_with_cuda_graphs() is False  # eager: not tracing at all
