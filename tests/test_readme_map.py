@@ -336,10 +336,10 @@ def registered_implementations(module: str) -> Set[str]:
 
 def eager_under_compile() -> Set[str]:
     """The frameworks whose layers run their eager route at a graph break under torch.compile:
-    the prefixes ``_run_compiled`` of ``integrations/shim.py`` sends there
+    the prefixes ``_traced`` of ``integrations/shim.py`` (the compiled route) sends there
     (``shim.key.startswith``)."""
     tree = _tree("gnn_fastpath.integrations.shim")
-    (route,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_run_compiled"]
+    (route,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_traced"]
     found = set()
     for node in ast.walk(route):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
