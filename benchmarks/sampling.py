@@ -659,8 +659,9 @@ PAIRED_BLOCK = 4
 
 def paired_schedule(steps: int, block: int = PAIRED_BLOCK) -> List[Tuple[str, int]]:
     """The ``--paired`` blocks: (mode, timed steps) in the order stock, enabled, enabled, stock,
-    stock, enabled, ... (ABBA: a drift linear in time weighs both modes alike), ``steps`` timed
-    steps per mode in all."""
+    stock, enabled, ... (ABBA: a drift linear in time weighs both modes alike over each two
+    block pairs, so exactly with a multiple of ``2 * block`` steps), ``steps`` timed steps per
+    mode in all."""
     sizes = [min(block, steps - i) for i in range(0, steps, block)]
     out = []
     for k, n in enumerate(sizes):
@@ -680,12 +681,13 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
     the modes take turns in blocks of :data:`PAIRED_BLOCK` timed steps (:func:`paired_schedule`),
     each block entered with ``enable()`` or left stock and started by one untimed step: switching
     patches the layer classes, which slows the next step whichever model runs it (see
-    benchmarks/RESULTS.md, seventh session), and a user enables once. Every step runs from an idle device and is timed alone as
-    :func:`run_sampled_config` times a step. Machine drift (clocks, other processes, the host
-    CPU) then hits both sides of every block pair alike, so a difference smaller than the
-    round-to-round spread of separate runs is still resolved: ``paired_x`` is the median over
-    the block pairs of (stock block's median ms / enabled block's), ``paired_enabled_slower`` the
-    share of pairs in which the enabled block was slower. Each row's ``step_ms`` is the median
+    benchmarks/RESULTS.md, seventh session), and a user enables once. Every step runs from an
+    idle device and is timed alone as :func:`run_sampled_config` times a step. Machine drift
+    (clocks, other processes, the host CPU) then hits both sides of every block pair alike, so
+    a difference smaller than the round-to-round spread of separate runs is still resolved:
+    ``paired_x`` is the median over the block pairs of (stock block's median ms / enabled
+    block's), ``paired_enabled_slower`` the share of pairs in which the enabled block was
+    slower. Each row's ``step_ms`` is the median
     of its own steps."""
     cuda = device.type == "cuda"
     rows = {m: {"step_ms": None, "peak_mb": None, "status": "ok", "whole_status": "skipped: paired rows time the "
@@ -735,7 +737,8 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
                      step_ms_all=[round(t, 4) for t in times],
                      host_ms=statistics.median(hosts[mode]) if hosts[mode] else None,
                      losses=values, finite_losses=all(v == v and abs(v) != float("inf") for v in values))
-        ratios = [statistics.median(s) / statistics.median(e) for s, e in zip(blocks["stock"], blocks["enabled"])]
+        ratios = [statistics.median(s) / statistics.median(e) for s, e in zip(blocks["stock"], blocks["enabled"])
+                  if statistics.median(e) > 0]
         stats.update(pairs=len(ratios), paired_x=statistics.median(ratios) if ratios else None,
                      paired_enabled_slower=sum(r < 1.0 for r in ratios) / len(ratios) if ratios else None)
     if gf is not None:

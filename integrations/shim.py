@@ -353,14 +353,13 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
 
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
-    """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned).
+    """Run ``module`` fused when possible, else its stock ``__call__`` (counted, warned);
+    outside dynamo (the patched ``__call__`` sends a call dynamo traces to :func:`_traced`).
 
     ``stats()`` records the backend the layer's ops actually ran on (:class:`dispatch.recording`);
     an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
     :class:`Unsupported` too, and the layer falls back like any other case.
     """
-    if dispatch.is_compiling():
-        return _run_compiled(shim, module, args, kwargs)
     small = _small_graph(shim, module, args, kwargs)
     if small is not None:  # a choice for speed, not a limit: counted, not warned
         record_fallback(shim.key, *small, warn=False)
@@ -432,18 +431,13 @@ def _compiled_small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwar
 _STOCK = object()
 
 
-def _run_compiled(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
-    """:func:`run` under ``torch.compile`` (:func:`_traced`, else the stock forward)."""
-    out = _traced(shim, module, args, kwargs)
-    return torch.nn.Module.__call__(module, *args, **kwargs) if out is _STOCK else out
-
-
 def _traced(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
     """The call under ``torch.compile``: the fused forward traced onto the custom operators
     (:mod:`gnn_fastpath.ops.library`), the graph built inside the traced region
     (:mod:`gnn_fastpath.graph.tensors`). What runs is decided while tracing and recorded in
-    ``stats()`` then, once per compiled graph (not per call: a compiled call runs no Python)
-    under ``"compiled"``; a fallback returns :data:`_STOCK` (its reason in ``stats()``) and the
+    ``stats()`` then, once per trace (not per call: a compiled call runs no Python; a graph
+    break in stock's forward makes dynamo trace the call again, and each trace counts) under
+    ``"compiled"``; a fallback returns :data:`_STOCK` (its reason in ``stats()``) and the
     caller traces the stock forward. Without CUDA graphs, the small-graph rule's compiled entry
     may send the call to stock too (:func:`_compiled_small_graph`).
 

@@ -33,7 +33,8 @@ entry of None), counted under ``stats()[layer]["compiled"]`` as
 work is recorded once and the fused path is traced at every size.
 
 ``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size, eager and compiled (to
-measure it).
+measure it; a function compiled before the switch changed keeps its choice until
+``torch._dynamo.reset()``).
 """
 from __future__ import annotations
 
@@ -161,8 +162,9 @@ def _rule_off() -> bool:
     return config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off"
 
 
-#: The switch read as a constant while dynamo traces (it does not trace the environment's
-#: internals); a compiled graph keeps the choice it was traced with.
+#: The switch as dynamo reads it: taken as a constant while tracing (it does not trace the
+#: environment's internals), without a guard: a compiled function keeps the choice it was traced
+#: with until ``torch._dynamo.reset()``.
 _rule_off_while_tracing = torch.compiler.assume_constant_result(_rule_off)
 
 
@@ -177,9 +179,11 @@ def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Opti
         return None
     least = COMPILED_MIN_EDGE_FEATURES[key]
     if least is None:
-        return "compiled_stock_faster", ("torch.compile without CUDA graphs: compiled stock was faster at every size "
-                                         "measured (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace it fused)")
+        return "compiled_stock_faster", ("torch.compile without CUDA graphs: compiled stock was faster at every "
+                                         "size measured (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off "
+                                         "trace it fused)")
     if num_edges * width >= least:
         return None
-    return "compiled_stock_faster", (f"torch.compile without CUDA graphs: compiled stock is faster below {least} edge "
-                                     "features (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace it fused)")
+    return "compiled_stock_faster", (f"torch.compile without CUDA graphs: compiled stock is faster below {least} "
+                                     "edge features (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace "
+                                     "it fused)")

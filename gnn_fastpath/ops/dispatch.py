@@ -173,9 +173,9 @@ def _backend_records_cuda_graphs() -> bool:
         options = getattr(fn, "config", None)
         if isinstance(options, dict) and "triton.cudagraphs" in options:
             return bool(options["triton.cudagraphs"])
-        if getattr(fn, "__name__", None) == "cudagraphs":
+        if getattr(fn, "__name__", None) == "cudagraphs" or type(fn).__name__ == "CudagraphsBackend":
             return True
-        if type(fn).__name__ == "_TorchCompileInductorWrapper":
+        if type(fn).__name__ == "_TorchCompileInductorWrapper" or getattr(fn, "__name__", None) == "compile_fx":
             break
         inner = next((getattr(fn, a) for a in ("_torchdynamo_orig_backend", "__wrapped__", "compiler_fn")
                       if getattr(fn, a, None) not in (None, fn)), None)
@@ -191,11 +191,10 @@ def _backend_records_cuda_graphs() -> bool:
     return bool(inductor_config.triton.cudagraphs)
 
 
-#: :func:`_backend_records_cuda_graphs`, read once per trace as a constant (what it reads is
-#: fixed for a compiled function: its mode and backend).
-_assume_constant = getattr(getattr(torch, "compiler", None), "assume_constant_result", None)
-compiling_with_cuda_graphs = (_assume_constant(_backend_records_cuda_graphs) if _assume_constant is not None
-                              else _backend_records_cuda_graphs)
+#: :func:`_backend_records_cuda_graphs` as dynamo reads it: called each time tracing reaches it,
+#: its answer taken as a constant (no guard: it is fixed for a compiled function, whose backend
+#: dynamo keys its cache on).
+compiling_with_cuda_graphs = torch.compiler.assume_constant_result(_backend_records_cuda_graphs)
 
 
 #: The ops whose kernels limit the head shape -> their launcher module in gnn_fastpath.cuda,

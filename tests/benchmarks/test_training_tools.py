@@ -195,8 +195,8 @@ def test_train_sampled_paired_steps_alternate(tool, result, tmp_path):
         block = pair["block"]
         assert pair["pairs"] == -(-steps // block)
         cuts = range(0, steps, block)
-        ratios = [statistics.median(stock["step_ms_all"][i:i + block]) / statistics.median(enabled["step_ms_all"][i:i + block])
-                  for i in cuts]
+        ratios = [statistics.median(stock["step_ms_all"][i:i + block])
+                  / statistics.median(enabled["step_ms_all"][i:i + block]) for i in cuts]
         assert pair["paired_x"] == pytest.approx(statistics.median(ratios), rel=1e-3)
         assert pair["paired_enabled_slower"] == sum(r < 1.0 for r in ratios) / len(ratios)
         assert stock["whole_status"].startswith("skipped: paired")

@@ -127,7 +127,8 @@ def _seen_while_compiling(**compile_kwargs) -> list:
     ({"mode": "max-autotune-no-cudagraphs"}, False),
     ({"options": {"triton.cudagraphs": True}}, True),
     ({"backend": "aot_eager"}, False),
-], ids=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "options", "aot_eager"])
+    ({"backend": "cudagraphs"}, True),
+], ids=["default", "reduce-overhead", "max-autotune-no-cudagraphs", "options", "aot_eager", "cudagraphs"])
 def test_compiling_with_cuda_graphs_reads_the_compile_call(compile_kwargs, expected):
     """Read while dynamo traces, from the torch.compile call's mode, options or backend."""
     assert _seen_while_compiling(**compile_kwargs) == [expected]
@@ -139,3 +140,19 @@ def test_compiling_with_cuda_graphs_follows_inductors_global_config():
     with inductor_config.patch({"triton.cudagraphs": True}):
         assert _seen_while_compiling() == [True]
     assert dispatch.compiling_with_cuda_graphs() is False  # eager: not tracing at all
+
+
+def test_compiling_with_cuda_graphs_per_compiled_function_in_one_process():
+    """One function compiled both ways, no reset between: each compiled version keeps its own
+    answer (dynamo keys its cache on the backend; the answer is no guard)."""
+    def f(x):
+        return x + (10 if dispatch.compiling_with_cuda_graphs() else 0)
+
+    torch._dynamo.reset()
+    try:
+        default, graphs = torch.compile(f), torch.compile(f, mode="reduce-overhead")
+        for _ in range(2):
+            assert default(torch.zeros(2)).tolist() == [0, 0]
+            assert graphs(torch.zeros(2)).tolist() == [10, 10]
+    finally:
+        torch._dynamo.reset()
