@@ -3,7 +3,9 @@ graphs; timings mean nothing): each writes its JSON and markdown, the JSON has t
 tables, plots and RESULTS.md are made from, a run cut by its time budget still writes what it
 has, a hung config leaves a stack, and stock and enabled start from the same weights."""
 import importlib.util
+import json
 import math
+import os
 import statistics
 
 import pytest
@@ -249,11 +251,19 @@ def test_compile_full_batch(tool, result, tmp_path):
 
 
 def test_paired_schedule_alternates_blocks_abba():
-    """Equal timed steps per mode, block by block, the order flipping every block pair."""
-    from benchmarks.sampling import paired_schedule
+    """Equal timed steps per mode, block by block, the order flipping every block pair (read
+    from the tool's module in a subprocess: the tools are never imported into the tests)."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    assert paired_schedule(10, 4) == [("stock", 4), ("enabled", 4), ("enabled", 4), ("stock", 4),
-                                      ("stock", 2), ("enabled", 2)]
-    assert paired_schedule(0, 4) == []
-    plan = paired_schedule(40)
-    assert all(sum(n for m, n in plan if m == mode) == 40 for mode in ("stock", "enabled"))
+    root = Path(__file__).resolve().parents[2]
+    code = ("import json; from benchmarks.sampling import paired_schedule as p; "
+            "print(json.dumps([p(10, 4), p(0, 4), p(40)]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ten, none, forty = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert ten == [["stock", 4], ["enabled", 4], ["enabled", 4], ["stock", 4], ["stock", 2], ["enabled", 2]]
+    assert none == []
+    assert all(sum(n for m, n in forty if m == mode) == 40 for mode in ("stock", "enabled"))
