@@ -111,7 +111,7 @@ def alternate_rounds(configs: Sequence[SampledConfig], rounds: int) -> List[Samp
 
 def paired_configs(configs: Sequence[SampledConfig]) -> List[SampledConfig]:
     """``configs`` with each stock/enabled pair as one :data:`~benchmarks.sampling.PAIRED`
-    config (the two modes alternating step by step), in the order the stock configs had."""
+    config (the two modes alternating in blocks of steps), in the order the stock configs had."""
     return [c[:3] + (PAIRED,) + c[4:] for c in configs if c[3] == "stock"]
 
 

@@ -687,8 +687,7 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
     a difference smaller than the round-to-round spread of separate runs is still resolved:
     ``paired_x`` is the median over the block pairs of (stock block's median ms / enabled
     block's), ``paired_enabled_slower`` the share of pairs in which the enabled block was
-    slower. Each row's ``step_ms`` is the median
-    of its own steps."""
+    slower. Each row's ``step_ms`` is the median of its own steps."""
     cuda = device.type == "cuda"
     rows = {m: {"step_ms": None, "peak_mb": None, "status": "ok", "whole_status": "skipped: paired rows time the "
                 "model step only"} for m in ("stock", "enabled")}

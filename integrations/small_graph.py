@@ -133,13 +133,21 @@ def calls_on(graph_input) -> int:
     return counter[0]
 
 
+@torch.compiler.assume_constant_result
+def _rule_off() -> bool:
+    """``GNN_FASTPATH_SMALL_GRAPH=off``: the fused path at every size. While dynamo traces it is
+    taken as a constant (dynamo does not trace the environment's internals), without a guard: a
+    compiled function keeps the choice it was traced with until ``torch._dynamo.reset()``."""
+    return config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off"
+
+
 def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int,
             graph_input=None) -> Optional[Tuple[str, str]]:
     """``("small_graph", detail)`` when a call over ``num_edges`` edges of ``width``-wide input
     features runs stock by the rule (never with ``GNN_FASTPATH_SMALL_GRAPH=off``);
     ``graph_input`` (the caller's graph object) is counted where the layer's new-graph entry
     applies."""
-    if num_edges is None or config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off":
+    if num_edges is None or _rule_off():
         return None
     key = (layer, variant(layer, op, module))
     size = num_edges * width
@@ -158,16 +166,6 @@ def blocker(layer: str, op: str, module, num_edges: Optional[int], width: int,
                            "(GNN_FASTPATH_SMALL_GRAPH=off runs it fused)")
 
 
-def _rule_off() -> bool:
-    return config.setting("GNN_FASTPATH_SMALL_GRAPH") == "off"
-
-
-#: The switch as dynamo reads it: taken as a constant while tracing (it does not trace the
-#: environment's internals), without a guard: a compiled function keeps the choice it was traced
-#: with until ``torch._dynamo.reset()``.
-_rule_off_while_tracing = torch.compiler.assume_constant_result(_rule_off)
-
-
 def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Optional[Tuple[str, str]]:
     """``("compiled_stock_faster", detail)`` when a call traced for torch.compile without CUDA
     graphs, over ``num_edges`` edges of ``width``-wide features, runs stock by
@@ -175,7 +173,7 @@ def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Opti
     dynamo traces: ``num_edges`` may be symbolic (``dynamic=True``), and comparing it guards the
     compiled graph on the side of the entry it falls."""
     key = (layer, variant(layer, op, module))
-    if key not in COMPILED_MIN_EDGE_FEATURES or _rule_off_while_tracing():
+    if key not in COMPILED_MIN_EDGE_FEATURES or _rule_off():
         return None
     least = COMPILED_MIN_EDGE_FEATURES[key]
     if least is None:

@@ -158,11 +158,14 @@ def is_compiling() -> bool:
     return bool(_compiler_is_compiling is not None and _compiler_is_compiling())
 
 
-def _backend_records_cuda_graphs() -> bool:
+@torch.compiler.assume_constant_result
+def compiling_with_cuda_graphs() -> bool:
     """Whether the torch.compile call dynamo is tracing records CUDA graphs: inductor with
     ``triton.cudagraphs`` (``mode="reduce-overhead"``, an ``options`` dict, or inductor's global
     config) or the ``"cudagraphs"`` backend. False outside tracing and for backends it cannot
-    read (a custom backend: no CUDA graphs of ours to count on)."""
+    read (a custom backend: no CUDA graphs of ours to count on). Dynamo calls it each time
+    tracing reaches it and takes the answer as a constant, without a guard: it is fixed for a
+    compiled function, whose backend dynamo keys its cache on."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -189,12 +192,6 @@ def _backend_records_cuda_graphs() -> bool:
     except ImportError:  # pragma: no cover - torch without inductor
         return False
     return bool(inductor_config.triton.cudagraphs)
-
-
-#: :func:`_backend_records_cuda_graphs` as dynamo reads it: called each time tracing reaches it,
-#: its answer taken as a constant (no guard: it is fixed for a compiled function, whose backend
-#: dynamo keys its cache on).
-compiling_with_cuda_graphs = torch.compiler.assume_constant_result(_backend_records_cuda_graphs)
 
 
 #: The ops whose kernels limit the head shape -> their launcher module in gnn_fastpath.cuda,
