@@ -21,8 +21,8 @@ degrees, self loops) in every step, which a static graph pays once; where that m
 crossover, the layer has a second, *new-graph* entry (:data:`NEW_GRAPH_MIN_EDGE_FEATURES`),
 which applies to a graph input until it has been called :data:`STATIC_AFTER_CALLS` times (more
 than the layer calls of one step of any usual model, so a sampled batch never gets there and a
-static graph does within its first steps). The count is kept per graph input object, weakly
-(:func:`gnn_fastpath.graph.cache.cached`), and only for calls between the two entries.
+static graph does within its first steps). The count is kept per graph input object, weakly, for the
+last :data:`COUNTED_GRAPHS` graph inputs, and only for calls between the two entries.
 
 Under ``torch.compile`` without CUDA graphs (the default mode), a traced fused layer still runs
 each operator's Python body per call and builds the graph's CSR inside the compiled step, while
@@ -38,12 +38,12 @@ measure it; a function compiled before the switch changed keeps its choice until
 """
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from gnn_fastpath import config
-from gnn_fastpath.graph import cache
 from gnn_fastpath.graph.convert import tensor_version
 
 #: (layer key, variant) -> the edge features (edges x input width) from which the fused path
@@ -123,14 +123,30 @@ def variant(layer: str, op: str, module) -> str:
     return op
 
 
+#: How many graph inputs :func:`calls_on` keeps counts for (the oldest dropped first): a few
+#: static graphs and the sampled batches of the last steps.
+COUNTED_GRAPHS = 64
+# id(graph input) -> [weak reference, tensor version, calls]. Not the shared graph cache
+# (:func:`gnn_fastpath.graph.cache.cached`): a sampled batch asks once per layer call, and a
+# plain dict with a weak reference without a callback costs a fraction of that cache's entry.
+# No lock: a count lost to a race between threads only delays a graph's move to fused.
+_counts: Dict[int, list] = {}
+
+
 def calls_on(graph_input) -> int:
     """How many times the rule has been asked about ``graph_input`` (this call included), while
     the object lives unchanged (its tensor version); 1 for anything it cannot count."""
-    if not hasattr(graph_input, "layout"):
+    if not isinstance(graph_input, torch.Tensor):
         return 1
-    counter = cache.cached(graph_input, tensor_version(graph_input), lambda: [0], "small_graph")
-    counter[0] += 1
-    return counter[0]
+    version = tensor_version(graph_input)
+    key = id(graph_input)
+    entry = _counts.get(key)
+    if entry is None or entry[0]() is not graph_input or entry[1] != version:
+        if entry is None and len(_counts) >= COUNTED_GRAPHS:
+            _counts.pop(next(iter(_counts)), None)  # the oldest first asked about
+        entry = _counts[key] = [weakref.ref(graph_input), version, 0]
+    entry[2] += 1
+    return entry[2]
 
 
 @torch.compiler.assume_constant_result

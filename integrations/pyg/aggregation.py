@@ -45,7 +45,11 @@ _NO_FUSED_BRANCH = "'message_and_aggregate' not implemented"
 
 def reduce_of(module) -> Optional[str]:
     """The reduction of ``module.aggr_module`` when it is one of the plain ones, else None."""
-    aggr_module = getattr(module, "aggr_module", None)
+    # the submodule read from nn.Module's own registry (nn.Module.__getattr__ would cost a
+    # microsecond on every layer call, where the small-graph rule asks this)
+    aggr_module = module._modules.get("aggr_module") if isinstance(module, torch.nn.Module) else None
+    if aggr_module is None:
+        aggr_module = getattr(module, "aggr_module", None)
     name = type(aggr_module).__name__
     if name in PLAIN and type(aggr_module) is getattr(_aggr, name):
         return PLAIN[name]

@@ -204,6 +204,31 @@ def test_a_new_graph_runs_stock_until_it_counts_as_static(new_graph_table):
     assert ask(None) is None
 
 
+def test_the_call_count_forgets_old_and_dead_graphs(new_graph_table, monkeypatch):
+    """Counts are kept for the last COUNTED_GRAPHS graph inputs (a sampled run asks about a new
+    one per batch: the table stays that size), and a graph input that died does not hand its
+    count to a new object that reuses its id."""
+    sg = new_graph_table
+    monkeypatch.setattr(sg, "_counts", {})
+    monkeypatch.setattr(sg, "COUNTED_GRAPHS", 4)
+    kept, _ = _graph(40)
+    assert [sg.calls_on(kept) for _ in range(3)] == [1, 2, 3]
+    batches = [_graph(40)[0] for _ in range(6)]
+    assert [sg.calls_on(b) for b in batches] == [1] * 6
+    assert len(sg._counts) == 4 and id(kept) not in sg._counts
+    assert sg.calls_on(kept) == 1  # dropped as the oldest: it starts over
+    dead = _graph(40)[0]
+    sg.calls_on(dead)
+    key = id(dead)
+    del dead
+    stale = sg._counts[key]
+    assert stale[0]() is None
+    reused = _graph(40)[0]
+    sg._counts[id(reused)] = stale  # as if the new tensor had been given the dead one's id
+    assert sg.calls_on(reused) == 1
+    assert sg.calls_on("not a tensor") == 1
+
+
 def test_the_new_graph_entry_is_off_with_the_rule(new_graph_table, monkeypatch):
     from torch_geometric.nn import GCNConv
 
