@@ -498,17 +498,92 @@ def _record_at_trace(layer: str, outcome: str) -> None:
         _comptime(_record_compiled_local)
 
 
+# torch.compiler.is_compiling itself (not dispatch.is_compiling): called from a frame that dynamo
+# runs in Python, a function of ours would be compiled as a frame, and answer True
+_compiler_is_compiling = dispatch._compiler_is_compiling
+
+try:
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _dynamo_callback
+    from torch._dynamo.eval_frame import skip_code as _skip_code
+except ImportError:  # pragma: no cover - torch without per-code frame strategies
+    _dynamo_callback = _skip_code = None
+
+#: (id(module), id(dynamo's frame callback)) -> whether the compiled rule sends the module's
+#: calls to stock at every size (:func:`_stock_at_every_size`), for layer calls that dynamo
+#: enters as frames of their own (:func:`make_call`). A stale entry (an id reused, a module
+#: changed since) can only send a call to stock, which is always correct, or to :func:`_traced`,
+#: which decides again; cleared when it reaches :data:`_TOP_LEVEL_MAX` entries.
+_top_level_stock: Dict[Tuple[int, int], bool] = {}
+_TOP_LEVEL_MAX = 4096
+
+
+def _stock_at_every_size(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], callback) -> bool:
+    """Whether the small-graph rule's compiled entry sends ``module``'s calls to stock whatever
+    their size (an entry of None) in the compiled function whose frame-evaluation callback is
+    ``callback``: CUDA features, a backend without CUDA graphs (:func:`dispatch.records_cuda_graphs`).
+    Counted in ``stats()`` as a trace that falls back would be. Runs with dynamo off
+    (:data:`_stock_at_every_size_eager`)."""
+    if shim.edges is None or shim.key.startswith("dgl."):
+        return False
+    try:
+        x = shim.features(*args, **kwargs)
+    except Unsupported:
+        return False
+    if not isinstance(x, Tensor) or not _traced_for_cuda(x) or dispatch.records_cuda_graphs(callback):
+        return False
+    if not small_graph.compiled_stock_at_every_size(shim.key, shim.op_for(module), module):
+        return False
+    record_compiled(shim.key, "fallback:compiled_stock_faster")
+    return True
+
+
+_stock_at_every_size_eager = torch.compiler.disable(_stock_at_every_size)
+
+
+def _compiled_call(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
+    """A layer call under torch.compile, traced into the model's frame or compiled as a frame of
+    its own: :func:`_traced`, then stock's forward where that returns :data:`_STOCK`. The stock
+    forward is called from this frame, not from run's: where stock breaks the graph (e.g.
+    GCNConv's self-loop removal), each frame between the model and the break becomes a frame of
+    its own that every step enters through dynamo. (In Python, a frame dynamo gave up on: run.)"""
+    if dispatch.is_compiling():
+        out = _traced(shim, module, args, kwargs)
+        return torch.nn.Module.__call__(module, *args, **kwargs) if out is _STOCK else out
+    return run(shim, module, args, kwargs)
+
+
 def make_call(shim: Shim):
-    """The class-level ``__call__`` installed on ``shim.cls``."""
+    """The class-level ``__call__`` installed on ``shim.cls``.
+
+    Under torch.compile it is traced into the model's frame like any function (then
+    :func:`_compiled_call`), but dynamo never compiles it as a frame of its own (``skip_code``).
+    Where stock's forward breaks the graph inside a model's layer loop, dynamo runs the model's
+    frame in Python and enters each layer call at the top; then a layer that the compiled rule
+    sends to stock at every size (:func:`_stock_at_every_size`, asked once per module and
+    compiled function) calls stock's ``Module.__call__`` straight away, as stock's model does,
+    without a frame of ours whose guards, graph break and resume would cost each call tens of
+    microseconds of host time; any other layer call compiles :func:`_compiled_call` as its frame.
+    Only builtins run before that choice: dynamo compiles every Python function called from a
+    frame it runs in Python as a frame of its own."""
 
     def __call__(self, *args, **kwargs):
-        if dispatch.is_compiling():
-            # the stock forward called from this frame, not from run's: where stock breaks the
-            # graph (e.g. GCNConv's self-loop removal), each frame between the model and the
-            # break becomes a frame of its own that every step enters through dynamo
-            out = _traced(shim, self, args, kwargs)
-            return torch.nn.Module.__call__(self, *args, **kwargs) if out is _STOCK else out
+        if _compiler_is_compiling is not None and _compiler_is_compiling():  # tracing: inlined here
+            return _compiled_call(shim, self, args, kwargs)
+        callback = _dynamo_callback() if _dynamo_callback is not None else None
+        if callback:
+            key = (id(self), id(callback))
+            stock = _top_level_stock.get(key)
+            if stock is None:
+                stock = _stock_at_every_size_eager(shim, self, args, kwargs, callback)
+                if len(_top_level_stock) >= _TOP_LEVEL_MAX:
+                    _top_level_stock.clear()
+                _top_level_stock[key] = stock
+            if stock:
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+            return _compiled_call(shim, self, args, kwargs)
         return run(shim, self, args, kwargs)
 
+    if _skip_code is not None:
+        _skip_code(__call__.__code__)
     __call__.__gnn_fastpath_shim__ = shim
     return __call__

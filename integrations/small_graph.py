@@ -201,3 +201,10 @@ def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Opti
     return "compiled_stock_faster", (f"torch.compile without CUDA graphs: compiled stock is faster below {least} "
                                      "edge features (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace "
                                      "it fused)")
+
+
+def compiled_stock_at_every_size(layer: str, op: str, module) -> bool:
+    """Whether :func:`compiled_blocker` sends every call of ``module`` to stock whatever its size
+    (an entry of None), while the rule is on."""
+    key = (layer, variant(layer, op, module))
+    return key in COMPILED_MIN_EDGE_FEATURES and COMPILED_MIN_EDGE_FEATURES[key] is None and not _rule_off()

@@ -160,18 +160,26 @@ def is_compiling() -> bool:
 
 @torch.compiler.assume_constant_result
 def compiling_with_cuda_graphs() -> bool:
-    """Whether the torch.compile call dynamo is tracing records CUDA graphs: inductor with
-    ``triton.cudagraphs`` (``mode="reduce-overhead"``, an ``options`` dict, or inductor's global
-    config) or the ``"cudagraphs"`` backend. False outside tracing and for backends it cannot
-    read (a custom backend: no CUDA graphs of ours to count on). Dynamo calls it each time
-    tracing reaches it and takes the answer as a constant, without a guard: it is fixed for a
-    compiled function, whose backend dynamo keys its cache on."""
+    """Whether the torch.compile call dynamo is tracing records CUDA graphs
+    (:func:`records_cuda_graphs` of its backend); False outside tracing. Dynamo calls it each
+    time tracing reaches it and takes the answer as a constant, without a guard: it is fixed
+    for a compiled function, whose backend dynamo keys its cache on."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         fn = InstructionTranslator.current_tx().output.compiler_fn
     except Exception:  # noqa: BLE001 - not tracing, or a torch whose dynamo keeps it elsewhere
         return False
+    return records_cuda_graphs(fn)
+
+
+def records_cuda_graphs(backend) -> bool:
+    """Whether a torch.compile backend, as dynamo holds it (the compiler of the frame it traces,
+    or the frame-evaluation callback of a compiled function that is running), records CUDA
+    graphs: inductor with ``triton.cudagraphs`` (``mode="reduce-overhead"``, an ``options``
+    dict, or inductor's global config) or the ``"cudagraphs"`` backend. False for backends it
+    cannot read (a custom backend: no CUDA graphs of ours to count on)."""
+    fn = backend
     for _ in range(8):  # dynamo wraps the backend (WrapBackendDebug, ...): walk to the original
         options = getattr(fn, "config", None)
         if isinstance(options, dict) and "triton.cudagraphs" in options:

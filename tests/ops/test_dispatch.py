@@ -156,3 +156,43 @@ def test_compiling_with_cuda_graphs_per_compiled_function_in_one_process():
             assert graphs(torch.zeros(2)).tolist() == [10, 10]
     finally:
         torch._dynamo.reset()
+
+
+def _running_callback(**compile_kwargs):
+    """The frame-evaluation callback of a compiled function while it runs, read from a frame
+    that dynamo runs in Python (``recursive=False``: a graph break around it, the callback kept
+    for what it calls), as a layer call the model's frame breaks around is run."""
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+    seen = []
+
+    @torch.compiler.disable(recursive=False)
+    def probe():
+        seen.append(get_eval_frame_callback())
+
+    def f(x):
+        probe()
+        return x + 1
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, **compile_kwargs)(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+    return seen[0]
+
+
+@pytest.mark.parametrize("compile_kwargs, expected", [
+    ({}, False),
+    ({"mode": "reduce-overhead"}, True),
+    ({"options": {"triton.cudagraphs": True}}, True),
+    ({"backend": "aot_eager"}, False),
+    ({"backend": "cudagraphs"}, True),
+], ids=["default", "reduce-overhead", "options", "aot_eager", "cudagraphs"])
+def test_records_cuda_graphs_reads_a_running_compiled_function(compile_kwargs, expected):
+    """The same answer from the callback of a compiled function that is running (what a layer
+    call that dynamo enters as a frame of its own reads) as from the traced compile call."""
+    callback = _running_callback(**compile_kwargs)
+    assert callback
+    assert dispatch.records_cuda_graphs(callback) is expected
+    assert dispatch.records_cuda_graphs(None) is False

@@ -329,6 +329,82 @@ def test_compiled_entry_is_off_with_the_rule(compiled_table, monkeypatch):
     assert _compiled_run(_sage(aggr="max"), 100)[2] == {"reference": 1}
 
 
+class _LayerLoop(torch.nn.Module):
+    """Layers called in a loop, as PyG's models call them: where a layer's stock forward breaks
+    the graph, dynamo runs this frame in Python and enters each layer call as a frame."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, x, edge_index):
+        for layer in self.layers:
+            x = layer(x, edge_index).relu()
+        return x
+
+
+def _compiled_steps(model, x, edge_index, steps=3):
+    """(the last output, graph breaks, frames dynamo compiled) over ``steps`` compiled calls."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    out = [compiled(x, edge_index) for _ in range(steps)][-1]
+    return out, sum(counters["graph_break"].values()), counters["frames"]["total"]
+
+
+def test_a_layer_stock_at_every_size_adds_no_frame_to_stocks(compiled_table):
+    """GCNConv's stock forward breaks the graph (its self-loop removal) inside the model's layer
+    loop, so dynamo enters each layer call at the top. Sent to stock at every size by the
+    compiled rule, the layer call goes straight to stock's Module.__call__: the same graph
+    breaks and compiled frames as stock's model (before, a frame of ours around each call added
+    two breaks and a frame per layer), the same values, counted once per module."""
+    from torch_geometric.nn import GCNConv
+
+    from gnn_fastpath.integrations import shim as shim_module
+
+    torch.manual_seed(0)
+    model = _LayerLoop([GCNConv(F_IN, F_IN) for _ in range(3)])
+    edge_index, _ = _graph(60)
+    x = torch.randn(N, F_IN)
+    gnn_fastpath.disable()
+    expected, stock_breaks, stock_frames = _compiled_steps(model, x, edge_index)
+    gnn_fastpath.enable(frameworks="pyg", cpu="reference")
+    gnn_fastpath.reset_stats()
+    shim_module._top_level_stock.clear()
+    out, breaks, frames = _compiled_steps(model, x, edge_index)
+    torch.testing.assert_close(out, expected)
+    assert stock_breaks > 0 and (breaks, frames) == (stock_breaks, stock_frames)
+    assert sorted(shim_module._top_level_stock.values()) == [True] * 3
+    assert set(gnn_fastpath.stats()["pyg.GCNConv"]["compiled"]) == {"fallback:compiled_stock_faster"}
+
+
+def test_top_level_stock_is_asked_of_the_running_backend(compiled_table):
+    """The question for a layer call entered at the top: stock at every size only without CUDA
+    graphs (read from the running compiled function's callback) and for an entry of None."""
+    from torch_geometric.nn import GCNConv
+
+    from gnn_fastpath.integrations import shim as shim_module
+    from gnn_fastpath.integrations.pyg.layers import SHIMS
+
+    shims = {s.key: s for s in SHIMS}
+    edge_index, _ = _graph(30)
+    call = ((torch.randn(N, F_IN), edge_index), {})
+
+    class Backend:
+        config = {"triton.cudagraphs": False}
+
+    class Callback:
+        _torchdynamo_orig_backend = Backend()
+
+    gcn, sage = GCNConv(F_IN, 4), _sage(aggr="max")
+    assert shim_module._stock_at_every_size(shims["pyg.GCNConv"], gcn, *call, Callback())
+    assert not shim_module._stock_at_every_size(shims["pyg.SAGEConv"], sage, *call, Callback())  # sized entry
+    Backend.config = {"triton.cudagraphs": True}
+    assert not shim_module._stock_at_every_size(shims["pyg.GCNConv"], gcn, *call, Callback())
+
+
 def test_the_compiled_rule_is_for_the_gpu_only(monkeypatch, clean_fastpath):
     """A traced call on the reference ops (CPU tensors) runs fused whatever the table says."""
     from gnn_fastpath.integrations import small_graph
