@@ -208,3 +208,10 @@ def compiled_stock_at_every_size(layer: str, op: str, module) -> bool:
     (an entry of None), while the rule is on."""
     key = (layer, variant(layer, op, module))
     return key in COMPILED_MIN_EDGE_FEATURES and COMPILED_MIN_EDGE_FEATURES[key] is None and not _rule_off()
+
+
+def thresholds(layer: str, op: str, module) -> Tuple[int, int]:
+    """(the static entry, the new-graph entry) of ``module`` running op ``op``, 0 where it has
+    none: a call below the first runs stock, below the second too while its graph is new."""
+    key = (layer, variant(layer, op, module))
+    return MIN_EDGE_FEATURES.get(key) or 0, NEW_GRAPH_MIN_EDGE_FEATURES.get(key) or 0

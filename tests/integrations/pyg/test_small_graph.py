@@ -256,10 +256,59 @@ def test_a_sampled_batch_runs_gcn_stock_and_a_static_graph_fused(as_if_cuda, new
             torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert gnn_fastpath.stats()["pyg.GCNConv"]["fallback"] == {"small_graph": 6}
     edge_index, _ = _graph(40)
-    for _ in range(sg.STATIC_AFTER_CALLS + 2):
+    for _ in range(sg.STATIC_AFTER_CALLS + 3):
         _run_on(module, edge_index)
     entry = gnn_fastpath.stats()["pyg.GCNConv"]
-    assert entry["fallback"] == {"small_graph": 6 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 2
+    # the module's first call on the static graph is answered by its memo (a graph other than
+    # its last: stock, not counted); the rule counts the next STATIC_AFTER_CALLS
+    assert entry["fallback"] == {"small_graph": 7 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 2
+
+
+def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, table, monkeypatch):
+    """After the rule sent a plain conv(x, edge_index) call to stock, a call of the same form,
+    features and a graph below the entry is answered from the module's memo (the rule's own
+    checks are not run: replaced here by one that fails the test); a call of another width,
+    dtype or form, a changed setting or table, or force_reference() asks the rule again."""
+    import gnn_fastpath.integrations.shim as shim_module
+    from gnn_fastpath import config
+    from gnn_fastpath.integrations import small_graph
+
+    module = _sage()
+    edge_index, _ = _graph(30)
+    x = torch.randn(N, F_IN)
+    assert shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {})[0] == "small_graph"
+    assert id(module) in shim_module._memo
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the rule was asked")
+
+    with monkeypatch.context() as m:
+        m.setattr(small_graph, "blocker", asked)
+        for other in (edge_index, _graph(30)[0], _graph(10)[0]):
+            assert shim_module._remembered_stock(module, (x, other), {}) == shim_module._REMEMBERED
+        out = module(x, _graph(30)[0])
+    assert out.shape == (N, 4)
+    assert shim_module._remembered_stock(module, (x, _graph(1000)[0]), {}) is None  # above the entry
+    assert shim_module._remembered_stock(module, (x.double(), edge_index), {}) is None
+    assert shim_module._remembered_stock(module, (torch.randn(N, F_IN + 1), edge_index), {}) is None
+    assert shim_module._remembered_stock(module, (x, edge_index), {"size": None}) is None
+    assert shim_module._remembered_stock(_sage(), (x, edge_index), {}) is None  # another module
+    monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", dict(small_graph.MIN_EDGE_FEATURES))
+    assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+    shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {})
+    assert shim_module._remembered_stock(module, (x, edge_index), {}) is not None
+    with config.force_reference():
+        assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
+    assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+    assert shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {}) is None
+
+
+def _shim_of(key):
+    """The PyG shim of layer ``key``."""
+    from gnn_fastpath.integrations.pyg.layers import SHIMS
+
+    return next(s for s in SHIMS if s.key == key)
 
 
 # ---------------------------------------------------------------------- under torch.compile
