@@ -207,6 +207,13 @@ def _value(name: str, raw):
     return value
 
 
+def setting_text(name: str):
+    """The environment's stored text of setting ``name`` (None: unset), the object itself: the
+    same object (``is``) while nobody sets the variable, which a hot path compares instead of
+    parsing the value again."""
+    return _raw(name)
+
+
 def setting(name: str):
     """The parsed value of environment variable ``name`` (its default when unset or empty)."""
     return _value(name, _raw(name))

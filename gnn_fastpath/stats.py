@@ -22,6 +22,8 @@ from typing import Dict
 _lock = threading.Lock()
 _counts: Dict[str, Dict[str, Dict[str, int]]] = {}
 _warned: set = set()
+# (layer, reason) -> [count]: fallbacks counted without the lock (fallback_cell)
+_cells: Dict[tuple, list] = {}
 
 
 class FastpathFallbackWarning(UserWarning):
@@ -57,6 +59,19 @@ def record_fallback(layer: str, reason: str, detail: str = "", warn: bool = True
         msg = f"gnn_fastpath: {layer} runs its stock forward ({reason}"
         msg += f": {detail})" if detail else ")"
         warnings.warn(msg + "; warned once per layer and reason", FastpathFallbackWarning, stacklevel=4)
+
+
+def fallback_cell(layer: str, reason: str) -> list:
+    """A counter of ``layer``'s stock calls for ``reason`` that a hot path increments itself
+    (``cell[0] += 1``, no lock, no warning: a choice for speed such as ``small_graph``), read
+    into :func:`stats` and zeroed by :func:`reset_stats`. Without the lock, increments from
+    several threads at once may be lost: for the per-call path of the small-graph rule's memo,
+    where the lock and the nested counters cost several microseconds of a sampled batch's call."""
+    with _lock:
+        cell = _cells.get((layer, reason))
+        if cell is None:
+            cell = _cells[(layer, reason)] = [0]
+    return cell
 
 
 def record_compiled(layer: str, outcome: str) -> None:
@@ -102,6 +117,10 @@ def stats(tuning: bool = False, plans: bool = False) -> Dict[str, Dict[str, Dict
             out[layer] = {"fused": fused, "fallback": dict(entry["fallback"])}
             if "compiled" in entry:
                 out[layer]["compiled"] = dict(entry["compiled"])
+        for (layer, reason), cell in _cells.items():
+            if cell[0]:
+                fallback = out.setdefault(layer, {"fused": {"cuda": 0, "reference": 0}, "fallback": {}})["fallback"]
+                fallback[reason] = fallback.get(reason, 0) + cell[0]
         out = copy.deepcopy(out)
     if tuning:
         from . import tuning as tuner
@@ -124,5 +143,7 @@ def reset_stats() -> None:
     with _lock:
         _counts.clear()
         _warned.clear()
+        for cell in _cells.values():  # kept: the memos that count into them hold them
+            cell[0] = 0
     tuning.reset_report()
     plans.reset_report()

@@ -38,7 +38,7 @@ from gnn_fastpath import config
 from gnn_fastpath.ops import dispatch, library
 from gnn_fastpath.ops._checks import check_real
 from gnn_fastpath.ops.dispatch import Unsupported
-from gnn_fastpath.stats import record_compiled, record_fallback, record_fused
+from gnn_fastpath.stats import fallback_cell, record_compiled, record_fallback, record_fused
 
 from . import small_graph
 
@@ -336,13 +336,10 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     run on the GPU, else None. Asked before the other checks: a call it sends to stock runs
     stock whatever they would say, so the stock call pays only for this question; a layer
     without an entry, or a call above the layer's largest entry, pays a lookup or two. A plain
-    ``conv(x, edge_index)`` call like the module's last one answered from its memo
-    (:func:`_remembered_stock`)."""
+    ``conv(x, edge_index)`` call like the module's last one is answered by :func:`run` from the
+    module's memo (:func:`_remembered_stock`) before this is asked."""
     if shim.edges is None:
         return None
-    stock = _remembered_stock(module, args, kwargs)
-    if stock is not None:
-        return stock
     largest = small_graph.largest(shim.key)
     if largest is None:
         return None
@@ -359,67 +356,63 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     op = shim.op_for(module)
     blocker = small_graph.blocker(shim.key, op, module, num_edges, x.size(-1), graph_input)
     if blocker is not None and not kwargs and len(args) == 2 and args[0] is x and args[1] is graph_input:
-        _remember(module, x, graph_input, small_graph.thresholds(shim.key, op, module))
+        _remember(module, x, graph_input, small_graph.thresholds(shim.key, op, module), shim.key)
     return blocker
 
 
 # What the small-graph rule found for a module's last plain call ``conv(x, edge_index)`` that it
-# sent to stock: id(module) -> (weak reference to the module, the state it was asked in, the
-# features' dtype, device and width, the static entry, the new-graph entry, a one-item list
-# holding a weak reference to the last graph input). A sampled batch asks the rule once per
-# layer call; answered from here that costs a few attribute reads instead of the rule's checks
-# (of which several microseconds per call, in a step, measured as a few percent of a
-# host-bound step). A stale memo can only send a call to stock, which is always correct.
+# sent to stock: id(module) -> (weak reference to the module, the features' dtype and device
+# type, their width, the static entry, the new-graph entry, the state it was asked in (see
+# _remember), a one-item list holding a weak reference to the last graph input, the stats
+# counter of its stock calls). A sampled batch asks the rule once per layer call; inside a
+# training step each Python operation costs several times what it costs in a loop of its own,
+# and the rule's checks and record_fallback took a few percent of a host-bound sampled step
+# (benchmarks/RESULTS.md): answered from here a call costs a few attribute reads. A stale memo
+# can only send a call to stock, which is always correct.
 _memo: Dict[int, tuple] = {}
 _MEMO_MAX = 4096
-_RULE_SETTINGS = ("GNN_FASTPATH_SMALL_GRAPH", "GNN_FASTPATH_DISABLE_CUDA")
-_REMEMBERED = ("small_graph", "below the layer's entry, as its last call (the small-graph rule's memo)")
 
 
-def _rule_state() -> tuple:
-    """What else the rule's answer depends on: the settings it reads (the same tuple object
-    while their texts are unchanged), force_reference() and the tables (tests replace them)."""
-    return (config.settings(_RULE_SETTINGS), config.reference_forced(), small_graph.MIN_EDGE_FEATURES,
-            small_graph.NEW_GRAPH_MIN_EDGE_FEATURES)
-
-
-def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int]) -> None:
+def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int], layer: str) -> None:
     if type(x) is not Tensor or type(graph_input) is not Tensor or graph_input.layout != torch.strided:
         return
     if len(_memo) >= _MEMO_MAX:
         _memo.clear()
-    settings, forced, table, new_table = _rule_state()
-    _memo[id(module)] = (weakref.ref(module), settings, forced, table, new_table, x.dtype, x.is_cuda, x.size(-1),
-                         entries[0], entries[1], [weakref.ref(graph_input)])
+    _memo[id(module)] = (weakref.ref(module), x.dtype, x.is_cuda, x.size(-1), entries[0], entries[1],
+                         config.setting_text("GNN_FASTPATH_SMALL_GRAPH"), config.reference_forced(),
+                         small_graph.MIN_EDGE_FEATURES, small_graph.NEW_GRAPH_MIN_EDGE_FEATURES,
+                         [weakref.ref(graph_input)], fallback_cell(layer, "small_graph"))
 
 
-def _remembered_stock(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Optional[Tuple[str, str]]:
-    """The rule's answer for a call like the module's last one it sent to stock (same call form,
-    features' dtype, device type and width, an ``edge_index`` tensor, unchanged settings and
-    tables): stock below the static entry; below the new-graph entry too on a graph input other
-    than the module's last one (a sampled batch; a graph called again goes to the rule, which
-    counts its calls). None: ask the rule. (Each check a read or two: this is the whole cost of
-    a sampled batch's layer call above stock's.)"""
+def _remembered_stock(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Optional[list]:
+    """The stats counter to count a stock call in, for a call the module's memo answers: one
+    like the module's last one the rule sent to stock (same call form, features' dtype and
+    device type, an ``edge_index`` tensor, unchanged ``GNN_FASTPATH_SMALL_GRAPH``,
+    force_reference() and tables) below the static entry, or below the new-graph entry on a
+    graph input other than the module's last one (a sampled batch; a graph called again goes to
+    the rule, which counts its calls). None: ask the rule. (Each check a read or two: this is
+    the whole cost of a sampled batch's layer call above stock's.) The features' width is the
+    module's: another width fails in stock's own projection."""
     memo = _memo.get(id(module))
     if memo is None or kwargs or len(args) != 2:
         return None
     x, graph_input = args
     if type(x) is not Tensor or type(graph_input) is not Tensor:
         return None
-    ref, settings, forced, table, new_table, dtype, is_cuda, width, least, new_least, last = memo
-    shape, edges = x.shape, graph_input.shape
-    if (len(edges) != 2 or not shape or shape[-1] != width or x.dtype != dtype or x.is_cuda is not is_cuda
-            or graph_input.layout != torch.strided or ref() is not module):
+    ref, dtype, is_cuda, width, least, new_least, text, forced, table, new_table, last, cell = memo
+    edges = graph_input.shape
+    if len(edges) != 2 or x.dtype != dtype or x.is_cuda is not is_cuda or graph_input.layout != torch.strided:
         return None
     size = edges[1] * width
     if size >= least and (size >= new_least or last[0]() is graph_input):
         return None
-    if (config.settings(_RULE_SETTINGS) is not settings or config.reference_forced() is not forced
-            or small_graph.MIN_EDGE_FEATURES is not table or small_graph.NEW_GRAPH_MIN_EDGE_FEATURES is not new_table):
+    if (ref() is not module or config.setting_text("GNN_FASTPATH_SMALL_GRAPH") is not text
+            or config.reference_forced() is not forced or small_graph.MIN_EDGE_FEATURES is not table
+            or small_graph.NEW_GRAPH_MIN_EDGE_FEATURES is not new_table):
         return None
     if size >= least:
         last[0] = weakref.ref(graph_input)
-    return _REMEMBERED
+    return cell
 
 
 def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
@@ -430,6 +423,10 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
     :class:`Unsupported` too, and the layer falls back like any other case.
     """
+    cell = _remembered_stock(module, args, kwargs)
+    if cell is not None:  # the small-graph rule's answer, from the module's memo
+        cell[0] += 1
+        return torch.nn.Module.__call__(module, *args, **kwargs)
     small = _small_graph(shim, module, args, kwargs)
     if small is not None:  # a choice for speed, not a limit: counted, not warned
         record_fallback(shim.key, *small, warn=False)

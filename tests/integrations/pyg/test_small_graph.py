@@ -265,10 +265,11 @@ def test_a_sampled_batch_runs_gcn_stock_and_a_static_graph_fused(as_if_cuda, new
 
 
 def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, table, monkeypatch):
-    """After the rule sent a plain conv(x, edge_index) call to stock, a call of the same form,
-    features and a graph below the entry is answered from the module's memo (the rule's own
-    checks are not run: replaced here by one that fails the test); a call of another width,
-    dtype or form, a changed setting or table, or force_reference() asks the rule again."""
+    """After the rule sent a plain conv(x, edge_index) call to stock, a call of the same form
+    and features on a graph below the entry is answered from the module's memo (the rule's
+    own checks are not run: replaced here by one that fails the test) and counted in stats();
+    a call of another dtype or form, another module, a changed setting or table, or
+    force_reference() asks the rule again."""
     import gnn_fastpath.integrations.shim as shim_module
     from gnn_fastpath import config
     from gnn_fastpath.integrations import small_graph
@@ -276,7 +277,8 @@ def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, tabl
     module = _sage()
     edge_index, _ = _graph(30)
     x = torch.randn(N, F_IN)
-    assert shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {})[0] == "small_graph"
+    gnn_fastpath.reset_stats()
+    assert module(x, edge_index).shape == (N, 4)  # the rule asked: stock, remembered
     assert id(module) in shim_module._memo
 
     def asked(*args, **kwargs):
@@ -285,30 +287,27 @@ def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, tabl
     with monkeypatch.context() as m:
         m.setattr(small_graph, "blocker", asked)
         for other in (edge_index, _graph(30)[0], _graph(10)[0]):
-            assert shim_module._remembered_stock(module, (x, other), {}) == shim_module._REMEMBERED
-        out = module(x, _graph(30)[0])
-    assert out.shape == (N, 4)
+            out, expected = module(x, other), torch.nn.Module.__call__(module, x, other)
+            torch.testing.assert_close(out, expected)
+    assert gnn_fastpath.stats()["pyg.SAGEConv"]["fallback"] == {"small_graph": 4}
+    gnn_fastpath.reset_stats()
+    module(x, edge_index)
+    assert gnn_fastpath.stats()["pyg.SAGEConv"]["fallback"] == {"small_graph": 1}
     assert shim_module._remembered_stock(module, (x, _graph(1000)[0]), {}) is None  # above the entry
     assert shim_module._remembered_stock(module, (x.double(), edge_index), {}) is None
-    assert shim_module._remembered_stock(module, (torch.randn(N, F_IN + 1), edge_index), {}) is None
     assert shim_module._remembered_stock(module, (x, edge_index), {"size": None}) is None
     assert shim_module._remembered_stock(_sage(), (x, edge_index), {}) is None  # another module
     monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", dict(small_graph.MIN_EDGE_FEATURES))
     assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
-    shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {})
+    module(x, edge_index)
     assert shim_module._remembered_stock(module, (x, edge_index), {}) is not None
     with config.force_reference():
         assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
     monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
     assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
-    assert shim_module._small_graph(_shim_of("pyg.SAGEConv"), module, (x, edge_index), {}) is None
-
-
-def _shim_of(key):
-    """The PyG shim of layer ``key``."""
-    from gnn_fastpath.integrations.pyg.layers import SHIMS
-
-    return next(s for s in SHIMS if s.key == key)
+    gnn_fastpath.reset_stats()
+    module(x, edge_index)
+    assert gnn_fastpath.stats()["pyg.SAGEConv"]["fused"]["reference"] == 1
 
 
 # ---------------------------------------------------------------------- under torch.compile
