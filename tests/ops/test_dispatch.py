@@ -103,6 +103,15 @@ def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypat
             dispatch.require("spmm", CUDA0, torch.float32, _graph(False))
 
 
+def _compile_and_run(f, **compile_kwargs) -> None:
+    """``torch.compile(f, **compile_kwargs)`` called once, between two dynamo resets."""
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, **compile_kwargs)(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+
+
 def _seen_while_compiling(**compile_kwargs) -> list:
     """What compiling_with_cuda_graphs() said while dynamo traced a function compiled with
     ``compile_kwargs`` (the function never runs under CUDA graphs on the CPU, but inductor is
@@ -113,11 +122,7 @@ def _seen_while_compiling(**compile_kwargs) -> list:
         seen.append(dispatch.compiling_with_cuda_graphs())
         return x + 1
 
-    torch._dynamo.reset()
-    try:
-        torch.compile(f, **compile_kwargs)(torch.ones(2))
-    finally:
-        torch._dynamo.reset()
+    _compile_and_run(f, **compile_kwargs)
     return seen
 
 
@@ -174,11 +179,7 @@ def _running_callback(**compile_kwargs):
         probe()
         return x + 1
 
-    torch._dynamo.reset()
-    try:
-        torch.compile(f, **compile_kwargs)(torch.ones(2))
-    finally:
-        torch._dynamo.reset()
+    _compile_and_run(f, **compile_kwargs)
     return seen[0]
 
 
