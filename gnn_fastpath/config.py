@@ -214,6 +214,15 @@ def setting_text(name: str):
     return _raw(name)
 
 
+def setting_slot(name: str):
+    """``(mapping, key)`` such that ``mapping.get(key)`` is :func:`setting_text` of ``name``,
+    read with one builtin call and no Python frame (os.environ's own dict and its encoded key;
+    ``(os.environ, name)`` where the environment is not CPython's ``os._Environ``): for code
+    that runs where every Python function it called would be compiled by dynamo as a frame."""
+    data = getattr(os.environ, "_data", None)
+    return (os.environ, name) if data is None else (data, os.environ.encodekey(name))
+
+
 def setting(name: str):
     """The parsed value of environment variable ``name`` (its default when unset or empty)."""
     return _value(name, _raw(name))

@@ -64,13 +64,14 @@ def record_fallback(layer: str, reason: str, detail: str = "", warn: bool = True
 def fallback_cell(layer: str, reason: str) -> list:
     """A counter of ``layer``'s stock calls for ``reason`` that a hot path increments itself
     (``cell[0] += 1``, no lock, no warning: a choice for speed such as ``small_graph``), read
-    into :func:`stats` and zeroed by :func:`reset_stats`. Without the lock, increments from
-    several threads at once may be lost: for the per-call path of the small-graph rule's memo,
-    where the lock and the nested counters cost several microseconds of a sampled batch's call."""
+    into :func:`stats` as ``cell[0] - cell[1]``; :func:`reset_stats` moves the baseline
+    ``cell[1]`` and never writes the count. Without the lock, increments from several threads
+    at once may be lost: for the per-call path of the small-graph rule's memo, where the lock
+    and the nested counters cost several microseconds of a sampled batch's call."""
     with _lock:
         cell = _cells.get((layer, reason))
         if cell is None:
-            cell = _cells[(layer, reason)] = [0]
+            cell = _cells[(layer, reason)] = [0, 0]
     return cell
 
 
@@ -118,9 +119,10 @@ def stats(tuning: bool = False, plans: bool = False) -> Dict[str, Dict[str, Dict
             if "compiled" in entry:
                 out[layer]["compiled"] = dict(entry["compiled"])
         for (layer, reason), cell in _cells.items():
-            if cell[0]:
+            count = cell[0] - cell[1]
+            if count:
                 fallback = out.setdefault(layer, {"fused": {"cuda": 0, "reference": 0}, "fallback": {}})["fallback"]
-                fallback[reason] = fallback.get(reason, 0) + cell[0]
+                fallback[reason] = fallback.get(reason, 0) + count
         out = copy.deepcopy(out)
     if tuning:
         from . import tuning as tuner
@@ -144,6 +146,6 @@ def reset_stats() -> None:
         _counts.clear()
         _warned.clear()
         for cell in _cells.values():  # kept: the memos that count into them hold them
-            cell[0] = 0
+            cell[1] = cell[0]
     tuning.reset_report()
     plans.reset_report()

@@ -337,7 +337,7 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     stock whatever they would say, so the stock call pays only for this question; a layer
     without an entry, or a call above the layer's largest entry, pays a lookup or two. A plain
     ``conv(x, edge_index)`` call like the module's last one is answered by :func:`run` from the
-    module's memo (:func:`_remembered_stock`) before this is asked."""
+    module's memo (:func:`_memo_stock_cell`) before this is asked."""
     if shim.edges is None:
         return None
     largest = small_graph.largest(shim.key)
@@ -361,16 +361,19 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
 
 
 # What the small-graph rule found for a module's last plain call ``conv(x, edge_index)`` that it
-# sent to stock: id(module) -> (weak reference to the module, the features' dtype and device
-# type, their width, the static entry, the new-graph entry, the state it was asked in (see
-# _remember), a one-item list holding a weak reference to the last graph input, the stats
-# counter of its stock calls). A sampled batch asks the rule once per layer call; inside a
-# training step each Python operation costs several times what it costs in a loop of its own,
-# and the rule's checks and record_fallback took a few percent of a host-bound sampled step
-# (benchmarks/RESULTS.md): answered from here a call costs a few attribute reads. A stale memo
-# can only send a call to stock, which is always correct.
+# sent to stock: id(module) -> (weak reference to the module, the features' dtype, device type
+# and width, the static entry, the new-graph entry, the texts of the settings the rule reads,
+# force_reference(), the tables, the stats counter of its stock calls). A sampled batch asks
+# the rule once per layer call; inside a training step each Python operation costs several
+# times what it costs in a loop of its own, and the rule's checks and record_fallback took a
+# few percent of a host-bound sampled step (benchmarks/RESULTS.md): answered from here a call
+# costs a few attribute reads. Not noticed: a module's own state changed since (``cached``, its
+# aggregation), which moves its entry; a stale memo only ever sends a call to stock, which is
+# always correct.
 _memo: Dict[int, tuple] = {}
 _MEMO_MAX = 4096
+_SMALL_GRAPH_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
+_DISABLE_CUDA_SLOT = config.setting_slot("GNN_FASTPATH_DISABLE_CUDA")
 
 
 def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int], layer: str) -> None:
@@ -378,40 +381,42 @@ def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: 
         return
     if len(_memo) >= _MEMO_MAX:
         _memo.clear()
+    (small, small_key), (disable, disable_key) = _SMALL_GRAPH_SLOT, _DISABLE_CUDA_SLOT
     _memo[id(module)] = (weakref.ref(module), x.dtype, x.is_cuda, x.size(-1), entries[0], entries[1],
-                         config.setting_text("GNN_FASTPATH_SMALL_GRAPH"), config.reference_forced(),
+                         small.get(small_key), disable.get(disable_key), config.reference_forced(),
                          small_graph.MIN_EDGE_FEATURES, small_graph.NEW_GRAPH_MIN_EDGE_FEATURES,
-                         [weakref.ref(graph_input)], fallback_cell(layer, "small_graph"))
+                         fallback_cell(layer, "small_graph"))
 
 
-def _remembered_stock(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Optional[list]:
-    """The stats counter to count a stock call in, for a call the module's memo answers: one
-    like the module's last one the rule sent to stock (same call form, features' dtype and
-    device type, an ``edge_index`` tensor, unchanged ``GNN_FASTPATH_SMALL_GRAPH``,
-    force_reference() and tables) below the static entry, or below the new-graph entry on a
-    graph input other than the module's last one (a sampled batch; a graph called again goes to
-    the rule, which counts its calls). None: ask the rule. (Each check a read or two: this is
-    the whole cost of a sampled batch's layer call above stock's.) The features' width is the
-    module's: another width fails in stock's own projection."""
+def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Optional[list]:
+    """The stats counter to count a stock call in, where the module's memo answers the call:
+    one like the module's last one the rule sent to stock (same call form, features' dtype,
+    device type and width, an ``edge_index`` tensor, unchanged settings, force_reference() and
+    tables) below the static entry, or below the new-graph entry on a graph input the rule has
+    counted no more than :data:`small_graph.STATIC_AFTER_CALLS` calls of
+    (:func:`small_graph.calls_on`, counting this one). None: ask the rule. (A read or two per
+    check: this is the whole cost of a sampled batch's layer call above stock's.)"""
     memo = _memo.get(id(module))
     if memo is None or kwargs or len(args) != 2:
         return None
     x, graph_input = args
     if type(x) is not Tensor or type(graph_input) is not Tensor:
         return None
-    ref, dtype, is_cuda, width, least, new_least, text, forced, table, new_table, last, cell = memo
-    edges = graph_input.shape
-    if len(edges) != 2 or x.dtype != dtype or x.is_cuda is not is_cuda or graph_input.layout != torch.strided:
+    ref, dtype, is_cuda, width, least, new_least, small, disable, forced, table, new_table, cell = memo
+    shape, edges = x.shape, graph_input.shape
+    if (len(edges) != 2 or not shape or shape[-1] != width or x.dtype != dtype or x.is_cuda is not is_cuda
+            or graph_input.layout != torch.strided):
         return None
     size = edges[1] * width
-    if size >= least and (size >= new_least or last[0]() is graph_input):
+    if size >= least and size >= new_least:
         return None
-    if (ref() is not module or config.setting_text("GNN_FASTPATH_SMALL_GRAPH") is not text
+    (small_env, small_key), (disable_env, disable_key) = _SMALL_GRAPH_SLOT, _DISABLE_CUDA_SLOT
+    if (ref() is not module or small_env.get(small_key) is not small or disable_env.get(disable_key) is not disable
             or config.reference_forced() is not forced or small_graph.MIN_EDGE_FEATURES is not table
             or small_graph.NEW_GRAPH_MIN_EDGE_FEATURES is not new_table):
         return None
-    if size >= least:
-        last[0] = weakref.ref(graph_input)
+    if size >= least and small_graph.calls_on(graph_input) > small_graph.STATIC_AFTER_CALLS:
+        return None
     return cell
 
 
@@ -423,7 +428,7 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
     :class:`Unsupported` too, and the layer falls back like any other case.
     """
-    cell = _remembered_stock(module, args, kwargs)
+    cell = _memo_stock_cell(module, args, kwargs)
     if cell is not None:  # the small-graph rule's answer, from the module's memo
         cell[0] += 1
         return torch.nn.Module.__call__(module, *args, **kwargs)
@@ -575,28 +580,32 @@ try:
 except ImportError:  # pragma: no cover - torch without per-code frame strategies
     _dynamo_callback = _skip_code = None
 
-#: (id(module), id(dynamo's frame callback)) -> whether the compiled rule sends the module's
-#: calls to stock at every size (:func:`_stock_at_every_size`), for layer calls that dynamo
-#: enters as frames of their own (:func:`make_call`). A stale entry (an id reused, a module
-#: changed since) can only send a call to stock, which is always correct, or to :func:`_traced`,
-#: which decides again; cleared when it reaches :data:`_TOP_LEVEL_MAX` entries.
-_top_level_stock: Dict[Tuple[int, int], bool] = {}
+#: (id(module), id(dynamo's frame callback)) -> (weak references to both, the text of
+#: ``GNN_FASTPATH_SMALL_GRAPH``, the compiled table and the first argument's ``is_cuda`` it was
+#: asked with, the answer of :func:`_stock_at_every_size`), for layer calls that dynamo enters
+#: as frames of their own (:func:`make_call`); an entry whose module, callback, setting or table
+#: is not the current one, or whose call's first argument is not a tensor on the same kind of
+#: device as when it was asked, is asked again. Cleared when it reaches :data:`_TOP_LEVEL_MAX`.
+_top_level_stock: Dict[Tuple[int, int], tuple] = {}
 _TOP_LEVEL_MAX = 4096
 
 
 def _stock_at_every_size(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], callback) -> bool:
     """Whether the small-graph rule's compiled entry sends ``module``'s calls to stock whatever
     their size (an entry of None) in the compiled function whose frame-evaluation callback is
-    ``callback``: CUDA features, a backend without CUDA graphs (:func:`dispatch.records_cuda_graphs`).
-    Counted in ``stats()`` as a trace that falls back would be. Runs with dynamo off
-    (:data:`_stock_at_every_size_eager`)."""
-    if shim.edges is None or shim.key.startswith("dgl."):
+    ``callback``: CUDA features (the call's first argument), a backend without CUDA graphs
+    (:func:`dispatch.records_cuda_graphs`), no other reason to run stock (:func:`_compile_blocker`,
+    an edge count it can read: those are asked and counted by :func:`_traced`). Counted in
+    ``stats()`` as a trace that falls back would be. Run with dynamo off
+    (:data:`_stock_at_every_size_no_dynamo`)."""
+    if shim.edges is None or shim.key.startswith("dgl.") or not args or type(args[0]) is not Tensor:
         return False
     try:
         x = shim.features(*args, **kwargs)
     except Unsupported:
         return False
-    if not isinstance(x, Tensor) or not _traced_for_cuda(x) or dispatch.records_cuda_graphs(callback):
+    if (x is not args[0] or not _traced_for_cuda(x) or dispatch.records_cuda_graphs(callback)
+            or _compile_blocker(shim, module, x) is not None or shim.edges(*args, **kwargs) is None):
         return False
     if not small_graph.compiled_stock_at_every_size(shim.key, shim.op_for(module), module):
         return False
@@ -604,7 +613,8 @@ def _stock_at_every_size(shim: Shim, module: torch.nn.Module, args: tuple, kwarg
     return True
 
 
-_stock_at_every_size_eager = torch.compiler.disable(_stock_at_every_size)
+_stock_at_every_size_no_dynamo = torch.compiler.disable(_stock_at_every_size)
+_TOP_LEVEL_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
 
 
 def _compiled_call(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
@@ -630,8 +640,10 @@ def make_call(shim: Shim):
     compiled function) calls stock's ``Module.__call__`` straight away, as stock's model does,
     without a frame of ours whose guards, graph break and resume would cost each call tens of
     microseconds of host time; any other layer call compiles :func:`_compiled_call` as its frame.
-    Only builtins run before that choice: dynamo compiles every Python function called from a
-    frame it runs in Python as a frame of its own."""
+    Before that choice this frame calls only builtins and torch's own functions
+    (``torch.compiler.is_compiling``, the ``torch.compiler.disable`` wrapper), which dynamo
+    skips: it compiles every other Python function called from a frame it runs in Python as a
+    frame of its own."""
 
     def __call__(self, *args, **kwargs):
         if _compiler_is_compiling is not None and _compiler_is_compiling():  # tracing: inlined here
@@ -639,12 +651,24 @@ def make_call(shim: Shim):
         callback = _dynamo_callback() if _dynamo_callback is not None else None
         if callback:
             key = (id(self), id(callback))
-            stock = _top_level_stock.get(key)
-            if stock is None:
-                stock = _stock_at_every_size_eager(shim, self, args, kwargs, callback)
+            entry = _top_level_stock.get(key)
+            env, env_key = _TOP_LEVEL_SLOT
+            text = env.get(env_key)
+            first = args[0] if args else None
+            cuda = first.is_cuda if type(first) is Tensor else None
+            if (entry is None or entry[0] is None or entry[0]() is not self or entry[1] is None
+                    or entry[1]() is not callback or entry[2] is not text
+                    or entry[3] is not small_graph.COMPILED_MIN_EDGE_FEATURES or entry[4] is not cuda):
+                stock = _stock_at_every_size_no_dynamo(shim, self, args, kwargs, callback)
                 if len(_top_level_stock) >= _TOP_LEVEL_MAX:
                     _top_level_stock.clear()
-                _top_level_stock[key] = stock
+                try:  # weakref.ref, not a helper: a function of ours would be compiled as a frame here
+                    refs = weakref.ref(self), weakref.ref(callback)
+                except TypeError:  # a callback that takes no weak reference: asked every call
+                    refs = None, None
+                _top_level_stock[key] = refs + (text, small_graph.COMPILED_MIN_EDGE_FEATURES, cuda, stock)
+            else:
+                stock = entry[5]
             if stock:
                 return torch.nn.Module.__call__(self, *args, **kwargs)
             return _compiled_call(shim, self, args, kwargs)

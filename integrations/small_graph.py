@@ -39,6 +39,7 @@ measure it; a function compiled before the switch changed keeps its choice until
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -130,7 +131,7 @@ COUNTED_GRAPHS = 64
 # (:func:`gnn_fastpath.graph.cache.cached`): a sampled batch asks once per layer call, and a
 # plain dict with a weak reference without a callback costs a fraction of that cache's entry.
 # No lock: a count lost to a race between threads only delays a graph's move to fused.
-_counts: Dict[int, list] = {}
+_counts: "OrderedDict[int, list]" = OrderedDict()
 
 
 def calls_on(graph_input) -> int:
@@ -143,7 +144,10 @@ def calls_on(graph_input) -> int:
     entry = _counts.get(key)
     if entry is None or entry[0]() is not graph_input or entry[1] != version:
         if entry is None and len(_counts) >= COUNTED_GRAPHS:
-            _counts.pop(next(iter(_counts)), None)  # the oldest first asked about
+            try:
+                _counts.popitem(last=False)  # the oldest first asked about
+            except KeyError:  # emptied by another thread meanwhile
+                pass
         entry = _counts[key] = [weakref.ref(graph_input), version, 0]
     entry[2] += 1
     return entry[2]

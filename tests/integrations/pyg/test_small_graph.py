@@ -12,6 +12,7 @@ only where the fused path would run on the GPU) and the fused path on the refere
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -209,7 +210,7 @@ def test_the_call_count_forgets_old_and_dead_graphs(new_graph_table, monkeypatch
     one per batch: the table stays that size), and a graph input that died does not hand its
     count to a new object that reuses its id."""
     sg = new_graph_table
-    monkeypatch.setattr(sg, "_counts", {})
+    monkeypatch.setattr(sg, "_counts", OrderedDict())
     monkeypatch.setattr(sg, "COUNTED_GRAPHS", 4)
     kept, _ = _graph(40)
     assert [sg.calls_on(kept) for _ in range(3)] == [1, 2, 3]
@@ -259,16 +260,29 @@ def test_a_sampled_batch_runs_gcn_stock_and_a_static_graph_fused(as_if_cuda, new
     for _ in range(sg.STATIC_AFTER_CALLS + 3):
         _run_on(module, edge_index)
     entry = gnn_fastpath.stats()["pyg.GCNConv"]
-    # the module's first call on the static graph is answered by its memo (a graph other than
-    # its last: stock, not counted); the rule counts the next STATIC_AFTER_CALLS
-    assert entry["fallback"] == {"small_graph": 7 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 2
+    assert entry["fallback"] == {"small_graph": 6 + sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 3
+
+
+def test_static_graphs_taking_turns_count_as_static(as_if_cuda, new_graph_table):
+    """Two graph inputs used in turn by one module (e.g. stored snapshots) are each counted
+    through the module's memo: both run fused once called STATIC_AFTER_CALLS times."""
+    from torch_geometric.nn import GCNConv
+
+    sg = new_graph_table
+    module = GCNConv(F_IN, 4)
+    first, second = _graph(40)[0], _graph(40)[0]
+    for _ in range(sg.STATIC_AFTER_CALLS + 2):
+        _run_on(module, first)
+        _run_on(module, second)
+    entry = gnn_fastpath.stats()["pyg.GCNConv"]
+    assert entry["fallback"] == {"small_graph": 2 * sg.STATIC_AFTER_CALLS} and entry["fused"]["reference"] == 4
 
 
 def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, table, monkeypatch):
     """After the rule sent a plain conv(x, edge_index) call to stock, a call of the same form
     and features on a graph below the entry is answered from the module's memo (the rule's
     own checks are not run: replaced here by one that fails the test) and counted in stats();
-    a call of another dtype or form, another module, a changed setting or table, or
+    a call of another dtype, width or form, another module, a changed setting or table, or
     force_reference() asks the rule again."""
     import gnn_fastpath.integrations.shim as shim_module
     from gnn_fastpath import config
@@ -293,18 +307,22 @@ def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, tabl
     gnn_fastpath.reset_stats()
     module(x, edge_index)
     assert gnn_fastpath.stats()["pyg.SAGEConv"]["fallback"] == {"small_graph": 1}
-    assert shim_module._remembered_stock(module, (x, _graph(1000)[0]), {}) is None  # above the entry
-    assert shim_module._remembered_stock(module, (x.double(), edge_index), {}) is None
-    assert shim_module._remembered_stock(module, (x, edge_index), {"size": None}) is None
-    assert shim_module._remembered_stock(_sage(), (x, edge_index), {}) is None  # another module
+    assert shim_module._memo_stock_cell(module, (x, _graph(1000)[0]), {}) is None  # above the entry
+    assert shim_module._memo_stock_cell(module, (x.double(), edge_index), {}) is None
+    assert shim_module._memo_stock_cell(module, (torch.randn(N, F_IN + 1), edge_index), {}) is None
+    monkeypatch.setenv("GNN_FASTPATH_DISABLE_CUDA", "1")
+    assert shim_module._memo_stock_cell(module, (x, edge_index), {}) is None
+    monkeypatch.delenv("GNN_FASTPATH_DISABLE_CUDA")
+    assert shim_module._memo_stock_cell(module, (x, edge_index), {"size": None}) is None
+    assert shim_module._memo_stock_cell(_sage(), (x, edge_index), {}) is None  # another module
     monkeypatch.setattr(small_graph, "MIN_EDGE_FEATURES", dict(small_graph.MIN_EDGE_FEATURES))
-    assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+    assert shim_module._memo_stock_cell(module, (x, edge_index), {}) is None
     module(x, edge_index)
-    assert shim_module._remembered_stock(module, (x, edge_index), {}) is not None
+    assert shim_module._memo_stock_cell(module, (x, edge_index), {}) is not None
     with config.force_reference():
-        assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+        assert shim_module._memo_stock_cell(module, (x, edge_index), {}) is None
     monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
-    assert shim_module._remembered_stock(module, (x, edge_index), {}) is None
+    assert shim_module._memo_stock_cell(module, (x, edge_index), {}) is None
     gnn_fastpath.reset_stats()
     module(x, edge_index)
     assert gnn_fastpath.stats()["pyg.SAGEConv"]["fused"]["reference"] == 1
@@ -424,8 +442,29 @@ def test_a_layer_stock_at_every_size_adds_no_frame_to_stocks(compiled_table):
     out, breaks, frames = _compiled_steps(model, x, edge_index)
     torch.testing.assert_close(out, expected)
     assert stock_breaks > 0 and (breaks, frames) == (stock_breaks, stock_frames)
-    assert sorted(shim_module._top_level_stock.values()) == [True] * 3
+    assert [entry[-1] for entry in shim_module._top_level_stock.values()] == [True] * 3
     assert set(gnn_fastpath.stats()["pyg.GCNConv"]["compiled"]) == {"fallback:compiled_stock_faster"}
+
+
+def test_a_changed_setting_is_read_again_at_the_top(compiled_table, monkeypatch):
+    """The answer for layer calls entered at the top is kept per module and compiled function
+    but asked again when GNN_FASTPATH_SMALL_GRAPH changes (with torch._dynamo.reset(), as
+    documented): off traces every layer fused."""
+    from torch_geometric.nn import GCNConv
+
+    torch.manual_seed(0)
+    model = _LayerLoop([GCNConv(F_IN, F_IN) for _ in range(3)])
+    edge_index, _ = _graph(60)
+    x = torch.randn(N, F_IN)
+    compiled = torch.compile(model, backend="eager")
+    torch._dynamo.reset()
+    compiled(x, edge_index)
+    assert set(gnn_fastpath.stats()["pyg.GCNConv"]["compiled"]) == {"fallback:compiled_stock_faster"}
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
+    torch._dynamo.reset()
+    gnn_fastpath.reset_stats()
+    compiled(x, edge_index)
+    assert gnn_fastpath.stats()["pyg.GCNConv"]["compiled"] == {"reference": 3}  # each layer traced fused
 
 
 def test_top_level_stock_is_asked_of_the_running_backend(compiled_table):
