@@ -103,11 +103,12 @@ def test_require_only_inside_a_layer_and_before_any_work(kernels_here, monkeypat
             dispatch.require("spmm", CUDA0, torch.float32, _graph(False))
 
 
-def _compile_and_run(f, **compile_kwargs) -> None:
-    """``torch.compile(f, **compile_kwargs)`` called once, between two dynamo resets."""
+def _compile_and_run(f, arg=None, **compile_kwargs) -> None:
+    """``torch.compile(f, **compile_kwargs)`` called once on ``arg`` (a tensor of two ones by
+    default), between two dynamo resets."""
     torch._dynamo.reset()
     try:
-        torch.compile(f, **compile_kwargs)(torch.ones(2))
+        torch.compile(f, **compile_kwargs)(torch.ones(2) if arg is None else arg)
     finally:
         torch._dynamo.reset()
 
@@ -166,7 +167,8 @@ def test_compiling_with_cuda_graphs_per_compiled_function_in_one_process():
 def _running_callback(**compile_kwargs):
     """The frame-evaluation callback of a compiled function while it runs, read from a frame
     that dynamo runs in Python (``recursive=False``: a graph break around it, the callback kept
-    for what it calls), as a layer call the model's frame breaks around is run."""
+    for what it calls), as a layer call the model's frame breaks around is run. Called on a
+    plain int: no graph, so the backend (CUDA graphs included) never compiles or runs anything."""
     from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
     seen = []
@@ -179,7 +181,7 @@ def _running_callback(**compile_kwargs):
         probe()
         return x + 1
 
-    _compile_and_run(f, **compile_kwargs)
+    _compile_and_run(f, 1, **compile_kwargs)
     return seen[0]
 
 
