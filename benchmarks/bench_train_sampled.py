@@ -126,7 +126,7 @@ def paired_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
                     "layer": sampled_layer_label(r.get("sampler"), r.get("layer_key")),
                     "dtype": SHORT.get(r.get("dtype"), r.get("dtype")), "pairs": p["pairs"],
                     "x": f"{p['paired_x']:.3f}x", "slower": f"{100 * p['paired_enabled_slower']:.0f}%",
-                    "path": path_summary(r)})
+                    "path": "control: both sides stock" if p.get("control") else path_summary(r)})
     cols = ["graph", "batch", "layer", "dtype", "pairs", "x", "slower", "path"]
     heads = ["graph", "batch", "layer", "dtype", "block pairs", "median of stock / enabled per block pair",
              "block pairs where enabled was slower", "fused path (enabled)"]
@@ -431,6 +431,9 @@ def parse_args(argv=None):
     p.add_argument("--paired", action="store_true",
                    help="stock and enabled steps take turns in short blocks in one run (model step only; rows also "
                         "give the median per-block-pair ratio and the share of block pairs the enabled side lost)")
+    p.add_argument("--paired-control", action="store_true",
+                   help="with --paired: the enabled side's blocks run stock too, an A/A control of the ratio's "
+                        "spread when nothing differs (read a small paired difference against it)")
     return p.parse_args(argv)
 
 
@@ -450,9 +453,12 @@ def main(argv=None) -> int:
         raise SystemExit("--rounds must be at least 1")
     if args.paired and args.rounds > 1:
         raise SystemExit("--paired alternates the modes in blocks of steps: --rounds does not apply")
+    if args.paired_control and not args.paired:
+        raise SystemExit("--paired-control is a control for --paired: give both")
     configs = plan_sampled(graphs, args.layer_keys, args.dtype_names, args.samplers, args.batch_sizes)
     configs = paired_configs(configs) if args.paired else alternate_rounds(configs, args.rounds)
     runner.settings = dict(common_settings(args, device), modes=["sampled"], rounds=args.rounds, paired=args.paired,
+                           paired_control=args.paired_control,
                            sampled=sampled_settings(args, graphs, configs))
     if reason:
         print(f"note: {reason}: stock numbers only", flush=True)

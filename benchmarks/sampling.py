@@ -672,7 +672,7 @@ def paired_schedule(steps: int, block: int = PAIRED_BLOCK) -> List[Tuple[str, in
 
 def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, kept: Sequence[dict], dtype: str,
                       device: torch.device, warmup: int, steps: int, lr: float = 0.01, seed: int = 0, gf=None,
-                      frameworks: str = "pyg") -> Tuple[dict, dict, dict]:
+                      frameworks: str = "pyg", control: bool = False) -> Tuple[dict, dict, dict]:
     """Stock and enabled model steps interleaved in short blocks on the same batches: (the stock
     row's fields, the enabled row's, the pair statistics).
 
@@ -687,11 +687,13 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
     a difference smaller than the round-to-round spread of separate runs is still resolved:
     ``paired_x`` is the median over the block pairs of (stock block's median ms / enabled
     block's), ``paired_enabled_slower`` the share of pairs in which the enabled block was
-    slower. Each row's ``step_ms`` is the median of its own steps."""
+    slower. Each row's ``step_ms`` is the median of its own steps. ``control``: the "enabled"
+    model's blocks run stock too (an A/A control: the spread of ``paired_x`` when nothing
+    differs, against which a small difference is read; ``stats["control"]``)."""
     cuda = device.type == "cuda"
     rows = {m: {"step_ms": None, "peak_mb": None, "status": "ok", "whole_status": "skipped: paired rows time the "
                 "model step only"} for m in ("stock", "enabled")}
-    stats: Dict[str, object] = {"pairs": 0, "block": PAIRED_BLOCK}
+    stats: Dict[str, object] = {"pairs": 0, "block": PAIRED_BLOCK, "control": control}
     if gf is not None:
         gf.reset_stats()
     runs = {}
@@ -703,7 +705,7 @@ def run_paired_config(make_model: Callable[[], nn.Module], source: BatchSource, 
     def run_block(mode: str, untimed: int, timed: int) -> None:
         model, opt, scaler = runs[mode]
         times = []
-        with _fastpath_context(gf, mode, device, frameworks):
+        with _fastpath_context(gf, "stock" if control else mode, device, frameworks):
             for j in range(untimed + timed):
                 b = source.from_kept(kept[done[mode] % len(kept)])
                 done[mode] += 1
@@ -944,7 +946,8 @@ class SampledRunner(Runner):
                 with watchdog(a.config_timeout):
                     stock, enabled, _ = run_paired_config(self.model_factory(data, layer, sampler), source, kept,
                                                           dtype, self.device, a.warmup, a.steps, a.lr, a.seed, self.gf,
-                                                          frameworks=sampler)
+                                                          frameworks=sampler,
+                                                          control=getattr(a, "paired_control", False))
                 for side in (stock, enabled):
                     self.add(dict(row, mode="stock" if side is stock else "enabled", **side))
                 continue

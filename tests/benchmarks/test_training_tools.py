@@ -208,6 +208,27 @@ def test_train_sampled_paired_steps_alternate(tool, result, tmp_path):
     assert "--rounds does not apply" in proc.stderr
 
 
+def test_train_sampled_paired_control_runs_stock_on_both_sides(tool, result, tmp_path):
+    """``--paired --paired-control``: the same schedule with the enabled side's blocks stock
+    too (an A/A control): no patched call on either side, ``control`` in the pair statistics
+    and the markdown; the option needs ``--paired``."""
+    reason = _pyg_sampler_reason()
+    if reason:
+        pytest.skip(reason)
+    js, md = tmp_path / "c.json", tmp_path / "c.md"
+    tool("bench_train_sampled", *SAMPLED, "--steps", "3", "--samplers", "pyg", "--layers", "gcn", "--paired",
+         "--paired-control", "--json", js, "--markdown", md)
+    payload = result(js, "train_sampled")
+    assert payload["settings"]["paired_control"] is True
+    enabled = next(r for r in payload["rows"] if r["mode"] == "enabled")
+    assert enabled["paired"]["control"] is True and enabled["paired"]["pairs"] >= 1
+    assert not any(enabled.get(k) for k in ("fused_cuda", "fused_reference")) and not enabled.get("fallback")
+    assert "control: both sides stock" in md.read_text()
+    proc = tool("bench_train_sampled", *SAMPLED, "--samplers", "pyg", "--layers", "gcn", "--paired-control",
+                "--json", tmp_path / "y.json", "--markdown", "", expect=1)
+    assert "--paired-control is a control for --paired" in proc.stderr
+
+
 def test_train_sampled_pyg_without_a_sampling_library(request, monkeypatch, tmp_path):
     """Without torch_sparse or pyg_lib the PyG rows are reported as skipped, not a crash (the
     tool runs without the tests' pure-torch sampler)."""
