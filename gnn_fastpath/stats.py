@@ -67,7 +67,7 @@ def fallback_cell(layer: str, reason: str) -> list:
     into :func:`stats` as ``cell[0] - cell[1]``; :func:`reset_stats` moves the baseline
     ``cell[1]`` and never writes the count. Without the lock, increments from several threads
     at once may be lost: for the per-call path of the small-graph rule's memo, where the lock
-    and the nested counters cost several microseconds of a sampled batch's call."""
+    and the nested counters showed in host-bound sampled steps."""
     with _lock:
         cell = _cells.get((layer, reason))
         if cell is None:

@@ -364,9 +364,8 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
 # sent to stock: id(module) -> (weak reference to the module, the features' dtype, device type
 # and width, the static entry, the new-graph entry, the texts of the settings the rule reads,
 # force_reference(), the tables, the stats counter of its stock calls). A sampled batch asks
-# the rule once per layer call; inside a training step each Python operation costs several
-# times what it costs in a loop of its own, and the rule's checks and record_fallback took a
-# few percent of a host-bound sampled step (benchmarks/RESULTS.md): answered from here a call
+# the rule once per layer call, and inside a host-bound training step the rule's checks and
+# record_fallback showed in the step time (benchmarks/RESULTS.md): answered from here a call
 # costs a few attribute reads. Not noticed: a module's own state changed since (``cached``, its
 # aggregation), which moves its entry; a stale memo only ever sends a call to stock, which is
 # always correct.
@@ -614,7 +613,6 @@ def _stock_at_every_size(shim: Shim, module: torch.nn.Module, args: tuple, kwarg
 
 
 _stock_at_every_size_no_dynamo = torch.compiler.disable(_stock_at_every_size)
-_TOP_LEVEL_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
 
 
 def _compiled_call(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
@@ -638,8 +636,8 @@ def make_call(shim: Shim):
     frame in Python and enters each layer call at the top; then a layer that the compiled rule
     sends to stock at every size (:func:`_stock_at_every_size`, asked once per module and
     compiled function) calls stock's ``Module.__call__`` straight away, as stock's model does,
-    without a frame of ours whose guards, graph break and resume would cost each call tens of
-    microseconds of host time; any other layer call compiles :func:`_compiled_call` as its frame.
+    without a frame of ours whose guards, graph break and resume would cost host time on every
+    such call; any other layer call compiles :func:`_compiled_call` as its frame.
     Before that choice this frame calls only builtins and torch's own functions
     (``torch.compiler.is_compiling``, the ``torch.compiler.disable`` wrapper), which dynamo
     skips: it compiles every other Python function called from a frame it runs in Python as a
@@ -652,7 +650,7 @@ def make_call(shim: Shim):
         if callback:
             key = (id(self), id(callback))
             entry = _top_level_stock.get(key)
-            env, env_key = _TOP_LEVEL_SLOT
+            env, env_key = _SMALL_GRAPH_SLOT
             text = env.get(env_key)
             first = args[0] if args else None
             cuda = first.is_cuda if type(first) is Tensor else None
