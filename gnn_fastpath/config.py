@@ -207,18 +207,14 @@ def _value(name: str, raw):
     return value
 
 
-def setting_text(name: str):
-    """The environment's stored text of setting ``name`` (None: unset), the object itself: the
-    same object (``is``) while nobody sets the variable, which a hot path compares instead of
-    parsing the value again."""
-    return _raw(name)
-
-
 def setting_slot(name: str):
-    """``(mapping, key)`` such that ``mapping.get(key)`` is :func:`setting_text` of ``name``,
-    read with one builtin call and no Python frame (os.environ's own dict and its encoded key;
-    ``(os.environ, name)`` where the environment is not CPython's ``os._Environ``): for code
-    that runs where every Python function it called would be compiled by dynamo as a frame."""
+    """``(mapping, key)`` such that ``mapping.get(key)`` is the environment's stored text of
+    setting ``name`` (None: unset), as :func:`_raw` reads it, with one builtin call and no
+    Python frame: os.environ's own dict and its encoded key, whose value stays the same object
+    (``is``) while nobody sets the variable, so a hot path compares it instead of parsing it
+    again; ``(os.environ, name)`` where the environment is not CPython's ``os._Environ`` (a new
+    string each read: such a comparison then always asks again). For code that runs where every
+    Python function it called would be compiled by dynamo as a frame."""
     data = getattr(os.environ, "_data", None)
     return (os.environ, name) if data is None else (data, os.environ.encodekey(name))
 

@@ -45,8 +45,8 @@ _NO_FUSED_BRANCH = "'message_and_aggregate' not implemented"
 
 def reduce_of(module) -> Optional[str]:
     """The reduction of ``module.aggr_module`` when it is one of the plain ones, else None."""
-    # the submodule read from nn.Module's own registry (nn.Module.__getattr__ would cost a
-    # microsecond on every layer call, where the small-graph rule asks this)
+    # the submodule read from nn.Module's own registry, not through nn.Module.__getattr__: the
+    # small-graph rule asks this on every layer call
     aggr_module = module._modules.get("aggr_module") if isinstance(module, torch.nn.Module) else None
     if aggr_module is None:
         aggr_module = getattr(module, "aggr_module", None)
