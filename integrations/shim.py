@@ -336,8 +336,8 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     run on the GPU, else None. Asked before the other checks: a call it sends to stock runs
     stock whatever they would say, so the stock call pays only for this question; a layer
     without an entry, or a call above the layer's largest entry, pays a lookup or two. A plain
-    ``conv(x, edge_index)`` call like the module's last one is answered by :func:`run` from the
-    module's memo (:func:`_memo_stock_cell`) before this is asked."""
+    ``conv(x, edge_index)`` call like the module's last one is answered by the patched
+    ``__call__`` from the module's memo (:func:`_memo_stock_cell`) before :func:`run` is called."""
     if shim.edges is None:
         return None
     largest = small_graph.largest(shim.key)
@@ -373,6 +373,8 @@ _memo: Dict[int, tuple] = {}
 _MEMO_MAX = 4096
 _SMALL_GRAPH_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
 _DISABLE_CUDA_SLOT = config.setting_slot("GNN_FASTPATH_DISABLE_CUDA")
+_FORCED = config.forced_state()  # force_reference()'s thread-local flag, read as an attribute
+_module_call = torch.nn.Module.__call__
 
 
 def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int], layer: str) -> None:
@@ -394,7 +396,9 @@ def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any
     tables) below the static entry, or below the new-graph entry on a graph input the rule has
     counted no more than :data:`small_graph.STATIC_AFTER_CALLS` calls of
     (:func:`small_graph.calls_on`, counting this one). None: ask the rule. (A read or two per
-    check: this is the whole cost of a sampled batch's layer call above stock's.)"""
+    check: this is the whole cost of a sampled batch's layer call above stock's, so the patched
+    ``__call__`` asks it before anything else and reads the settings without calling a
+    function.)"""
     memo = _memo.get(id(module))
     if memo is None or kwargs or len(args) != 2:
         return None
@@ -411,7 +415,7 @@ def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any
         return None
     (small_env, small_key), (disable_env, disable_key) = _SMALL_GRAPH_SLOT, _DISABLE_CUDA_SLOT
     if (ref() is not module or small_env.get(small_key) is not small or disable_env.get(disable_key) is not disable
-            or config.reference_forced() is not forced or small_graph.MIN_EDGE_FEATURES is not table
+            or _FORCED.forced is not forced or small_graph.MIN_EDGE_FEATURES is not table
             or small_graph.NEW_GRAPH_MIN_EDGE_FEATURES is not new_table):
         return None
     if size >= least and small_graph.calls_on(graph_input) > small_graph.STATIC_AFTER_CALLS:
@@ -427,10 +431,6 @@ def run(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]
     an op that cannot run fused once the graph is known (e.g. the int32 limit) raises
     :class:`Unsupported` too, and the layer falls back like any other case.
     """
-    cell = _memo_stock_cell(module, args, kwargs)
-    if cell is not None:  # the small-graph rule's answer, from the module's memo
-        cell[0] += 1
-        return torch.nn.Module.__call__(module, *args, **kwargs)
     small = _small_graph(shim, module, args, kwargs)
     if small is not None:  # a choice for speed, not a limit: counted, not warned
         record_fallback(shim.key, *small, warn=False)
@@ -641,7 +641,9 @@ def make_call(shim: Shim):
     Before that choice this frame calls only builtins and torch's own functions
     (``torch.compiler.is_compiling``, the ``torch.compiler.disable`` wrapper), which dynamo
     skips: it compiles every other Python function called from a frame it runs in Python as a
-    frame of its own."""
+    frame of its own.
+    Outside dynamo, a call the module's memo answers (:func:`_memo_stock_cell`) runs stock's
+    ``Module.__call__`` from here; any other call runs :func:`run`."""
 
     def __call__(self, *args, **kwargs):
         if _compiler_is_compiling is not None and _compiler_is_compiling():  # tracing: inlined here
@@ -670,6 +672,10 @@ def make_call(shim: Shim):
             if stock:
                 return torch.nn.Module.__call__(self, *args, **kwargs)
             return _compiled_call(shim, self, args, kwargs)
+        cell = _memo_stock_cell(self, args, kwargs)
+        if cell is not None:  # the small-graph rule's answer, from the module's memo
+            cell[0] += 1
+            return _module_call(self, *args)
         return run(shim, self, args, kwargs)
 
     if _skip_code is not None:

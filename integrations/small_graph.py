@@ -137,9 +137,17 @@ _counts: "OrderedDict[int, list]" = OrderedDict()
 def calls_on(graph_input) -> int:
     """How many times the rule has been asked about ``graph_input`` (this call included), while
     the object lives unchanged (its tensor version); 1 for anything it cannot count."""
-    if not isinstance(graph_input, torch.Tensor):
+    if type(graph_input) is torch.Tensor and graph_input.layout == torch.strided:
+        # an edge_index, fingerprinted inline (tensor_version's frames cost a sampled batch's
+        # every call): in-place writes bump _version; `.data =` changes the storage pointer
+        try:
+            version = (graph_input._version, graph_input.data_ptr())
+        except RuntimeError:  # an inference tensor has no version counter: its storage stands in
+            version = (-1, graph_input.data_ptr())
+    elif isinstance(graph_input, torch.Tensor):
+        version = tensor_version(graph_input)
+    else:
         return 1
-    version = tensor_version(graph_input)
     key = id(graph_input)
     entry = _counts.get(key)
     if entry is None or entry[0]() is not graph_input or entry[1] != version:
