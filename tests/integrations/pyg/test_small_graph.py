@@ -230,6 +230,28 @@ def test_the_call_count_forgets_old_and_dead_graphs(new_graph_table, monkeypatch
     assert sg.calls_on("not a tensor") == 1
 
 
+def test_the_call_count_starts_over_when_the_edges_may_have_changed(new_graph_table, monkeypatch):
+    """An in-place write (the version counter), a new storage under the same object (``.data
+    =``) and a sparse adjacency's index tensors each start the count over; an inference tensor
+    (no version counter) is counted by its storage."""
+    sg = new_graph_table
+    monkeypatch.setattr(sg, "_counts", OrderedDict())
+    edge_index, _ = _graph(40)
+    assert [sg.calls_on(edge_index) for _ in range(3)] == [1, 2, 3]
+    edge_index[0, 0] = 1
+    assert sg.calls_on(edge_index) == 1
+    edge_index.data = edge_index.data.clone()
+    assert sg.calls_on(edge_index) == 1
+    assert sg.calls_on(edge_index) == 2
+    with torch.inference_mode():
+        frozen = _graph(40)[0].clone()
+    assert [sg.calls_on(frozen) for _ in range(2)] == [1, 2]
+    adj = torch.sparse_coo_tensor(_graph(40)[0], torch.ones(_graph(40)[0].size(1)), (40, 40)).coalesce()
+    assert [sg.calls_on(adj) for _ in range(2)] == [1, 2]
+    adj._indices()[0, 0] = 0
+    assert sg.calls_on(adj) == 1
+
+
 def test_the_new_graph_entry_is_off_with_the_rule(new_graph_table, monkeypatch):
     from torch_geometric.nn import GCNConv
 
