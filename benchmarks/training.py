@@ -54,9 +54,9 @@ CPU_GRAPHS = ["arxiv-like"]
 
 CPU_SCALE = 0.01
 
-LAYERS = ["gatv2", "transformer", "gcn", "sage_max"]
+LAYERS = ["gatv2", "transformer", "gat", "gcn", "sage_max"]
 
-LAYER_LABELS = {"gatv2": "GATv2Conv x3", "transformer": "TransformerConv x3", "gcn": "GCNConv x3",
+LAYER_LABELS = {"gatv2": "GATv2Conv x3", "transformer": "TransformerConv x3", "gat": "GATConv x3", "gcn": "GCNConv x3",
                 "sage_max": "SAGEConv(max) x3"}
 
 DTYPE_NAMES = ["float32", "bfloat16"]
@@ -88,6 +88,8 @@ def make_conv(pyg, layer: str, d_in: int, hidden: int, heads: int, attn_dropout:
         return pyg.nn.GATv2Conv(d_in, hidden, heads=heads, dropout=attn_dropout), hidden * heads
     if layer == "transformer":
         return pyg.nn.TransformerConv(d_in, hidden, heads=heads, dropout=attn_dropout), hidden * heads
+    if layer == "gat":
+        return pyg.nn.GATConv(d_in, hidden, heads=heads, dropout=attn_dropout), hidden * heads
     if layer == "gcn":
         return pyg.nn.GCNConv(d_in, hidden, cached=gcn_cached), hidden
     if layer == "sage_max":

@@ -15,7 +15,7 @@ pytest.importorskip("torch_geometric")
 TINY = ["--device", "cpu", "--scale", "0.002", "--hidden", "4", "--heads", "2", "--warmup", "1", "--steps", "1"]
 SAMPLED = TINY + ["--graphs", "arxiv-like", "--whole-steps", "1", "--batch-sizes", "32", "--workers", "0",
                   "--dtypes", "float32"]
-LAYERS = ["gatv2", "transformer", "gcn", "sage_max"]
+LAYERS = ["gatv2", "transformer", "gat", "gcn", "sage_max"]
 ROW_KEYS = {"graph", "layer_key", "layer", "dtype", "mode", "status", "step_ms", "step_ms_all", "peak_mb",
             "finite_losses", "nodes", "edges"}
 
