@@ -487,22 +487,15 @@ def _traced_for_cuda(x: Tensor) -> bool:
 
 
 def _compiled_small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], x: Tensor
-                          ) -> Tuple[Optional[Tuple[str, str]], bool]:
-    """The small-graph rule's compiled entries for a call traced without CUDA graphs: the
-    blocker of :func:`small_graph.compiled_blocker`, and whether a call it sends to stock runs
-    its eager path at a graph break instead (:func:`small_graph.compiled_eager`; never where the
-    compiled call forbids graph breaks, e.g. ``fullgraph=True``). (None, False) under CUDA graphs,
-    where the fused path is traced."""
+                          ) -> Optional[Tuple[str, str]]:
+    """The small-graph rule's compiled entry (:func:`small_graph.compiled_blocker`) for a call
+    traced without CUDA graphs; None under CUDA graphs, where the fused path is traced."""
     if shim.edges is None or x.dim() == 0 or dispatch.compiling_with_cuda_graphs():
-        return None, False
+        return None
     size = shim.edges(*args, **kwargs)
     if size is None:
-        return None, False
-    layer, op, width = shim.key, shim.op_for(module), x.size(-1)
-    blocker = small_graph.compiled_blocker(layer, op, module, size[0], width)
-    eager = (blocker is not None and small_graph.compiled_eager(layer, op, module, size[0], width)
-             and not dispatch.compiling_without_graph_breaks())
-    return blocker, eager
+        return None
+    return small_graph.compiled_blocker(shim.key, shim.op_for(module), module, size[0], x.size(-1))
 
 
 #: What :func:`_traced` returns for a call that traces the stock forward.
@@ -522,9 +515,7 @@ def _traced(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, 
     DGL layers are the exception: DGL's graph objects do not trace (stock itself breaks the
     graph several times per layer, at DGL's C calls), so the layer runs its eager path at one
     graph break of its own (:func:`_run_at_graph_break`), fused where eager runs fused; counted
-    ``"eager"`` per trace and fused / fallback per call as in eager mode. So do the PyG layers
-    that the compiled entry would send to stock at a size from which their eager path beats
-    compiled stock (:func:`small_graph.compiled_eager`)."""
+    ``"eager"`` per trace and fused / fallback per call as in eager mode."""
     if shim.key.startswith("dgl."):
         _record_at_trace(shim.key, "eager")
         return _run_at_graph_break(shim, module, args, kwargs)
@@ -535,10 +526,7 @@ def _traced(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, 
     else:
         blocker = _compile_blocker(shim, module, x)
     if blocker is None and _traced_for_cuda(x):
-        blocker, eager = _compiled_small_graph(shim, module, args, kwargs, x)
-        if eager:
-            _record_at_trace(shim.key, "eager")
-            return _run_at_graph_break(shim, module, args, kwargs)
+        blocker = _compiled_small_graph(shim, module, args, kwargs, x)
     if blocker is None:
         backend = dispatch.CUDA if x.device.type == "cuda" else dispatch.REFERENCE
         try:
@@ -592,68 +580,39 @@ except ImportError:  # pragma: no cover - torch without per-code frame strategie
     _dynamo_callback = _skip_code = None
 
 #: (id(module), id(dynamo's frame callback)) -> (weak references to both, the text of
-#: ``GNN_FASTPATH_SMALL_GRAPH``, the two compiled tables and the first argument's ``is_cuda`` it
-#: was asked with, the answer of :func:`_top_level_route_of`), for layer calls that dynamo enters
-#: as frames of their own (:func:`make_call`); an entry whose module, callback, setting or tables
-#: are not the current ones, or whose call's first argument is not a tensor on the same kind of
+#: ``GNN_FASTPATH_SMALL_GRAPH``, the compiled table and the first argument's ``is_cuda`` it was
+#: asked with, the answer of :func:`_stock_at_every_size`), for layer calls that dynamo enters
+#: as frames of their own (:func:`make_call`); an entry whose module, callback, setting or table
+#: is not the current one, or whose call's first argument is not a tensor on the same kind of
 #: device as when it was asked, is asked again. Cleared when it reaches :data:`_TOP_LEVEL_MAX`.
-_top_level_route: Dict[Tuple[int, int], tuple] = {}
+_top_level_stock: Dict[Tuple[int, int], tuple] = {}
 _TOP_LEVEL_MAX = 4096
-#: A route of :func:`_top_level_route_of`: stock at every size (no size reaches it).
-STOCK_AT_EVERY_SIZE = float("inf")
 
 
-def _top_level_route_of(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], callback
-                        ) -> Optional[float]:
-    """How ``module``'s calls entered at the top run in the compiled function whose
-    frame-evaluation callback is ``callback``, where the small-graph rule's compiled entry sends
-    them to stock whatever their size (an entry of None): the edge features from which a call
-    runs its eager path instead (:func:`small_graph.compiled_eager_from`), stock below;
-    :data:`STOCK_AT_EVERY_SIZE` where it has no eager entry. None: any other layer call, which
-    compiles :func:`_compiled_call` as its frame. Asked for CUDA features (the call's first
-    argument), a backend without CUDA graphs (:func:`dispatch.records_cuda_graphs`) and no other
-    reason to run stock (:func:`_compile_blocker`, an edge count it can read: those are asked
-    and counted by :func:`_traced`). Counted in ``stats()`` once per answer as a trace of stock
-    would be (``"fallback:compiled_stock_faster"``); the calls that run the eager path count as
-    eager calls do. Run with dynamo off (:data:`_top_level_route_no_dynamo`)."""
+def _stock_at_every_size(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], callback) -> bool:
+    """Whether the small-graph rule's compiled entry sends ``module``'s calls to stock whatever
+    their size (an entry of None) in the compiled function whose frame-evaluation callback is
+    ``callback``: CUDA features (the call's first argument), a backend without CUDA graphs
+    (:func:`dispatch.records_cuda_graphs`), no other reason to run stock (:func:`_compile_blocker`,
+    an edge count it can read: those are asked and counted by :func:`_traced`). Counted in
+    ``stats()`` as a trace that falls back would be. Run with dynamo off
+    (:data:`_stock_at_every_size_no_dynamo`)."""
     if shim.edges is None or shim.key.startswith("dgl.") or not args or type(args[0]) is not Tensor:
-        return None
+        return False
     try:
         x = shim.features(*args, **kwargs)
     except Unsupported:
-        return None
+        return False
     if (x is not args[0] or not _traced_for_cuda(x) or dispatch.records_cuda_graphs(callback)
             or _compile_blocker(shim, module, x) is not None or shim.edges(*args, **kwargs) is None):
-        return None
-    op = shim.op_for(module)
-    if not small_graph.compiled_stock_at_every_size(shim.key, op, module):
-        return None
+        return False
+    if not small_graph.compiled_stock_at_every_size(shim.key, shim.op_for(module), module):
+        return False
     record_compiled(shim.key, "fallback:compiled_stock_faster")
-    eager_from = small_graph.compiled_eager_from(shim.key, op, module)
-    return STOCK_AT_EVERY_SIZE if eager_from is None else eager_from
+    return True
 
 
-_top_level_route_no_dynamo = torch.compiler.disable(_top_level_route_of)
-
-
-def _eager_from(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any], least: float):
-    """The eager path's output (:func:`run`) for a call of at least ``least`` edge features
-    entered at the top, else :data:`_STOCK` (the caller then calls stock's ``Module.__call__``,
-    which dynamo compiles as stock's model would). Run with dynamo off
-    (:data:`_eager_from_no_dynamo`)."""
-    size = shim.edges(*args, **kwargs)
-    if size is None:
-        return _STOCK
-    try:
-        x = shim.features(*args, **kwargs)
-    except Unsupported:
-        return _STOCK
-    if not isinstance(x, Tensor) or x.dim() == 0 or size[0] * x.size(-1) < least:
-        return _STOCK
-    return run(shim, module, args, kwargs)
-
-
-_eager_from_no_dynamo = torch.compiler.disable(_eager_from)
+_stock_at_every_size_no_dynamo = torch.compiler.disable(_stock_at_every_size)
 
 
 def _compiled_call(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]):
@@ -675,13 +634,12 @@ def make_call(shim: Shim):
     :func:`_compiled_call`), but dynamo never compiles it as a frame of its own (``skip_code``).
     Where stock's forward breaks the graph inside a model's layer loop, dynamo runs the model's
     frame in Python and enters each layer call at the top; then a layer that the compiled rule
-    sends to stock at every size (:func:`_top_level_route_of`, asked once per module and
+    sends to stock at every size (:func:`_stock_at_every_size`, asked once per module and
     compiled function) calls stock's ``Module.__call__`` straight away, as stock's model does,
     without a frame of ours whose guards, graph break and resume would cost host time on every
-    such call, or, from its eager entry's size on, its eager path (:func:`_eager_from`, with
-    dynamo off); any other layer call compiles :func:`_compiled_call` as its frame.
+    such call; any other layer call compiles :func:`_compiled_call` as its frame.
     Before that choice this frame calls only builtins and torch's own functions
-    (``torch.compiler.is_compiling``, the ``torch.compiler.disable`` wrappers), which dynamo
+    (``torch.compiler.is_compiling``, the ``torch.compiler.disable`` wrapper), which dynamo
     skips: it compiles every other Python function called from a frame it runs in Python as a
     frame of its own.
     Outside dynamo, a call the module's memo answers (:func:`_memo_stock_cell`) runs stock's
@@ -693,33 +651,27 @@ def make_call(shim: Shim):
         callback = _dynamo_callback() if _dynamo_callback is not None else None
         if callback:
             key = (id(self), id(callback))
-            entry = _top_level_route.get(key)
+            entry = _top_level_stock.get(key)
             env, env_key = _SMALL_GRAPH_SLOT
             text = env.get(env_key)
             first = args[0] if args else None
             cuda = first.is_cuda if type(first) is Tensor else None
             if (entry is None or entry[0] is None or entry[0]() is not self or entry[1] is None
                     or entry[1]() is not callback or entry[2] is not text
-                    or entry[3] is not small_graph.COMPILED_MIN_EDGE_FEATURES
-                    or entry[4] is not small_graph.COMPILED_EAGER_MIN_EDGE_FEATURES or entry[5] is not cuda):
-                route = _top_level_route_no_dynamo(shim, self, args, kwargs, callback)
-                if len(_top_level_route) >= _TOP_LEVEL_MAX:
-                    _top_level_route.clear()
+                    or entry[3] is not small_graph.COMPILED_MIN_EDGE_FEATURES or entry[4] is not cuda):
+                stock = _stock_at_every_size_no_dynamo(shim, self, args, kwargs, callback)
+                if len(_top_level_stock) >= _TOP_LEVEL_MAX:
+                    _top_level_stock.clear()
                 try:  # weakref.ref, not a helper: a function of ours would be compiled as a frame here
                     refs = weakref.ref(self), weakref.ref(callback)
                 except TypeError:  # a callback that takes no weak reference: asked every call
                     refs = None, None
-                _top_level_route[key] = refs + (text, small_graph.COMPILED_MIN_EDGE_FEATURES,
-                                                small_graph.COMPILED_EAGER_MIN_EDGE_FEATURES, cuda, route)
+                _top_level_stock[key] = refs + (text, small_graph.COMPILED_MIN_EDGE_FEATURES, cuda, stock)
             else:
-                route = entry[6]
-            if route is None:
-                return _compiled_call(shim, self, args, kwargs)
-            if route != STOCK_AT_EVERY_SIZE:
-                out = _eager_from_no_dynamo(shim, self, args, kwargs, route)
-                if out is not _STOCK:
-                    return out
-            return torch.nn.Module.__call__(self, *args, **kwargs)
+                stock = entry[5]
+            if stock:
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+            return _compiled_call(shim, self, args, kwargs)
         cell = _memo_stock_cell(self, args, kwargs)
         if cell is not None:  # the small-graph rule's answer, from the module's memo
             cell[0] += 1

@@ -29,11 +29,8 @@ each operator's Python body per call and builds the graph's CSR inside the compi
 compiled stock is a few Inductor kernels; there the layers with an entry in
 :data:`COMPILED_MIN_EDGE_FEATURES` trace their stock forward below that size (every size, for an
 entry of None), counted under ``stats()[layer]["compiled"]`` as
-``"fallback:compiled_stock_faster"``. From a larger size on (:data:`COMPILED_EAGER_MIN_EDGE_FEATURES`)
-such a call runs the layer's eager path at a graph break of its own instead, where the eager
-path, with its graph built once, beats compiled stock; counted as ``"eager"``. With CUDA graphs
-(``mode="reduce-overhead"``) the host work is recorded once and the fused path is traced at
-every size.
+``"fallback:compiled_stock_faster"``. With CUDA graphs (``mode="reduce-overhead"``) the host
+work is recorded once and the fused path is traced at every size.
 
 ``GNN_FASTPATH_SMALL_GRAPH=off`` runs the fused path at every size, eager and compiled (to
 measure it; a function compiled before the switch changed keeps its choice until
@@ -98,23 +95,6 @@ COMPILED_MIN_EDGE_FEATURES: Dict[Tuple[str, str], Optional[int]] = {
     ("pyg.GINConv", "segment_reduce"): _COMPILED_MAX_MIN,
     ("pyg.GraphConv", "spmm"): None,
     ("pyg.GraphConv", "segment_reduce"): _COMPILED_MAX_MIN,
-}
-
-#: Under torch.compile without CUDA graphs: (layer key, variant) -> the edge features from which
-#: a call that :data:`COMPILED_MIN_EDGE_FEATURES` sends to stock runs the layer's eager path
-#: instead, at a graph break of its own (fused where the eager rule runs it fused, on the eager
-#: path's cached graph). Traced fused, these layers rebuild their graph in every step; eager,
-#: a static graph is built once. On an H200 (``bench_compile --mode full --compile default``,
-#: benchmarks/RESULTS.md), eager enabled GCNConv (cached) and SAGEConv max beat compiled stock on
-#: arxiv-like (1.17M edges; 75M-149M edge features per layer) and SAGEConv max lost to it on
-#: tolokers (0.52M edges; 5M-33M): the entry lies between. The max/min aggregations of GINConv
-#: and GraphConv take SAGEConv max's; sum and mean aggregations have none (not measured).
-COMPILED_EAGER_MIN_EDGE_FEATURES: Dict[Tuple[str, str], int] = {
-    ("pyg.GCNConv", "spmm"): _MAX_MIN,
-    ("pyg.GCNConv", "cached"): _MAX_MIN,
-    ("pyg.SAGEConv", "segment_reduce"): _MAX_MIN,
-    ("pyg.GINConv", "segment_reduce"): _MAX_MIN,
-    ("pyg.GraphConv", "segment_reduce"): _MAX_MIN,
 }
 
 #: Calls on one graph input after which it counts as static (no longer new).
@@ -233,23 +213,6 @@ def compiled_blocker(layer: str, op: str, module, num_edges, width: int) -> Opti
     return "compiled_stock_faster", (f"torch.compile without CUDA graphs: compiled stock is faster below {least} "
                                      "edge features (mode='reduce-overhead' or GNN_FASTPATH_SMALL_GRAPH=off trace "
                                      "it fused)")
-
-
-def compiled_eager_from(layer: str, op: str, module) -> Optional[int]:
-    """The edge features from which a call of ``module`` that the compiled entry sends to stock
-    runs its eager path at a graph break instead (:data:`COMPILED_EAGER_MIN_EDGE_FEATURES`);
-    None: never (no entry, or the rule is off)."""
-    least = COMPILED_EAGER_MIN_EDGE_FEATURES.get((layer, variant(layer, op, module)))
-    return None if least is None or _rule_off() else least
-
-
-def compiled_eager(layer: str, op: str, module, num_edges, width: int) -> bool:
-    """Whether a call traced without CUDA graphs that :func:`compiled_blocker` sends to stock,
-    over ``num_edges`` edges of ``width``-wide features, runs the eager path at a graph break
-    instead. Read while dynamo traces: a symbolic ``num_edges`` is guarded on the side of the
-    entry it falls, as in :func:`compiled_blocker`."""
-    least = compiled_eager_from(layer, op, module)
-    return least is not None and num_edges * width >= least
 
 
 def compiled_stock_at_every_size(layer: str, op: str, module) -> bool:

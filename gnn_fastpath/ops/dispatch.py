@@ -173,20 +173,6 @@ def compiling_with_cuda_graphs() -> bool:
     return records_cuda_graphs(fn)
 
 
-@torch.compiler.assume_constant_result
-def compiling_without_graph_breaks() -> bool:
-    """Whether the torch.compile call dynamo is tracing forbids graph breaks (``fullgraph=True``
-    or ``torch._dynamo.error_on_graph_break``); False outside tracing. Taken as a constant, as
-    :func:`compiling_with_cuda_graphs` is."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        tx = InstructionTranslator.current_tx()
-    except Exception:  # noqa: BLE001 - not tracing, or a torch whose dynamo keeps it elsewhere
-        return False
-    return bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
-
-
 def records_cuda_graphs(backend) -> bool:
     """Whether a torch.compile backend, as dynamo holds it (the compiler of the frame it traces,
     or the frame-evaluation callback of a compiled function that is running), records CUDA

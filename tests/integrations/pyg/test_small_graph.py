@@ -351,12 +351,10 @@ def test_the_memo_answers_a_call_like_the_last_and_nothing_else(as_if_cuda, tabl
 
 
 # ---------------------------------------------------------------------- under torch.compile
-EAGER_FROM = 2000  # edges from which the compiled_table's GCNConv runs its eager path
 @pytest.fixture
 def compiled_table(monkeypatch, clean_fastpath):
     """Traced calls count as CUDA ones (the fused path then traces the reference ops); SAGEConv
-    max runs fused from 500 edges (x F_IN), GCNConv stock at every size, or its eager path from
-    2,000 edges (x F_IN) on."""
+    max runs fused from 500 edges (x F_IN), GCNConv stock at every size."""
     import gnn_fastpath.integrations.shim as shim_module
     from gnn_fastpath.integrations import small_graph
 
@@ -364,7 +362,6 @@ def compiled_table(monkeypatch, clean_fastpath):
     monkeypatch.setattr(shim_module, "_traced_for_cuda", lambda x: True)
     rows = {("pyg.SAGEConv", "segment_reduce"): 500 * F_IN, ("pyg.GCNConv", "spmm"): None}
     monkeypatch.setattr(small_graph, "COMPILED_MIN_EDGE_FEATURES", rows)
-    monkeypatch.setattr(small_graph, "COMPILED_EAGER_MIN_EDGE_FEATURES", {("pyg.GCNConv", "spmm"): EAGER_FROM * F_IN})
     torch._dynamo.reset()
     gnn_fastpath.enable(frameworks="pyg", cpu="reference")
     yield rows
@@ -463,12 +460,11 @@ def test_a_layer_stock_at_every_size_adds_no_frame_to_stocks(compiled_table):
     expected, stock_breaks, stock_frames = _compiled_steps(model, x, edge_index)
     gnn_fastpath.enable(frameworks="pyg", cpu="reference")
     gnn_fastpath.reset_stats()
-    shim_module._top_level_route.clear()
+    shim_module._top_level_stock.clear()
     out, breaks, frames = _compiled_steps(model, x, edge_index)
     torch.testing.assert_close(out, expected)
     assert stock_breaks > 0 and (breaks, frames) == (stock_breaks, stock_frames)
-    assert [entry[-1] for entry in shim_module._top_level_route.values()] == [EAGER_FROM * F_IN] * 3
-    assert gnn_fastpath.stats()["pyg.GCNConv"]["fused"] == {"cuda": 0, "reference": 0}  # below it: stock
+    assert [entry[-1] for entry in shim_module._top_level_stock.values()] == [True] * 3
     assert set(gnn_fastpath.stats()["pyg.GCNConv"]["compiled"]) == {"fallback:compiled_stock_faster"}
 
 
@@ -493,14 +489,12 @@ def test_a_changed_setting_is_read_again_at_the_top(compiled_table, monkeypatch)
     assert gnn_fastpath.stats()["pyg.GCNConv"]["compiled"] == {"reference": 3}  # each layer traced fused
 
 
-def test_top_level_route_is_asked_of_the_running_backend(compiled_table, monkeypatch):
-    """The question for a layer call entered at the top: stock (below the eager entry, where
-    there is one) only without CUDA graphs (read from the running compiled function's callback)
-    and for an entry of None."""
+def test_top_level_stock_is_asked_of_the_running_backend(compiled_table):
+    """The question for a layer call entered at the top: stock at every size only without CUDA
+    graphs (read from the running compiled function's callback) and for an entry of None."""
     from torch_geometric.nn import GCNConv
 
     from gnn_fastpath.integrations import shim as shim_module
-    from gnn_fastpath.integrations import small_graph
     from gnn_fastpath.integrations.pyg.layers import SHIMS
 
     shims = {s.key: s for s in SHIMS}
@@ -514,76 +508,10 @@ def test_top_level_route_is_asked_of_the_running_backend(compiled_table, monkeyp
         _torchdynamo_orig_backend = Backend()
 
     gcn, sage = GCNConv(F_IN, 4), _sage(aggr="max")
-    route = shim_module._top_level_route_of
-    assert route(shims["pyg.GCNConv"], gcn, *call, Callback()) == EAGER_FROM * F_IN
-    assert route(shims["pyg.SAGEConv"], sage, *call, Callback()) is None  # sized entry
+    assert shim_module._stock_at_every_size(shims["pyg.GCNConv"], gcn, *call, Callback())
+    assert not shim_module._stock_at_every_size(shims["pyg.SAGEConv"], sage, *call, Callback())  # sized entry
     Backend.config = {"triton.cudagraphs": True}
-    assert route(shims["pyg.GCNConv"], gcn, *call, Callback()) is None
-    Backend.config = {"triton.cudagraphs": False}
-    monkeypatch.setattr(small_graph, "COMPILED_EAGER_MIN_EDGE_FEATURES", {})
-    assert route(shims["pyg.GCNConv"], gcn, *call, Callback()) == shim_module.STOCK_AT_EVERY_SIZE
-
-
-def test_from_the_eager_entry_on_a_compiled_layer_runs_its_eager_path(compiled_table):
-    """A call the compiled entry sends to stock runs the layer's eager path at a graph break of
-    its own from the eager entry on (here: GCNConv from 2,000 edges x F_IN): the model's values,
-    and every layer call of every step runs the eager (fused) path, whether dynamo traces the
-    call (counted "eager" per trace) or enters it at the top, where the model's frame runs in
-    Python after the break. Below the entry the same model traces stock's forward."""
-    from torch_geometric.nn import GCNConv
-
-    torch.manual_seed(0)
-    model = _LayerLoop([GCNConv(F_IN, F_IN) for _ in range(3)])
-    x = torch.randn(N, F_IN)
-    for m, fused in ((2 * EAGER_FROM, 3 * 3), (EAGER_FROM // 2, 0)):
-        edge_index, exact = _graph(m)
-        assert (exact >= EAGER_FROM) == bool(fused)
-        gnn_fastpath.disable()
-        expected = model(x, edge_index)
-        gnn_fastpath.enable(frameworks="pyg", cpu="reference")
-        gnn_fastpath.reset_stats()
-        out, _, _ = _compiled_steps(model, x, edge_index)
-        torch.testing.assert_close(out, expected)
-        counts = gnn_fastpath.stats()["pyg.GCNConv"]
-        assert counts["fused"]["reference"] == fused, counts
-        if fused:
-            assert counts["compiled"].get("eager", 0) >= 1 and "reference" not in counts["compiled"], counts
-        else:
-            assert set(counts["compiled"]) == {"fallback:compiled_stock_faster"}, counts
-
-
-def test_fullgraph_traces_stock_above_the_eager_entry(compiled_table):
-    """fullgraph=True forbids the eager path's graph break: the call traces stock's forward."""
-    from torch_geometric.nn import GCNConv
-
-    from gnn_fastpath.ops import dispatch
-
-    assert not dispatch.compiling_without_graph_breaks()  # outside tracing
-    torch.manual_seed(0)
-    model = _LayerLoop([GCNConv(F_IN, F_IN) for _ in range(2)])
-    edge_index, exact = _graph(2 * EAGER_FROM)
-    assert exact >= EAGER_FROM
-    x = torch.randn(N, F_IN)
-    torch._dynamo.reset()
-    gnn_fastpath.reset_stats()
-    out = torch.compile(model, fullgraph=True, backend="aot_eager")(x, edge_index)
-    counts = gnn_fastpath.stats()["pyg.GCNConv"]
-    gnn_fastpath.disable()
-    torch.testing.assert_close(out, model(x, edge_index), rtol=1e-5, atol=1e-4)
-    assert counts["compiled"] == {"fallback:compiled_stock_faster": 2} and counts["fused"]["reference"] == 0, counts
-
-
-def test_the_eager_entry_is_off_with_the_rule(compiled_table, monkeypatch):
-    from torch_geometric.nn import GCNConv
-
-    from gnn_fastpath.integrations import small_graph
-
-    module = GCNConv(F_IN, 4)
-    assert small_graph.compiled_eager("pyg.GCNConv", "spmm", module, EAGER_FROM, F_IN)
-    assert not small_graph.compiled_eager("pyg.GCNConv", "spmm", module, EAGER_FROM - 1, F_IN)
-    assert not small_graph.compiled_eager("pyg.SAGEConv", "segment_reduce", _sage(aggr="max"), 10 ** 9, F_IN)
-    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
-    assert small_graph.compiled_eager_from("pyg.GCNConv", "spmm", module) is None
+    assert not shim_module._stock_at_every_size(shims["pyg.GCNConv"], gcn, *call, Callback())
 
 
 def test_the_compiled_rule_is_for_the_gpu_only(monkeypatch, clean_fastpath):
