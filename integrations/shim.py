@@ -336,8 +336,9 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
     run on the GPU, else None. Asked before the other checks: a call it sends to stock runs
     stock whatever they would say, so the stock call pays only for this question; a layer
     without an entry, or a call above the layer's largest entry, pays a lookup or two. A plain
-    ``conv(x, edge_index)`` call like the module's last one is answered by the patched
-    ``__call__`` from the module's memo (:func:`_memo_stock_cell`) before :func:`run` is called."""
+    ``conv(x, edge_index)`` call like the module's last one is answered, outside dynamo, by the
+    patched ``__call__`` from the module's memo (:func:`_memo_stock_cell`) without calling
+    :func:`run`."""
     if shim.edges is None:
         return None
     largest = small_graph.largest(shim.key)
@@ -374,7 +375,6 @@ _MEMO_MAX = 4096
 _SMALL_GRAPH_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
 _DISABLE_CUDA_SLOT = config.setting_slot("GNN_FASTPATH_DISABLE_CUDA")
 _FORCED = config.forced_state()  # force_reference()'s thread-local flag, read as an attribute
-_module_call = torch.nn.Module.__call__
 
 
 def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int], layer: str) -> None:
@@ -397,8 +397,8 @@ def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any
     counted no more than :data:`small_graph.STATIC_AFTER_CALLS` calls of
     (:func:`small_graph.calls_on`, counting this one). None: ask the rule. (A read or two per
     check: this is the whole cost of a sampled batch's layer call above stock's, so the patched
-    ``__call__`` asks it before anything else and reads the settings without calling a
-    function.)"""
+    ``__call__`` asks it outside dynamo before calling anything of ours, and it reads the
+    settings without calling a function.)"""
     memo = _memo.get(id(module))
     if memo is None or kwargs or len(args) != 2:
         return None
@@ -675,7 +675,7 @@ def make_call(shim: Shim):
         cell = _memo_stock_cell(self, args, kwargs)
         if cell is not None:  # the small-graph rule's answer, from the module's memo
             cell[0] += 1
-            return _module_call(self, *args)
+            return torch.nn.Module.__call__(self, *args)  # looked up now, as everywhere here
         return run(shim, self, args, kwargs)
 
     if _skip_code is not None:

@@ -139,11 +139,12 @@ def calls_on(graph_input) -> int:
     the object lives unchanged (its tensor version); 1 for anything it cannot count."""
     if type(graph_input) is torch.Tensor and graph_input.layout == torch.strided:
         # an edge_index, fingerprinted inline (tensor_version's frames cost a sampled batch's
-        # every call): in-place writes bump _version; `.data =` changes the storage pointer
+        # every call): in-place writes bump _version; `.data =` bumps nothing, so the storage
+        # pointer, shape and dtype stand in for it
         try:
-            version = (graph_input._version, graph_input.data_ptr())
+            version = (graph_input._version, graph_input.data_ptr(), graph_input.shape, graph_input.dtype)
         except RuntimeError:  # an inference tensor has no version counter: its storage stands in
-            version = (-1, graph_input.data_ptr())
+            version = (-1, graph_input.data_ptr(), graph_input.shape, graph_input.dtype)
     elif isinstance(graph_input, torch.Tensor):
         version = tensor_version(graph_input)
     else:

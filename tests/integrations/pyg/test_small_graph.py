@@ -231,9 +231,9 @@ def test_the_call_count_forgets_old_and_dead_graphs(new_graph_table, monkeypatch
 
 
 def test_the_call_count_starts_over_when_the_edges_may_have_changed(new_graph_table, monkeypatch):
-    """An in-place write (the version counter), a new storage under the same object (``.data
-    =``) and a sparse adjacency's index tensors each start the count over; an inference tensor
-    (no version counter) is counted by its storage."""
+    """An in-place write (the version counter), a new storage or shape under the same object
+    (``.data =``) and a sparse adjacency's index tensors each start the count over; an inference
+    tensor (no version counter) is counted by its storage."""
     sg = new_graph_table
     monkeypatch.setattr(sg, "_counts", OrderedDict())
     edge_index, _ = _graph(40)
@@ -243,6 +243,8 @@ def test_the_call_count_starts_over_when_the_edges_may_have_changed(new_graph_ta
     edge_index.data = edge_index.data.clone()
     assert sg.calls_on(edge_index) == 1
     assert sg.calls_on(edge_index) == 2
+    edge_index.data = edge_index.data[:, :-1]  # the same storage start, fewer edges
+    assert sg.calls_on(edge_index) == 1
     with torch.inference_mode():
         frozen = _graph(40)[0].clone()
     assert [sg.calls_on(frozen) for _ in range(2)] == [1, 2]
