@@ -272,15 +272,24 @@ def set_cpu_mode(mode: str) -> None:
     _cpu["mode"] = mode
 
 
+# [the number of force_reference() contexts open in any thread]: see force_contexts()
+_force_contexts = [0]
+_force_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def force_reference(enabled: bool = True) -> Iterator[None]:
     """Context manager: while active (in this thread), every op runs its reference path."""
     previous = _thread.forced
     _thread.forced = bool(enabled)
+    with _force_lock:
+        _force_contexts[0] += 1
     try:
         yield
     finally:
         _thread.forced = previous
+        with _force_lock:
+            _force_contexts[0] -= 1
 
 
 def reference_forced() -> bool:
@@ -288,7 +297,8 @@ def reference_forced() -> bool:
     return _thread.forced
 
 
-def forced_state() -> _ThreadSwitches:
-    """The thread-local object whose ``forced`` attribute :func:`reference_forced` reads, for a
-    hot path that reads the attribute without calling a function."""
-    return _thread
+def force_contexts() -> list:
+    """A one-element list: how many :func:`force_reference` contexts are open, in all threads.
+    For a hot path that only needs to know that none is (one list read, where the thread-local
+    flag of :func:`reference_forced` costs a per-thread dictionary lookup)."""
+    return _force_contexts

@@ -364,7 +364,7 @@ def _small_graph(shim: Shim, module: torch.nn.Module, args: tuple, kwargs: Dict[
 # What the small-graph rule found for a module's last plain call ``conv(x, edge_index)`` that it
 # sent to stock: id(module) -> (weak reference to the module, the features' dtype, device type
 # and width, the static entry, the new-graph entry, the texts of the settings the rule reads,
-# force_reference(), the tables, the stats counter of its stock calls). A sampled batch asks
+# the tables, the stats counter of its stock calls). A sampled batch asks
 # the rule once per layer call, and inside a host-bound training step the rule's checks and
 # record_fallback showed in the step time (benchmarks/RESULTS.md): answered from here a call
 # costs a few attribute reads. Not noticed: a module's own state changed since (``cached``, its
@@ -374,7 +374,7 @@ _memo: Dict[int, tuple] = {}
 _MEMO_MAX = 4096
 _SMALL_GRAPH_SLOT = config.setting_slot("GNN_FASTPATH_SMALL_GRAPH")
 _DISABLE_CUDA_SLOT = config.setting_slot("GNN_FASTPATH_DISABLE_CUDA")
-_FORCED = config.forced_state()  # force_reference()'s thread-local flag, read as an attribute
+_FORCE_CONTEXTS = config.force_contexts()  # no memo answer while any force_reference() is open
 
 
 def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: Tuple[int, int], layer: str) -> None:
@@ -384,7 +384,7 @@ def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: 
         _memo.clear()
     (small, small_key), (disable, disable_key) = _SMALL_GRAPH_SLOT, _DISABLE_CUDA_SLOT
     _memo[id(module)] = (weakref.ref(module), x.dtype, x.is_cuda, x.size(-1), entries[0], entries[1],
-                         small.get(small_key), disable.get(disable_key), config.reference_forced(),
+                         small.get(small_key), disable.get(disable_key),
                          small_graph.MIN_EDGE_FEATURES, small_graph.NEW_GRAPH_MIN_EDGE_FEATURES,
                          fallback_cell(layer, "small_graph"))
 
@@ -392,10 +392,10 @@ def _remember(module: torch.nn.Module, x: Tensor, graph_input: Tensor, entries: 
 def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Optional[list]:
     """The stats counter to count a stock call in, where the module's memo answers the call:
     one like the module's last one the rule sent to stock (same call form, features' dtype,
-    device type and width, an ``edge_index`` tensor, unchanged settings, force_reference() and
-    tables) below the static entry, or below the new-graph entry on a graph input the rule has
-    counted no more than :data:`small_graph.STATIC_AFTER_CALLS` calls of
-    (:func:`small_graph.calls_on`, counting this one). None: ask the rule. (A read or two per
+    device type and width, an ``edge_index`` tensor, unchanged settings and tables, no
+    force_reference() open in any thread) below the static entry, or below the new-graph entry
+    on a graph input the rule has counted no more than :data:`small_graph.STATIC_AFTER_CALLS`
+    calls of (:func:`small_graph.calls_on`, counting this one). None: ask the rule. (A read or two per
     check: this is the whole cost of a sampled batch's layer call above stock's, so the patched
     ``__call__`` asks it outside dynamo before calling anything of ours, and it reads the
     settings without calling a function.)"""
@@ -405,17 +405,17 @@ def _memo_stock_cell(module: torch.nn.Module, args: tuple, kwargs: Dict[str, Any
     x, graph_input = args
     if type(x) is not Tensor or type(graph_input) is not Tensor:
         return None
-    ref, dtype, is_cuda, width, least, new_least, small, disable, forced, table, new_table, cell = memo
-    shape, edges = x.shape, graph_input.shape
-    if (len(edges) != 2 or not shape or shape[-1] != width or x.dtype != dtype or x.is_cuda is not is_cuda
-            or graph_input.layout != torch.strided):
+    ref, dtype, is_cuda, width, least, new_least, small, disable, table, new_table, cell = memo
+    # dim() and size(): no torch.Size made (each allocation a step's garbage collector counts)
+    if (graph_input.dim() != 2 or x.dim() == 0 or x.size(-1) != width or x.dtype is not dtype
+            or x.is_cuda is not is_cuda or graph_input.layout is not torch.strided):
         return None
-    size = edges[1] * width
+    size = graph_input.size(1) * width
     if size >= least and size >= new_least:
         return None
     (small_env, small_key), (disable_env, disable_key) = _SMALL_GRAPH_SLOT, _DISABLE_CUDA_SLOT
     if (ref() is not module or small_env.get(small_key) is not small or disable_env.get(disable_key) is not disable
-            or _FORCED.forced is not forced or small_graph.MIN_EDGE_FEATURES is not table
+            or _FORCE_CONTEXTS[0] or small_graph.MIN_EDGE_FEATURES is not table
             or small_graph.NEW_GRAPH_MIN_EDGE_FEATURES is not new_table):
         return None
     if size >= least and small_graph.calls_on(graph_input) > small_graph.STATIC_AFTER_CALLS:

@@ -127,7 +127,7 @@ def variant(layer: str, op: str, module) -> str:
 #: How many graph inputs :func:`calls_on` keeps counts for (the oldest dropped first): a few
 #: static graphs and the sampled batches of the last steps.
 COUNTED_GRAPHS = 64
-# id(graph input) -> [weak reference, tensor version, calls]. Not the shared graph cache
+# id(graph input) -> [weak reference, fingerprint..., calls]. Not the shared graph cache
 # (:func:`gnn_fastpath.graph.cache.cached`): a sampled batch asks once per layer call, and a
 # plain dict with a weak reference without a callback costs a fraction of that cache's entry.
 # No lock: a count lost to a race between threads only delays a graph's move to fused.
@@ -137,29 +137,39 @@ _counts: "OrderedDict[int, list]" = OrderedDict()
 def calls_on(graph_input) -> int:
     """How many times the rule has been asked about ``graph_input`` (this call included), while
     the object lives unchanged (its tensor version); 1 for anything it cannot count."""
-    if type(graph_input) is torch.Tensor and graph_input.layout == torch.strided:
-        # an edge_index, fingerprinted inline (tensor_version's frames cost a sampled batch's
-        # every call): in-place writes bump _version; `.data =` bumps nothing, so the storage
-        # pointer, shape and dtype stand in for it
-        try:
-            version = (graph_input._version, graph_input.data_ptr(), graph_input.shape, graph_input.dtype)
-        except RuntimeError:  # an inference tensor has no version counter: its storage stands in
-            version = (-1, graph_input.data_ptr(), graph_input.shape, graph_input.dtype)
-    elif isinstance(graph_input, torch.Tensor):
-        version = tensor_version(graph_input)
-    else:
+    if not isinstance(graph_input, torch.Tensor):
         return 1
     key = id(graph_input)
     entry = _counts.get(key)
-    if entry is None or entry[0]() is not graph_input or entry[1] != version:
-        if entry is None and len(_counts) >= COUNTED_GRAPHS:
-            try:
-                _counts.popitem(last=False)  # the oldest first asked about
-            except KeyError:  # emptied by another thread meanwhile
-                pass
-        entry = _counts[key] = [weakref.ref(graph_input), version, 0]
-    entry[2] += 1
-    return entry[2]
+    if type(graph_input) is torch.Tensor and graph_input.layout is torch.strided and graph_input.dim() == 2:
+        # an edge_index, fingerprinted inline and compared field by field (a sampled batch pays
+        # this on every call; no tuple is built): in-place writes bump _version; `.data =`
+        # bumps nothing, so the storage pointer, sizes and dtype stand in for it
+        try:
+            version = graph_input._version
+        except RuntimeError:  # an inference tensor has no version counter: its storage stands in
+            version = -1
+        pointer, rows, cols, dtype = graph_input.data_ptr(), graph_input.size(0), graph_input.size(1), graph_input.dtype
+        if (entry is not None and entry[0]() is graph_input and len(entry) == 7 and entry[1] == version
+                and entry[2] == pointer and entry[3] == rows and entry[4] == cols and entry[5] is dtype):
+            entry[6] += 1
+            return entry[6]
+        fresh = [None, version, pointer, rows, cols, dtype, 0]
+    else:
+        fingerprint = tensor_version(graph_input)
+        if entry is not None and entry[0]() is graph_input and len(entry) == 3 and entry[1] == fingerprint:
+            entry[2] += 1
+            return entry[2]
+        fresh = [None, fingerprint, 0]
+    if entry is None and len(_counts) >= COUNTED_GRAPHS:
+        try:
+            _counts.popitem(last=False)  # the oldest first asked about
+        except KeyError:  # emptied by another thread meanwhile
+            pass
+    fresh[0] = weakref.ref(graph_input)
+    fresh[-1] = 1
+    _counts[key] = fresh
+    return 1
 
 
 @torch.compiler.assume_constant_result

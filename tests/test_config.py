@@ -118,3 +118,33 @@ def test_cpu_mode_follows_enable_and_force_reference_is_per_thread():
         t.start()
         t.join()
     assert seen == [False] and not config.reference_forced()
+
+
+def test_force_contexts_counts_the_open_contexts_of_every_thread():
+    """force_contexts() counts force_reference() contexts open in any thread (nested ones, ones
+    left by an exception), so a hot path can tell that none is open with one read."""
+    import threading
+
+    count = config.force_contexts()
+    assert count == [0]
+    with config.force_reference():
+        with config.force_reference(False):
+            assert count == [2] and not config.reference_forced()
+        inside, leave = threading.Event(), threading.Event()
+
+        def other():
+            with config.force_reference():
+                inside.set()
+                leave.wait()
+
+        t = threading.Thread(target=other)
+        t.start()
+        inside.wait()
+        assert count == [2]
+        leave.set()
+        t.join()
+        assert count == [1]
+    with pytest.raises(RuntimeError):
+        with config.force_reference():
+            raise RuntimeError
+    assert count == [0] and not config.reference_forced()
