@@ -154,20 +154,18 @@ def calls_on(graph_input) -> int:
                 and entry[2] == pointer and entry[3] == rows and entry[4] == cols and entry[5] is dtype):
             entry[6] += 1
             return entry[6]
-        fresh = [None, version, pointer, rows, cols, dtype, 0]
+        fresh = [weakref.ref(graph_input), version, pointer, rows, cols, dtype, 1]
     else:
         fingerprint = tensor_version(graph_input)
         if entry is not None and entry[0]() is graph_input and len(entry) == 3 and entry[1] == fingerprint:
             entry[2] += 1
             return entry[2]
-        fresh = [None, fingerprint, 0]
+        fresh = [weakref.ref(graph_input), fingerprint, 1]
     if entry is None and len(_counts) >= COUNTED_GRAPHS:
         try:
             _counts.popitem(last=False)  # the oldest first asked about
         except KeyError:  # emptied by another thread meanwhile
             pass
-    fresh[0] = weakref.ref(graph_input)
-    fresh[-1] = 1
     _counts[key] = fresh
     return 1
 
