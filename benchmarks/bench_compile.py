@@ -238,7 +238,7 @@ def compile_markdown(payload: dict) -> str:
     if cs.get("padded"):
         parts.append(f"Sampled rows (eager ones too) run on fixed-size batches: nodes and edges padded to the "
                      f"largest kept batch x {cs.get('pad_slack')} (rounded up to {PAD_MULTIPLE}); padding nodes have "
-                     "zero features, padding edges are self loops on the padding nodes (dealt round-robin); loss on "
+                     "zero features, padding edges are self loops spread over the padding nodes in ascending order; loss on "
                      "the seeds.")
         checks = [f"{i.get('graph')} b{i.get('batch_size')}: {i.get('pad_check')}" for i in payload.get("loaders") or []
                   if i.get("padded")]

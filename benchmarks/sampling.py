@@ -90,13 +90,15 @@ def pad_caps(nodes: Sequence[int], edges: Sequence[int], slack: float = PAD_SLAC
 
 def pad_batch(x: torch.Tensor, edge_index: torch.Tensor, n_cap: int, m_cap: int,
               batch_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A sampled subgraph padded to ``n_cap`` nodes and ``m_cap`` edges: padding nodes get zero
-    features; padding edges are self loops on the padding nodes (ids ``n .. n_cap - 1``, never
-    among the first ``batch_size`` seeds), dealt round-robin so that no padding node becomes a
-    super node (the compiled path walks every row whole, see gnn_fastpath/graph/tensors.py).
-    Real nodes keep their ids, edges, and in-neighbourhoods, so every real node's output (the
-    seeds' loss included) is unchanged.
+    """A sampled subgraph padded to ``n_cap`` nodes and ``m_cap`` edges as the package's
+    ``PadToCapacity`` pads a batch (:func:`gnn_fastpath.integrations.pyg.padding.padding_edges`):
+    padding nodes get zero features, padding edges are self loops spread over the padding
+    nodes (ids ``n .. n_cap - 1``, never among the first ``batch_size`` seeds). Real nodes
+    keep their ids, edges, and in-neighbourhoods, so every real node's output (the seeds'
+    loss included) is unchanged.
     """
+    from gnn_fastpath.integrations.pyg.padding import padding_edges
+
     n, m = int(x.shape[0]), int(edge_index.shape[1])
     if n >= n_cap or m > m_cap:
         raise ValueError(f"batch of {n} nodes / {m} edges does not fit the caps {n_cap} / {m_cap} "
@@ -105,8 +107,7 @@ def pad_batch(x: torch.Tensor, edge_index: torch.Tensor, n_cap: int, m_cap: int,
         raise ValueError(f"batch_size {batch_size} > {n} nodes")
     xp = x.new_zeros((n_cap,) + tuple(x.shape[1:]))
     xp[:n] = x
-    dummies = n + torch.arange(m_cap - m, device=edge_index.device, dtype=edge_index.dtype) % (n_cap - n)
-    return xp, torch.cat([edge_index, dummies.expand(2, -1)], dim=1)
+    return xp, torch.cat([edge_index, padding_edges(n, m, n_cap, m_cap, edge_index)], dim=1)
 
 
 # ----------------------------------------------------------------------------- rows

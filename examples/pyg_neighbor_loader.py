@@ -5,6 +5,7 @@
     python examples/pyg_neighbor_loader.py --layer transformer    # or gcn, sage_max
     python examples/pyg_neighbor_loader.py --dataset tolokers --fanouts 10,10,10 --batch-size 512
     python examples/pyg_neighbor_loader.py --dataset synthetic --device cpu --epochs 3
+    python examples/pyg_neighbor_loader.py --cuda-graphs           # fixed-size batches, CUDA graphs
 
 The training code is ordinary PyG mini-batch code (``torch_geometric.loader.NeighborLoader``);
 ``gnn_fastpath.enable()`` is the only difference. The features of the whole graph stay on
@@ -20,6 +21,15 @@ then a linear classifier: ``gatv2`` = ``GATv2Conv(d, 64, heads=4)``, ``transform
 ``TransformerConv(d, 64, heads=4)``, ``gcn`` = ``GCNConv(d, 64, cached=False)`` (sampled
 training builds a new graph every step, so nothing may be cached), ``sage_max`` =
 ``SAGEConv(d, 64, aggr="max")``; ``--hidden`` and ``--heads`` change the 64 and the 4.
+
+``--cuda-graphs`` records the model's forward and backward once as CUDA graphs and replays them
+every step (``torch.compile(model, mode="reduce-overhead")``): each batch, once on the device, is
+padded to fixed node and edge capacities by ``gnn_fastpath.integrations.pyg.PadToCapacity``
+(zero features, self loops among the padding nodes: the seeds' outputs and the gradients are
+those of the unpadded batch), so every step has the recorded shapes. The capacities grow with
+the largest batch in the first steps (each growth compiles and records once more), then stay.
+Without ``enable()`` (``--no-fastpath``) the same runs stock PyG under CUDA graphs, where
+its layers let it.
 
 Accuracy: after training, full-batch inference with the same model on the whole graph (all
 features and edges moved to ``--device`` once), not layer-wise inference with the loader;
@@ -138,7 +148,10 @@ class Net(nn.Module):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    return add_sampling_arguments(parser, LAYERS).parse_args(argv)
+    parser = add_sampling_arguments(parser, LAYERS)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="pad every batch to fixed sizes and run torch.compile(model, mode='reduce-overhead')")
+    return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -171,9 +184,19 @@ def main(argv=None) -> int:
     model = Net(args.layer, data.x.shape[1], data.num_classes, args.hidden, args.heads, args.dropout,
                 args.attn_dropout, num_layers=len(args.fanouts)).to(device)
 
+    run, pad = model, None
+    if args.cuda_graphs:
+        from gnn_fastpath.integrations.pyg import PadToCapacity
+
+        pad = PadToCapacity()
+        run = torch.compile(model, mode="reduce-overhead")
+        print("graphs    CUDA graphs (torch.compile mode='reduce-overhead'), batches padded by PadToCapacity")
+
     def step(batch):
         batch = batch.to(device, non_blocking=True)
-        out = model(batch.x, batch.edge_index)
+        if pad is not None:
+            batch = pad(batch)
+        out = run(batch.x, batch.edge_index)
         n = batch.batch_size                    # the seed nodes come first
         return F.cross_entropy(out[:n], batch.y[:n]), n
 
@@ -182,6 +205,8 @@ def main(argv=None) -> int:
 
     result = train_sampled(model, loader, step, infer, data, args, device)
     print_sampled_report(result, "full-batch inference on the whole graph")
+    if pad is not None:
+        print(f"padding   {pad} ({pad.growths} growths)")
     return 0
 
 

@@ -79,3 +79,13 @@ def describe_graph(obj, num_nodes):
 registry.register(registry.Integration(framework="pyg", install=INSTALL, shims=shims, not_installed=not_installed,
                                        is_graph=is_graph, describe_graph=describe_graph,
                                        tested_versions=TESTED_VERSIONS, version=version))
+
+
+def __getattr__(name):
+    # PadToCapacity subclasses PyG's BaseTransform: imported on first use, so that importing
+    # this package (done by gnn_fastpath itself) never imports torch_geometric.
+    if name == "PadToCapacity":
+        from .padding import PadToCapacity
+
+        return PadToCapacity
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

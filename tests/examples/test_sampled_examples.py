@@ -145,6 +145,25 @@ def test_pyg_layer_runs_fused_and_learns(pyg_example, capsys, layer):
 
 
 @needs_sampler
+@pytest.mark.cuda
+def test_pyg_cuda_graphs_pad_and_replay(pyg_example, capsys):
+    """``--cuda-graphs``: batches padded by PadToCapacity, the model under
+    ``mode="reduce-overhead"`` traced onto the fused operators; it learns as eagerly."""
+    argv = [a if a != "cpu" else "cuda" for a in SMALL]
+    code = pyg_example.main([*argv, "--epochs", str(EPOCHS), "--layer", "gatv2", "--cuda-graphs"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "batches padded by PadToCapacity" in out
+    assert re.search(r"padding   PadToCapacity\(num_nodes=\d+, num_edges=\d+, .*\) \(\d growths\)", out), out
+    counts = gnn_fastpath.stats()["pyg.GATv2Conv"]
+    assert set(counts["compiled"]) == {"cuda"} and counts["fused"]["cuda"] == LAYERS, counts  # inference eager
+    assert not counts["fallback"], counts
+    losses = _losses(out)
+    assert len(losses) == EPOCHS and losses[-1] < 0.9 * losses[0], losses
+    assert _accuracy(out, "test") > 2 / CLASSES, out
+
+
+@needs_sampler
 def test_pyg_no_fastpath_runs_stock(pyg_example, capsys):
     code, out = _run(pyg_example, capsys, "--no-fastpath", "--layer", "gatv2")
     assert code == 0, out
