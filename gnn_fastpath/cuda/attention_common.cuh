@@ -489,7 +489,9 @@ __device__ __forceinline__ void gf_merge_chunks(const int4* __restrict__ split, 
     for (int r = blockIdx.x; r < n_split; r += gridDim.x) {
         const int4 sp = split[r];
         const int row = sp.x, first = sp.y, n = sp.z;
-        if (n == 0) continue;  // a static work list's entry of an unsplit row (block-uniform)
+        // A static work list's entries of unsplit rows (0 chunks) come after every split row's:
+        // nothing is left for this block (block-uniform).
+        if (n == 0) break;
         for (int t = blockIdx.y; t < n_ctiles; t += gridDim.y) {  // block-uniform loops
             const int c = t * 32 + lane;
             const bool on = c < HD;

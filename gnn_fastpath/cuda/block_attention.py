@@ -91,7 +91,7 @@ class Work:
     """The work list of one layout: ``chunks`` (:func:`gnn_fastpath.cuda.worklist.build` over
     the windows, a window's blocks counting as its edges, longest first) and ``split`` (int32
     [n_split, 4]: (row, first workspace row, rows, 0) per row of a split window, the form the
-    dot family's merge kernels take; 0 rows past the last row)."""
+    dot family's merge kernels take; the entries past the last row, with 0 rows, last)."""
 
     chunks: worklist.RowChunks
     split: Tensor
@@ -109,7 +109,9 @@ def work(graph, lay: BlockLayout) -> Work:
         rows = sp[:, :1] * WINDOW + r
         first = sp[:, 1:2] * WINDOW + r * sp[:, 2:3]
         n = torch.where(rows < lay.n_rows, sp[:, 2:3], 0)
-        split = torch.stack([rows, first, n, torch.zeros_like(n)], -1).view(-1, 4).to(torch.int32).contiguous()
+        split = torch.stack([rows, first, n, torch.zeros_like(n)], -1).view(-1, 4)
+        # entries with rows first: the merges stop at the first entry without any
+        split = split[torch.sort((split[:, 2] == 0).to(torch.uint8), stable=True).indices].to(torch.int32).contiguous()
         return Work(chunks, split, split.shape[0], chunks.n_slots * WINDOW)
 
     side = "destination" if lay is layout(graph) else "source"

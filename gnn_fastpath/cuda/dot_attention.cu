@@ -625,21 +625,22 @@ dot_bwd_src(const int* __restrict__ s_indices, const int* __restrict__ s_perm,
 
 // ---------------------------------------------------------------------------------------
 // Merges of split rows: split[r] = (row, first slot, number of slots, 0) (worklist.py); a
-// static work list (worklist.build_static) also has entries with 0 slots, which are skipped.
+// static work list (worklist.build_static) also has entries with 0 slots, all after the others:
+// a thread stops at the first (its grid-stride loop only meets later entries after it).
 
 // Forward: combine the (m, l, acc) partials of split rows into out (TO) and lse. One thread per
-// (split row, head, d).
+// (split row, head, d), grid-stride.
 template <typename TO>
 __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
                               const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                               TO* __restrict__ out, float* __restrict__ lse, int H, int D) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n_split * H * D) return;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * H * D;
+       idx += (long long)gridDim.x * blockDim.x) {
     const int d = (int)(idx % D);
     const long long rh = idx / D;
     const int h = (int)(rh % H);
     const int4 sp = split[rh / H];
-    if (sp.z == 0) return;  // a static work list's entry of an unsplit row
+    if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
     // Two passes (max, then the rescaled sums): one exp per partial instead of the online
     // merge's two; the partials are all there already.
     float mx = GF_NEG_INF;
@@ -656,22 +657,24 @@ __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
     const long long row = sp.x;
     gf_st(out + (row * H + h) * D + d, l != 0.f ? a / l : 0.f);
     if (d == 0) lse[row * H + h] = l != 0.f ? mx + logf(l) : GF_NEG_INF;
+  }
 }
 
 // Backward: sum the float partial gradient rows of split rows into dst (storage type T,
-// rounded once). One thread per (split row, element of a row).
+// rounded once). One thread per (split row, element of a row), grid-stride.
 template <typename T>
 __global__ void dot_sum_partials(const int4* __restrict__ split, long long n_split,
                                  const float* __restrict__ part, T* __restrict__ dst, long long row_len) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n_split * row_len) return;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * row_len;
+       idx += (long long)gridDim.x * blockDim.x) {
     const long long r = idx / row_len;
     const long long x = idx - r * row_len;
     const int4 sp = split[r];
-    if (sp.z == 0) return;  // a static work list's entry of an unsplit row
+    if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
     float a = 0.f;
     for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
     gf_st(dst + (long long)sp.x * row_len + x, a);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ def blocks(n_threads: int) -> int:
     return launch.cdiv(n_threads, THREADS)
 
 
+#: Grid cap of the split-row merges (grid-stride kernels): a static work list has an entry
+#: for every row, and its threads stop at the first one without chunks.
+MERGE_MAX_BLOCKS = 4096
+
+
 def merge_split_rows(split: Tensor, n_split: int, part_acc: Optional[Tensor], part_ml: Optional[Tensor],
                      out: Tensor, lse: Tensor) -> None:
     """Forward of split rows: out [N, H, D] (any storage dtype) and lse [N, H] of each entry
@@ -34,7 +39,7 @@ def merge_split_rows(split: Tensor, n_split: int, part_acc: Optional[Tensor], pa
     H, D = out.shape[1:]
     if n_split and H * D:
         KERNELS.kernel(out.device, "dot_fwd_merge", launch.ctype(out.dtype)).launch(
-            blocks(n_split * H * D), THREADS, split=split, n_split=n_split, part_acc=part_acc, part_ml=part_ml,
+            min(blocks(n_split * H * D), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split, part_acc=part_acc, part_ml=part_ml,
             out=out, lse=lse, H=H, D=D)
 
 
@@ -44,4 +49,4 @@ def sum_split_rows(split: Tensor, n_split: int, part: Optional[Tensor], dst: Ten
     row_len = dst[0].numel() if dst.numel() else 0
     if n_split and row_len:
         KERNELS.kernel(dst.device, "dot_sum_partials", launch.ctype(dst.dtype)).launch(
-            blocks(n_split * row_len), THREADS, split=split, n_split=n_split, part=part, dst=dst, row_len=row_len)
+            min(blocks(n_split * row_len), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split, part=part, dst=dst, row_len=row_len)

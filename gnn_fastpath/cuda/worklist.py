@@ -181,9 +181,9 @@ def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int, order: s
       which is also its workspace slot (so ``n_slots = cap``); the unused tail is empty chunk
       items (edges 0..0) of the last row in that order, each with its own unused slot: they
       add nothing and write only their own slot;
-    * ``split`` [n_rows, 4] = (row, first slot, chunks, 0) for every row, with 0 chunks for a
-      row that is not split: merges skip such entries (``gf_merge_chunks``, ``dot_fwd_merge``,
-      ``dot_sum_partials``);
+    * ``split`` [n_rows, 4] = (row, first slot, chunks, 0) for every row, the split rows first,
+      then the others with 0 chunks: merges stop at the first of those (``gf_merge_chunks``,
+      ``dot_fwd_merge``, ``dot_sum_partials``);
     * ``split_mask`` bool [n_rows] and ``slot_split`` int32 [cap] (each slot's row), for the
       split-row accumulators of :mod:`gnn_fastpath.cuda.row_attention`.
     """
@@ -221,6 +221,9 @@ def build_static(indptr: Tensor, nnz: int, chunk: int, split_from: int, order: s
     tag = torch.where(is_split[owner] | ~used, v, -1)
     items = torch.stack([owner, torch.where(used, begin, zero), torch.where(used, end, zero), tag], 1)
     split = torch.stack([rows, first, torch.where(is_split, pieces, 0), torch.zeros_like(rows)], 1)
+    # the split rows' entries first: a merge stops at the first entry without chunks, so it
+    # costs what the split rows need, not a pass over every row (longest first already ranks them)
+    split = split[ranked if ranked is not None else torch.sort((~is_split).to(torch.uint8), stable=True).indices]
     return RowChunks(items.to(torch.int32).contiguous(), split.to(torch.int32).contiguous(), rows,
                      rows.to(torch.int32), cap, cap, n_rows, is_split, owner.to(torch.int32))
 

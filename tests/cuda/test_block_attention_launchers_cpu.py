@@ -80,6 +80,8 @@ def test_split_windows_work_list(monkeypatch):
     rows = split[:, 0]
     assert torch.equal(split[rows < 300, 2], chunks[rows[rows < 300] // 16])
     assert (split[rows >= 300, 2] == 0).all()
+    has = (split[:, 2] > 0).to(torch.uint8)
+    assert torch.equal(has, torch.sort(has, descending=True, stable=True).values)  # entries with rows first
     used = torch.cat([torch.arange(int(f), int(f + n)) for _, f, n, _ in split.tolist()])
     assert torch.equal(torch.sort(used).values, torch.arange(used.numel()))  # each workspace row once
 

@@ -240,7 +240,9 @@ def test_static_list_matches_build(case, config):
     # the padding tail: empty chunk items of the last row, each with its own slot
     for v, (row, begin, end, tag) in enumerate(items[len(expected):], start=len(expected)):
         assert (row, begin, end, tag) == (n - 1, 0, 0, v)
-    # split entries: (row, first slot, chunks or 0); the first slot's item is the row's first chunk
+    # split entries: (row, first slot, chunks or 0), one per row, the split rows' first (merges stop
+    # at the first entry without chunks); the first slot's item is the row's first chunk
+    _assert_split_rows_first(work.split, n)
     for row, first, n_chunks, zero in work.split.tolist():
         assert zero == 0 and n_chunks == ref_split.get(row, 0)
         if n_chunks:
@@ -248,6 +250,13 @@ def test_static_list_matches_build(case, config):
             assert items[first][1] == indptr[row] and items[first + n_chunks - 1][2] == indptr[row + 1]
     # each used slot names its row
     assert [work.slot_split[v].item() for v in range(len(expected))] == [it[0] for it in items[: len(expected)]]
+
+
+def _assert_split_rows_first(split, n: int) -> None:
+    """One entry per row; every entry with chunks before every entry without."""
+    rows, n_chunks = split[:, 0].tolist(), split[:, 2].tolist()
+    assert sorted(rows) == list(range(n))
+    assert n_chunks == sorted(n_chunks, key=lambda c: c == 0), n_chunks
 
 
 @pytest.mark.parametrize("config", list(STATIC_CONFIGS))
@@ -278,8 +287,10 @@ def test_static_list_longest_first(case, config):
         assert tag == (v if deg[row] >= split_from else -1)
     for v, (row, begin, end, tag) in enumerate(items[used:], start=used):
         assert (row, begin, end, tag) == (rows_laid[-1], 0, 0, v)
+    _assert_split_rows_first(work.split, n)
+    chunks_of = {row: n_chunks for row, _, n_chunks, _ in by_row.split.tolist()}
     for row, first, n_chunks, zero in work.split.tolist():
-        assert zero == 0 and n_chunks == by_row.split[row, 2].item()
+        assert zero == 0 and n_chunks == chunks_of[row]
         if n_chunks:
             assert [it[0] for it in items[first:first + n_chunks]] == [row] * n_chunks
             assert items[first][1] == indptr[row] and items[first + n_chunks - 1][2] == indptr[row + 1]
