@@ -181,7 +181,7 @@ class PadToCapacity(BaseTransform):
         for key in edge_keys:
             data[key] = _pad_rows(data[key], data.__cat_dim__(key, data[key]), m_cap)
         data.edge_index = self._pad_edge_index(edge_index, n, m, n_cap, m_cap)
-        if "num_nodes" in data._store or not node_keys:
+        if "num_nodes" in data or not node_keys:
             data.num_nodes = n_cap
         if self.add_pad_mask:
             device = edge_index.device

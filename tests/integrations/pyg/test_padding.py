@@ -280,3 +280,12 @@ def test_cuda_graphs_on_padded_batches_match_eager_stock(graph, name, no_cpu_onl
     assert graphs[-1] == graphs[0], f"recompiled: unique graphs after each step {graphs}"
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     assert traced and all(set(c) == {"cuda"} for c in traced.values()), traced
+
+
+def test_a_batch_without_node_tensors_gets_the_node_capacity(pyg):
+    """Without node-level tensors the node count is stored, not inferred: it becomes the capacity."""
+    from torch_geometric.data import Data
+
+    out = _pad(multiple=8)(Data(edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]), num_nodes=5))
+    assert out.num_nodes == 8 and out.edge_index.size(1) == 8
+    assert int(out.edge_index.max()) < 8
