@@ -634,30 +634,30 @@ template <typename TO>
 __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
                               const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                               TO* __restrict__ out, float* __restrict__ lse, int H, int D) {
-  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * H * D;
-       idx += (long long)gridDim.x * blockDim.x) {
-    const int d = (int)(idx % D);
-    const long long rh = idx / D;
-    const int h = (int)(rh % H);
-    const int4 sp = split[rh / H];
-    if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
-    // Two passes (max, then the rescaled sums): one exp per partial instead of the online
-    // merge's two; the partials are all there already.
-    float mx = GF_NEG_INF;
-    for (int s = sp.y; s < sp.y + sp.z; ++s) mx = gf_nan_max(mx, part_ml[((long long)s * H + h) * 2]);
-    float l = 0.f, a = 0.f;
-    if (mx != GF_NEG_INF) {
-        for (int s = sp.y; s < sp.y + sp.z; ++s) {
-            const long long sh = (long long)s * H + h;
-            const float wgt = expf(part_ml[sh * 2] - mx);
-            l = fmaf(wgt, part_ml[sh * 2 + 1], l);
-            a = fmaf(wgt, part_acc[sh * D + d], a);
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * H * D;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int d = (int)(idx % D);
+        const long long rh = idx / D;
+        const int h = (int)(rh % H);
+        const int4 sp = split[rh / H];
+        if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
+        // Two passes (max, then the rescaled sums): one exp per partial instead of the online
+        // merge's two; the partials are all there already.
+        float mx = GF_NEG_INF;
+        for (int s = sp.y; s < sp.y + sp.z; ++s) mx = gf_nan_max(mx, part_ml[((long long)s * H + h) * 2]);
+        float l = 0.f, a = 0.f;
+        if (mx != GF_NEG_INF) {
+            for (int s = sp.y; s < sp.y + sp.z; ++s) {
+                const long long sh = (long long)s * H + h;
+                const float wgt = expf(part_ml[sh * 2] - mx);
+                l = fmaf(wgt, part_ml[sh * 2 + 1], l);
+                a = fmaf(wgt, part_acc[sh * D + d], a);
+            }
         }
+        const long long row = sp.x;
+        gf_st(out + (row * H + h) * D + d, l != 0.f ? a / l : 0.f);
+        if (d == 0) lse[row * H + h] = l != 0.f ? mx + logf(l) : GF_NEG_INF;
     }
-    const long long row = sp.x;
-    gf_st(out + (row * H + h) * D + d, l != 0.f ? a / l : 0.f);
-    if (d == 0) lse[row * H + h] = l != 0.f ? mx + logf(l) : GF_NEG_INF;
-  }
 }
 
 // Backward: sum the float partial gradient rows of split rows into dst (storage type T,
@@ -665,16 +665,16 @@ __global__ void dot_fwd_merge(const int4* __restrict__ split, long long n_split,
 template <typename T>
 __global__ void dot_sum_partials(const int4* __restrict__ split, long long n_split,
                                  const float* __restrict__ part, T* __restrict__ dst, long long row_len) {
-  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * row_len;
-       idx += (long long)gridDim.x * blockDim.x) {
-    const long long r = idx / row_len;
-    const long long x = idx - r * row_len;
-    const int4 sp = split[r];
-    if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
-    float a = 0.f;
-    for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
-    gf_st(dst + (long long)sp.x * row_len + x, a);
-  }
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n_split * row_len;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long r = idx / row_len;
+        const long long x = idx - r * row_len;
+        const int4 sp = split[r];
+        if (sp.z == 0) break;  // a static work list's unsplit rows: none after it
+        float a = 0.f;
+        for (int s = sp.y; s < sp.y + sp.z; ++s) a += part[(long long)s * row_len + x];
+        gf_st(dst + (long long)sp.x * row_len + x, a);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
