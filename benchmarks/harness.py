@@ -311,24 +311,46 @@ def fastpath():
 
 
 # ----------------------------------------------------------------------------- watchdog
+#: How long after a watchdog's timeout faulthandler's own watchdog reports (see :func:`watchdog`).
+GIL_GRACE_S = 30.0
+
+
 def watchdog(seconds: Optional[float]):
     """Context manager: when the block runs longer than ``seconds``, print every thread's
-    Python traceback to stderr and exit the process (``faulthandler``, exit code 1), so a
-    hang (e.g. a deadlock) leaves a stack in the log instead of a silent timeout; the results
-    written so far stay. ``None`` / 0: no watchdog."""
+    Python traceback to stderr and exit the process (exit code 1), so a hang (e.g. a deadlock)
+    leaves a stack in the log instead of a silent timeout; the results written so far stay.
+    ``None`` / 0: no watchdog.
+
+    The stacks are dumped from a Python thread, holding the GIL, so every frame is read in a
+    consistent state: ``faulthandler``'s own watchdog reads them without it and can crash the
+    process (SIGSEGV) halfway through the dump. A hang that never releases the GIL stops that
+    thread too; ``faulthandler``'s watchdog, :data:`GIL_GRACE_S` later, still reports it."""
     import contextlib
+    import datetime
     import faulthandler
+    import os
     import sys
+    import threading
+
+    def expire():
+        sys.stderr.write(f"Timeout ({datetime.timedelta(seconds=seconds)})!\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
 
     @contextlib.contextmanager
     def guard():
         if not seconds or seconds <= 0:
             yield
             return
-        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        faulthandler.dump_traceback_later(seconds + GIL_GRACE_S, exit=True, file=sys.stderr)
         try:
             yield
         finally:
+            timer.cancel()
             faulthandler.cancel_dump_traceback_later()
 
     return guard()
