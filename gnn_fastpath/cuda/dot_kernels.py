@@ -35,12 +35,13 @@ def merge_split_rows(split: Tensor, n_split: int, part_acc: Optional[Tensor], pa
                      out: Tensor, lse: Tensor) -> None:
     """Forward of split rows: out [N, H, D] (any storage dtype) and lse [N, H] of each entry
     (row, first slot, slots, _) of ``split`` from the (m, l) [slots, H, 2] and unnormalised
-    accumulator [slots, H, D] float32 partial states of its slots (an entry of 0 slots: none)."""
+    accumulator [slots, H, D] float32 partial states of its slots (entries of 0 slots, a static
+    list's unsplit rows, come after all others: the merge stops at the first)."""
     H, D = out.shape[1:]
     if n_split and H * D:
         KERNELS.kernel(out.device, "dot_fwd_merge", launch.ctype(out.dtype)).launch(
-            min(blocks(n_split * H * D), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split, part_acc=part_acc, part_ml=part_ml,
-            out=out, lse=lse, H=H, D=D)
+            min(blocks(n_split * H * D), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split,
+            part_acc=part_acc, part_ml=part_ml, out=out, lse=lse, H=H, D=D)
 
 
 def sum_split_rows(split: Tensor, n_split: int, part: Optional[Tensor], dst: Tensor) -> None:
@@ -49,4 +50,5 @@ def sum_split_rows(split: Tensor, n_split: int, part: Optional[Tensor], dst: Ten
     row_len = dst[0].numel() if dst.numel() else 0
     if n_split and row_len:
         KERNELS.kernel(dst.device, "dot_sum_partials", launch.ctype(dst.dtype)).launch(
-            min(blocks(n_split * row_len), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split, part=part, dst=dst, row_len=row_len)
+            min(blocks(n_split * row_len), MERGE_MAX_BLOCKS), THREADS, split=split, n_split=n_split, part=part,
+            dst=dst, row_len=row_len)

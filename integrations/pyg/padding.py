@@ -136,19 +136,18 @@ class PadToCapacity(BaseTransform):
         """(node capacity, edge capacity) for a batch of ``num_nodes`` / ``num_edges``, growing
         the ones not given; ValueError naming ``num_nodes`` / ``num_edges`` when a given one is
         too small."""
-        grew = False
+        m_cap = self._edge_cap_for(num_edges)
         n_cap = self.node_capacity
         if self.fixed_nodes is not None:
             # Padding edges need a padding node; without padding edges a full batch fits.
-            if num_nodes > n_cap or (num_nodes == n_cap and self._edge_cap_for(num_edges) > num_edges):
+            if num_nodes > n_cap or (num_nodes == n_cap and m_cap > num_edges):
                 raise ValueError(f"a batch of {num_nodes} nodes does not fit num_nodes={n_cap} (padding edges need "
                                  "at least one padding node: num_nodes must exceed every batch's node count)")
         elif n_cap is None or num_nodes >= n_cap:
             n_cap = max(capacity(num_nodes, self.slack, self.multiple), num_nodes + 1)
-            grew = self.node_capacity is not None
-        m_cap = self._edge_cap_for(num_edges)
-        if m_cap != self.edge_capacity:
-            grew = grew or self.edge_capacity is not None
+        # the first batch sets a grown capacity; a growth is a change after it
+        grew = any(old is not None and new != old
+                   for old, new in ((self.node_capacity, n_cap), (self.edge_capacity, m_cap)))
         self.node_capacity, self.edge_capacity = n_cap, m_cap
         self.growths += int(grew)
         return n_cap, m_cap

@@ -150,6 +150,10 @@ def test_given_capacities_are_kept_and_checked(batches):
         out = pad(copy.copy(batch))
         assert (out.num_nodes, out.edge_index.size(1)) == (n + 5, m + 7)
     assert pad.growths == 0
+    for given in (dict(num_nodes=n + 5), dict(num_edges=m + 7)):  # the other capacity grown
+        one = _pad(**given)
+        one(copy.copy(batches[0]))
+        assert one.growths == 0
     small = min(batches, key=lambda b: b.num_nodes)
     with pytest.raises(ValueError, match="num_nodes=5"):
         _pad(num_nodes=5)(copy.copy(small))
