@@ -12,7 +12,10 @@ backward variant (atomic, transposed, and GATv2's one-pass fused; through the GN
 settings), on the graphs above and on an undirected one (the homogeneous graph both ways), dot attention
 in 16 bits also on the block-sparse tensor-core kernels (forced, whole and split windows). Every
 graph runs twice: as an eager Graph, and as GraphTensors (the compiled path's custom
-operators with their static launch geometry; ``SANITIZE_STATIC=0`` leaves these out).
+operators with their static launch geometry; ``SANITIZE_STATIC=0`` leaves these out), and a
+third time as GraphTensors whose loops and every fifth edge sit in the extra row of removed
+edges (what a compiled layer that drops self loops builds; memory checking only, not compared:
+``tests/ops/test_library.py`` checks those values).
 Every case runs per feature dtype (float32, bfloat16, float16; ``SANITIZE_DTYPES`` picks):
 16-bit features with float32 parameters, scores and edge weights, as under autocast, and the
 attention ops also with ``out_dtype=torch.float32``. Exit status 1 when a case raised or
@@ -35,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gnn_fastpath  # noqa: E402
 from gnn_fastpath import ops as gops  # noqa: E402
-from gnn_fastpath.graph.tensors import of_graph  # noqa: E402
+from gnn_fastpath.graph.tensors import from_coo, of_graph  # noqa: E402
 
 #: Relative error (Frobenius norm) allowed against the reference op on the same inputs: the
 #: 16-bit outputs differ from it by about one rounding (unit roundoff 2**-8 bf16, 2**-11 fp16).
@@ -144,15 +147,20 @@ def run_op_case(name: str, op: str, fn: Callable, inputs: Sequence[torch.Tensor]
         traceback.print_exc(limit=4)
 
 
-def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
+def run_graph(gname: str, g, dtype: torch.dtype, static=False) -> None:
     """Every op on graph ``g`` with features of ``dtype`` (parameters, edge weights float32).
     ``static``: the ops take ``g`` as GraphTensors (the compiled path's custom operators and
     static launch geometry: long rows split by lists sized from shapes), compared with the
-    reference on the eager Graph."""
+    reference on the eager Graph; ``"extra_row"``: GraphTensors with its loops and every fifth
+    edge removed into the extra row, not compared."""
     ns, nd, m = g.n_src, g.n_dst, g.num_edges
     dt = str(dtype).replace("torch.", "")
     gop = of_graph(g) if static else g
-    if static:
+    if static == "extra_row":
+        src, dst = g.caller_coo()
+        gop = from_coo(src, dst, ns, nd, removed=(src == dst) | (torch.arange(m, device=src.device) % 5 == 0))
+        gname += " extra-row"
+    elif static:
         gname += " static"
 
     variant = None
@@ -160,7 +168,7 @@ def run_graph(gname: str, g, dtype: torch.dtype, static: bool = False) -> None:
     def run_case(name, op, fn, inputs, compare=True):
         if variant == "fused" and op != "gatv2_attention":
             return  # the same as its "transposed" run
-        run_op_case(name, op, fn, inputs, gop, g, compare)
+        run_op_case(name, op, fn, inputs, gop, g, compare and static != "extra_row")
 
     def feat(*shape, scale=1.0):
         return rnd(*shape, scale=scale, dtype=dtype)
@@ -283,6 +291,7 @@ def main() -> int:
             run_graph(gname, g, dtype)
             if STATIC:
                 run_graph(gname, g, dtype, static=True)
+                run_graph(gname, g, dtype, static="extra_row")
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     if failures:

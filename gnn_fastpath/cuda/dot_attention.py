@@ -367,6 +367,7 @@ def forward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor],
     logits = None if alpha is None else alpha if to == torch.float32 else torch.empty((graph.num_edges, H), **f32)
     kc = graph.kernel_csr()
     work = _work(graph)
+    row_attention.zero_skipped(work, alpha)
     cfg = plan.cfg
     part_acc = torch.empty((work.n_slots, H, D), **f32) if work.n_slots else None
     part_ml = torch.empty((work.n_slots, H, 2), **f32) if work.n_slots else None
@@ -414,6 +415,8 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
 
         plan = plans.run(graph, plan, device, run)
     mode = plan.variant
+    if graph.static:
+        mode = row_attention.skipping(mode, _work(graph))
     if mode == "block":
         dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale, p, seed, offset)
         return dq, dk, dv, None
@@ -431,6 +434,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
     else:  # atomic targets: float32 (the gradients themselves for float32 inputs)
         dk, dv = torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
     d_edge_term = torch.empty_like(edge_term) if (need_d_edge_term and edge_term is not None) else None
+    row_attention.zero_skipped(work, d_edge_term)
     delta = torch.empty((n_dst, H), **f32) if transposed else None
     delta_alpha = None
     if grad_alpha is not None:

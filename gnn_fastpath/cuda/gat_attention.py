@@ -229,6 +229,7 @@ def forward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sco
     plan = plans.run(graph, plan_forward(graph, x_src, out))
     kc = graph.kernel_csr()
     work = _work(graph)
+    row_attention.zero_skipped(work, alpha)
     cfg = plan.cfg
     ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
     n_tiles = cfg.n_tiles(H)
@@ -293,9 +294,10 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
                             grad_alpha, alpha_dropped, slope, p, *given_stream, needs, variant)
 
         plan = plans.run(graph, plan, dev, run)
-    mode = plan.variant
     kc = graph.kernel_csr()
     work = _work(graph)
+    mode = row_attention.skipping(plan.variant, work)
+    row_attention.zero_skipped(work, d_u)
     cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     n_tiles = cfg.n_tiles(H)

@@ -284,6 +284,7 @@ def forward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Optiona
     plan = plans.run(graph, plan_forward(graph, x_src, x_dst, att, edge_term, out))
     kc = graph.kernel_csr()
     work = _work(graph, chunk=plan.chunk)
+    row_attention.zero_skipped(work, alpha)
     cfg = plan.cfg
     ti, to = launch.ctype(x_src.dtype), launch.ctype(out_dtype)
     has_et = edge_term is not None
@@ -345,6 +346,8 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
 
         plan = plans.run(graph, plan, dev, run)
     mode = plan.variant
+    if graph.static:
+        mode = row_attention.skipping(mode, _work(graph, chunk=plan.chunk))
     if need_src and n_dst and M:
         if mode == "fused":
             reverse = reverse_ids(graph, detect=True)
@@ -373,6 +376,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
 
     kc = graph.kernel_csr()
     work = _work(graph, chunk=plan.chunk)
+    row_attention.zero_skipped(work, d_edge_term)
     cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)
     has_et = edge_term is not None

@@ -190,6 +190,23 @@ def work(graph, chunk: int, source_major: bool = False, order: str = "row") -> w
     return worklist.static_geometry(graph, static_work(chunk, source_major, order))
 
 
+def skipping(mode: str, work: worklist.RowChunks) -> str:
+    """The backward variant to run on ``work``: ``mode``, except ``"atomic"`` (one destination
+    pass) where the list leaves out the extra row of removed edges
+    (:attr:`worklist.RowChunks.skips_last_row`): a source-major pass would walk those edges
+    against their empty row's -inf ``lse``."""
+    return "atomic" if work.skips_last_row else mode
+
+
+def zero_skipped(work: worklist.RowChunks, *per_edge: Optional[Tensor]) -> None:
+    """Zero the per-edge outputs (alpha, edge gradients) of a launch over ``work`` that leaves
+    out the extra row: no kernel writes its edges' entries, and they are exactly 0."""
+    if work.skips_last_row:
+        for t in per_edge:
+            if t is not None:
+                t.zero_()
+
+
 def static_work(chunk: int, source_major: bool = False, order: str = "row") -> worklist.StaticGeometry:
     """The static graph's work list :func:`work` reads (the operators are handed it)."""
     return worklist.StaticGeometry("row_chunks", chunk, source_major, order)

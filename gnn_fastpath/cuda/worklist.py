@@ -11,7 +11,7 @@ fan-out bounds every destination row), which costs no synchronisation at all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import torch
@@ -40,6 +40,11 @@ class RowChunks:
         split_mask, slot_split: only in a static list (:func:`build_static`, where the split
             rows are not counted on the host): bool [n_rows], which rows are split, and int32
             [n_slots], the row of each chunk slot.
+        skips_last_row: the last row's edges are in no item (its item is empty): a static
+            list over a graph whose last row is the extra row of removed edges
+            (:class:`StaticGeometry`). A launcher zeroes what it writes per edge (nothing
+            visits those edges) and walks destinations only: the source-major CSR still holds
+            the removed edges, and their empty row's ``lse`` is -inf.
     """
 
     items: Tensor
@@ -51,6 +56,7 @@ class RowChunks:
     n_split: int
     split_mask: Optional[Tensor] = None
     slot_split: Optional[Tensor] = None
+    skips_last_row: bool = False
 
     @property
     def static(self) -> bool:
@@ -283,26 +289,39 @@ class StaticGeometry:
         chunk: the edges per chunk or piece.
         source_major: over the source-major CSR instead of the destination-major one.
         order: the row order of a ``"row_chunks"`` list (:func:`build_static`).
+        skip_last_row: a destination-major ``"row_chunks"`` list whose last row is left
+            empty: the extra row of edges a layer removed
+            (:func:`gnn_fastpath.graph.tensors.from_coo`). Their results are sliced off, so
+            walking them is waste, and a long one is worse: split into chunks of ``chunk``
+            edges, each chunk is one warp's serial walk, many times a sampled batch's work per
+            warp, and the launch waits for the slowest warp.
     """
 
     kind: str
     chunk: int
     source_major: bool = False
     order: str = "row"
+    skip_last_row: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"StaticGeometry.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.skip_last_row and (self.kind != "row_chunks" or self.source_major):
+            raise ValueError("StaticGeometry.skip_last_row is for destination-major row_chunks lists")
 
     @property
     def name(self) -> str:
-        """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"``."""
-        return f"{self.kind}/{'src' if self.source_major else 'dst'}/{self.chunk}/{self.order}"
+        """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"`` (and
+        ``".../skip_last"`` with :attr:`skip_last_row`)."""
+        name = f"{self.kind}/{'src' if self.source_major else 'dst'}/{self.chunk}/{self.order}"
+        return name + "/skip_last" if self.skip_last_row else name
 
     def build(self, indptr: Tensor, nnz: int) -> Tuple[Tensor, ...]:
         """The list's tensors for the CSR with row offsets ``indptr`` and ``nnz`` edges
         (traceable: no host read)."""
         if self.kind == "row_chunks":
+            if self.skip_last_row and indptr.numel() > 1:  # the last row ends where it begins
+                indptr = torch.cat([indptr[:-1], indptr[-2:-1]])
             w = build_static(indptr, nnz, self.chunk, self.chunk + 1, self.order)
             return w.items, w.split, w.split_rows, w.whole_rows, w.split_mask, w.slot_split
         return virtual_rows(indptr, nnz, self.chunk)
@@ -313,7 +332,8 @@ class StaticGeometry:
         if self.kind == "row_chunks":
             items, split, split_rows, whole_rows, split_mask, slot_split = tensors
             cap = items.shape[0]
-            return RowChunks(items, split, split_rows, whole_rows, cap, cap, split.shape[0], split_mask, slot_split)
+            return RowChunks(items, split, split_rows, whole_rows, cap, cap, split.shape[0], split_mask, slot_split,
+                             self.skip_last_row)
         return tuple(tensors)
 
 
@@ -321,13 +341,20 @@ class StaticGeometry:
 def static_geometry(graph, spec: StaticGeometry):
     """``spec``'s work list for the static ``graph``: the one handed in with the operator's
     graph tensors (:func:`gnn_fastpath.graph.tensors.as_graph` keeps it in the graph's memo
-    under ``("geometry", spec.name)``), else built here; restored once per graph."""
+    under ``("geometry", spec.name)``), or its variant without the extra row
+    (:attr:`StaticGeometry.skip_last_row`, which the caller hands in for a graph with one),
+    else built here; restored once per graph."""
 
     def make():
+        found = spec
         tensors = graph.memo_get(("geometry", spec.name))
+        if tensors is None and spec.kind == "row_chunks" and not spec.source_major:
+            found = replace(spec, skip_last_row=True)
+            tensors = graph.memo_get(("geometry", found.name))
         if tensors is None:
+            found = spec
             indptr = graph.source_csr().indptr if spec.source_major else graph.indptr
             tensors = spec.build(indptr, graph.num_edges)
-        return spec.restore(tensors)
+        return found.restore(tensors)
 
     return graph.memo(("static_geometry", spec.name), make)

@@ -17,11 +17,14 @@ stays correct for every graph of the same size.
 
 Edges removed by a layer (PyG drops existing self loops before adding its own) cannot leave
 a static-shape edge list; :func:`from_coo` moves them to an extra destination row ``n_dst``
-instead (``extra_row=True``), whose output the caller slices off: every kernel sees ordinary
-edges, and the removed ones receive exactly zero gradient.
+instead (``extra_row=True``), whose output the caller slices off, and the removed ones
+receive exactly zero gradient. The attention families' work lists leave that row out
+(:meth:`GraphTensors.with_geometry`), so their kernels never walk the removed edges; the
+other kernels see them as ordinary edges of a row nobody reads.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -115,10 +118,14 @@ class GraphTensors(NamedTuple):
         (:class:`gnn_fastpath.cuda.worklist.StaticGeometry`: ``name``, ``source_major`` and
         ``build(indptr, nnz)``), built here, in the caller's (traced) code, so that an operator
         finds them instead of building them in every call. Lists it carries already, and
-        source-major ones of a graph without its source-major CSR, are skipped."""
+        source-major ones of a graph without its source-major CSR, are skipped. With an extra
+        row, the destination-major row-chunk lists leave it out (``skip_last_row``): no
+        kernel walks the removed edges."""
         names, tensors = list(self.geometry_names), list(self.geometry)
         have = {name.rpartition(".")[0] for name in names}
         for spec in specs:
+            if self.extra_row and spec.kind == "row_chunks" and not spec.source_major:
+                spec = replace(spec, skip_last_row=True)
             indptr = self.src_indptr if spec.source_major else self.indptr
             if spec.name in have or indptr is None:
                 continue

@@ -174,3 +174,61 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     assert entry["state"] == tuning.WAITING and entry["calls"] == 3 and entry["trials"] == 2
     assert tuning.listing(all_devices=True) == []
     tuning.forget()
+
+
+# ------------------------------------------------------------- the extra row of removed edges
+#: per-edge outputs of each family's kernels (what the kernels write only for edges they walk)
+PER_EDGE = ("alpha", "logits", "d_edge_term", "d_edge_score")
+
+
+@pytest.mark.parametrize("variant", ["atomic", "transposed"])
+@pytest.mark.parametrize("family", ["gatv2", "gat", "dot"])
+def test_extra_row_graph_walks_destinations_and_zeroes_per_edge_outputs(launches, monkeypatch, family, variant):
+    """With the list that leaves out the extra row (the compiled path's, for a layer that
+    removed edges), a forced source-major backward runs the destination pass instead (the
+    transpose holds the removed edges, whose empty row has lse = -inf), and every per-edge
+    output reaches its kernel zeroed: its removed edges' entries are never written.
+    ``torch.empty`` gives NaN here, so an unzeroed buffer shows."""
+    from gnn_fastpath.cuda import dot_attention, gat_attention, gatv2_attention
+    from gnn_fastpath.graph.tensors import from_coo
+
+    monkeypatch.setenv(f"GNN_FASTPATH_{family.upper()}_BWD", variant)
+    real_empty = torch.empty
+
+    def nan_empty(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    per_edge, dry = [], launch.Kernel.launch
+
+    def record(self, grid, block, **args):
+        per_edge.extend((self.name.split("<")[0], k, int(torch.count_nonzero(v.nan_to_num(1.0))))
+                        for k, v in args.items() if k in PER_EDGE and v is not None)
+        dry(self, grid, block, **args)
+
+    monkeypatch.setattr(launch.Kernel, "launch", record)
+    src, dst = graph(True).caller_coo()
+    n = int(torch.maximum(src.max(), dst.max())) + 1
+    gt = from_coo(src, dst, n, n, removed=(src == dst) | (torch.arange(src.numel()) % 5 == 0)).destination_major()
+    module = {"gatv2": gatv2_attention, "gat": gat_attention, "dot": dot_attention}[family]
+    g = as_graph(gt.with_geometry(module.static_geometry()))
+    H, D, M = 2, 64, gt.num_edges
+    f32, rng = torch.float32, torch.tensor([7, 9])
+    if family == "gatv2":
+        xs, xd, et = _leaf(n, H, D, dtype=f32), _leaf(n + 1, H, D, dtype=f32), _leaf(M, H, D, dtype=f32)
+        out, alpha = GATv2AttentionFunction.apply(xs, xd, _leaf(H, D, dtype=f32), et, g, 0.2, True, 0.1, rng, None)
+    elif family == "gat":
+        xs, et = _leaf(n, H, D, dtype=f32), _leaf(M, H, dtype=f32)
+        out, alpha = GATAttentionFunction.apply(xs, _leaf(n, H, dtype=f32), _leaf(n + 1, H, dtype=f32), et, None, g,
+                                                0.2, True, 0.1, rng, None, None)
+    else:
+        q, et = _leaf(n + 1, H, D, dtype=f32), _leaf(M, H, D, dtype=f32)
+        out, alpha = DotAttentionFunction.apply(q, _leaf(n, H, D, dtype=f32), _leaf(n, H, D, dtype=f32), et, g,
+                                                0.125, True, 0.1, rng, None, None)
+    (out.nan_to_num().sum() + alpha.nan_to_num().sum()).backward()
+    assert f"{family}_bwd_dst" in launches and f"{family}_bwd_src" not in launches
+    names = {k for _, k, _ in per_edge}
+    assert "alpha" in names and ({"d_edge_term", "d_edge_score"} & names)
+    assert all(nonzero == 0 for _, _, nonzero in per_edge), per_edge
+    assert et.grad is not None

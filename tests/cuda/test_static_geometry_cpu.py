@@ -179,3 +179,54 @@ def test_public_ops_hand_their_lists_to_the_operators(monkeypatch, family):
     assert [name for name, _ in calls] == [family, f"{family}_backward"]
     for _, names in calls:
         assert {n.rpartition(".")[0] for n in names} == want
+
+
+# ------------------------------------------------------------- the extra row of removed edges
+def _extra_row_graph():
+    """:func:`graph`'s super-node graph with its loops and every fifth edge removed: an extra
+    row longer than a chunk (the static list would split it)."""
+    src, dst = graph(True).caller_coo()
+    n = int(torch.maximum(src.max(), dst.max())) + 1
+    removed = (src == dst) | (torch.arange(src.numel()) % 5 == 0)
+    return from_coo(src, dst, n, n, removed=removed), removed
+
+
+@pytest.mark.parametrize("family", ["gatv2_attention", "gat_attention", "dot_attention"])
+def test_extra_row_lists_leave_the_removed_edges_out(family):
+    """An attention family's list handed for a graph with an extra row is the variant without
+    that row: its items cover exactly the kept edges' CSR positions, the extra row's item is
+    empty and no row is split for it; a launcher asking for the plain list finds it."""
+    gt, removed = _extra_row_graph()
+    n_removed = int(removed.sum())
+    assert n_removed > 256
+    (spec,) = FAMILY_SPECS[family]()
+    handed = gt.destination_major().with_geometry([spec])
+    skip = worklist.StaticGeometry(spec.kind, spec.chunk, order=spec.order, skip_last_row=True)
+    assert {n.rpartition(".")[0] for n in handed.geometry_names} == {skip.name} and skip.name.endswith("/skip_last")
+    work = worklist.static_geometry(as_graph(handed), spec)
+    assert work.skips_last_row
+    kept_end = int(gt.indptr[-2])
+    assert kept_end == gt.num_edges - n_removed
+    covered = torch.zeros(gt.num_edges, dtype=torch.int64)
+    for row, begin, end, _ in work.items.tolist():
+        covered[begin:end] += 1
+        if row == gt.indptr.numel() - 2:
+            assert begin == end
+    assert torch.equal(covered, (torch.arange(gt.num_edges) < kept_end).long())
+    assert not bool(work.split_mask[-1])
+    # without an extra row the plain list is handed, and the same graph's list built in place
+    # (no handed list) still walks the extra row
+    plain = of_graph(graph(True)).destination_major().with_geometry([spec])
+    assert {n.rpartition(".")[0] for n in plain.geometry_names} == {spec.name}
+    built = worklist.static_geometry(as_graph(gt.destination_major()), spec)
+    assert not built.skips_last_row and bool(built.split_mask[-1])
+
+
+def test_only_destination_row_chunks_skip_the_last_row():
+    with pytest.raises(ValueError, match="skip_last_row"):
+        worklist.StaticGeometry("virtual_rows", 8, skip_last_row=True)
+    with pytest.raises(ValueError, match="skip_last_row"):
+        worklist.StaticGeometry("row_chunks", 8, source_major=True, skip_last_row=True)
+    gt, _ = _extra_row_graph()
+    handed = gt.with_geometry([worklist.StaticGeometry("virtual_rows", 8), SPECS[1]])
+    assert not any("skip_last" in n for n in handed.geometry_names)

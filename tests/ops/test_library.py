@@ -734,3 +734,40 @@ def test_cuda_graph_tensors_scattered_split_rows(family):
         _assert_close(a, e, f"output {i} vs eager kernels", atol=1e-4, rtol=1e-4)
     for k in actual_grads:
         _assert_close(actual_grads[k], eager_grads[k], f"grad of {k} vs eager kernels", atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", [None, "transposed"], ids=["rule", "forced-transposed"])
+@pytest.mark.parametrize("family", ATTENTION_FAMILIES)
+def test_cuda_extra_row_attention_weights_and_forced_backward(cuda_coo, monkeypatch, family, variant):
+    """The compiled path's work list leaves the extra row out, so no kernel walks the removed
+    edges: their attention weights and edge-input gradients are still exactly 0, the kept
+    edges' weights equal those of the graph without them, and a forced source-major backward
+    (which would meet the removed edges in the transpose) gives the same gradients."""
+    if variant is not None:
+        monkeypatch.setenv(f"GNN_FASTPATH_{family.split('_')[0].upper()}_BWD", variant)
+    c = cuda_coo
+    removed = (c.src == c.dst) | (torch.arange(c.m, device="cuda") % 5 == 0)
+    kept = ~removed
+    assert int(removed.sum()) > 256  # a row the static list would have split
+    gt = from_coo(c.src, c.dst, c.n_src, c.n_dst, removed=removed)
+    g_kept = Graph.from_coo(c.src[kept], c.dst[kept], c.n_src, c.n_dst)
+    t = make_inputs(family, c.n_src, c.n_dst, c.m, True, dtype=torch.float32, device="cuda", ties=_ties(family))
+    t_kept = {k: None if v is None else (v.detach()[kept] if k in EDGE_INPUTS else v.detach()).clone()
+              .requires_grad_() for k, v in t.items()}
+    expected, expected_grads = run_with_grads(family, g_kept, t_kept, {"ret": True})
+    weights = _weights(expected)
+    full = torch.zeros((c.m,) + tuple(weights[1].shape[1:]), dtype=weights[1].dtype, device="cuda")
+    full[kept] = weights[1]
+    actual, actual_grads = run_with_grads(family, gt, t, {"ret": True}, [weights[0], full])
+    _assert_close(actual[0], expected[0], "output", atol=1e-4, rtol=1e-4)
+    _assert_close(actual[1][kept], expected[1], "alpha of kept edges", atol=1e-4, rtol=1e-4)
+    assert torch.equal(actual[1][removed], torch.zeros_like(actual[1][removed])), "alpha of removed edges"
+    for k, e in expected_grads.items():
+        a = actual_grads[k]
+        assert torch.isfinite(a).all(), k
+        if k in EDGE_INPUTS:
+            _assert_close(a[kept], e, f"grad of {k} (kept)", atol=1e-4, rtol=1e-4)
+            assert torch.equal(a[removed], torch.zeros_like(a[removed])), k
+        else:
+            _assert_close(a, e, f"grad of {k}", atol=1e-4, rtol=1e-4)
