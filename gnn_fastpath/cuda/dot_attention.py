@@ -416,7 +416,7 @@ def backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Tensor]
         plan = plans.run(graph, plan, device, run)
     mode = plan.variant
     if graph.static:
-        mode = row_attention.skipping(mode, _work(graph))
+        mode = row_attention.backward_variant(mode, _work(graph))
     if mode == "block":
         dq, dk, dv = block_attention.backward(graph, q, k, v, out, lse, grad_out, scale, p, seed, offset)
         return dq, dk, dv, None

@@ -296,7 +296,7 @@ def backward(graph, x_src: Tensor, score_src: Tensor, score_dst: Tensor, edge_sc
         plan = plans.run(graph, plan, dev, run)
     kc = graph.kernel_csr()
     work = _work(graph)
-    mode = row_attention.skipping(plan.variant, work)
+    mode = row_attention.backward_variant(plan.variant, work)
     row_attention.zero_skipped(work, d_u)
     cfg = plan.cfg
     ti, to = launch.ctype(T), launch.ctype(out.dtype)

@@ -347,7 +347,7 @@ def backward(graph, x_src: Tensor, x_dst: Tensor, att: Tensor, edge_term: Option
         plan = plans.run(graph, plan, dev, run)
     mode = plan.variant
     if graph.static:
-        mode = row_attention.skipping(mode, _work(graph, chunk=plan.chunk))
+        mode = row_attention.backward_variant(mode, _work(graph, chunk=plan.chunk))
     if need_src and n_dst and M:
         if mode == "fused":
             reverse = reverse_ids(graph, detect=True)

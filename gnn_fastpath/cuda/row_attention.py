@@ -190,7 +190,7 @@ def work(graph, chunk: int, source_major: bool = False, order: str = "row") -> w
     return worklist.static_geometry(graph, static_work(chunk, source_major, order))
 
 
-def skipping(mode: str, work: worklist.RowChunks) -> str:
+def backward_variant(mode: str, work: worklist.RowChunks) -> str:
     """The backward variant to run on ``work``: ``mode``, except ``"atomic"`` (one destination
     pass) where the list leaves out the extra row of removed edges
     (:attr:`worklist.RowChunks.skips_last_row`): a source-major pass would walk those edges
