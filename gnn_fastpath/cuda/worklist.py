@@ -11,7 +11,7 @@ fan-out bounds every destination row), which costs no synchronisation at all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -42,7 +42,7 @@ class RowChunks:
             [n_slots], the row of each chunk slot.
         skips_last_row: the last row's edges are in no item (its item is empty): a static
             list over a graph whose last row is the extra row of removed edges
-            (:class:`StaticGeometry`). A launcher zeroes what it writes per edge (nothing
+            (:class:`StaticGeometry`, :data:`SKIP_LAST_ROW`). A launcher zeroes what it writes per edge (nothing
             visits those edges) and walks destinations only: the source-major CSR still holds
             the removed edges, and their empty row's ``lse`` is -inf.
     """
@@ -266,6 +266,8 @@ def virtual_rows(indptr: Tensor, nnz: int, chunk: int) -> Tuple[Tensor, Tensor]:
 
 #: The kinds of :class:`StaticGeometry`.
 KINDS = ("row_chunks", "virtual_rows")
+#: What the name of a list without the extra row adds to its :attr:`StaticGeometry.name`.
+SKIP_LAST_ROW = "/skip_last"
 
 
 @dataclass(frozen=True)
@@ -289,51 +291,55 @@ class StaticGeometry:
         chunk: the edges per chunk or piece.
         source_major: over the source-major CSR instead of the destination-major one.
         order: the row order of a ``"row_chunks"`` list (:func:`build_static`).
-        skip_last_row: a destination-major ``"row_chunks"`` list whose last row is left
-            empty: the extra row of edges a layer removed
-            (:func:`gnn_fastpath.graph.tensors.from_coo`). Their results are sliced off, so
-            walking them is waste, and a long one is worse: split into chunks of ``chunk``
-            edges, each chunk is one warp's serial walk, many times a sampled batch's work per
-            warp, and the launch waits for the slowest warp.
+
+    A destination-major ``"row_chunks"`` list can leave the last row empty
+    (:attr:`can_skip_last_row`; ``build(..., skip_last_row=True)``, named :attr:`name` +
+    :data:`SKIP_LAST_ROW`): the extra row of edges a layer removed
+    (:func:`gnn_fastpath.graph.tensors.from_coo`). Their results are sliced off, so walking
+    them is waste, and a long row is worse: split into chunks of ``chunk`` edges, each chunk
+    is one warp's serial walk, many times a sampled batch's work per warp, and the launch
+    waits for the slowest warp.
     """
 
     kind: str
     chunk: int
     source_major: bool = False
     order: str = "row"
-    skip_last_row: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"StaticGeometry.kind must be one of {KINDS}, got {self.kind!r}")
-        if self.skip_last_row and (self.kind != "row_chunks" or self.source_major):
-            raise ValueError("StaticGeometry.skip_last_row is for destination-major row_chunks lists")
 
     @property
     def name(self) -> str:
-        """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"`` (and
-        ``".../skip_last"`` with :attr:`skip_last_row`)."""
-        name = f"{self.kind}/{'src' if self.source_major else 'dst'}/{self.chunk}/{self.order}"
-        return name + "/skip_last" if self.skip_last_row else name
+        """What the operators name it by, e.g. ``"row_chunks/dst/256/degree"``."""
+        return f"{self.kind}/{'src' if self.source_major else 'dst'}/{self.chunk}/{self.order}"
 
-    def build(self, indptr: Tensor, nnz: int) -> Tuple[Tensor, ...]:
+    @property
+    def can_skip_last_row(self) -> bool:
+        """Whether the list can leave the last row out (destination-major row chunks)."""
+        return self.kind == "row_chunks" and not self.source_major
+
+    def build(self, indptr: Tensor, nnz: int, skip_last_row: bool = False) -> Tuple[Tensor, ...]:
         """The list's tensors for the CSR with row offsets ``indptr`` and ``nnz`` edges
-        (traceable: no host read)."""
+        (traceable: no host read); ``skip_last_row``: the last row's item left empty."""
+        if skip_last_row and not self.can_skip_last_row:
+            raise ValueError(f"{self.name}: only destination-major row_chunks lists skip the last row")
         if self.kind == "row_chunks":
-            if self.skip_last_row and indptr.numel() > 1:  # the last row ends where it begins
+            if skip_last_row and indptr.numel() > 1:  # the last row ends where it begins
                 indptr = torch.cat([indptr[:-1], indptr[-2:-1]])
             w = build_static(indptr, nnz, self.chunk, self.chunk + 1, self.order)
             return w.items, w.split, w.split_rows, w.whole_rows, w.split_mask, w.slot_split
         return virtual_rows(indptr, nnz, self.chunk)
 
-    def restore(self, tensors: Tuple[Tensor, ...]):
+    def restore(self, tensors: Tuple[Tensor, ...], skips_last_row: bool = False):
         """What a launcher reads: a :class:`RowChunks` (counts from the shapes, as
         :func:`build_static` sets them) or ``(vindptr, owner)``."""
         if self.kind == "row_chunks":
             items, split, split_rows, whole_rows, split_mask, slot_split = tensors
             cap = items.shape[0]
             return RowChunks(items, split, split_rows, whole_rows, cap, cap, split.shape[0], split_mask, slot_split,
-                             self.skip_last_row)
+                             skips_last_row)
         return tuple(tensors)
 
 
@@ -341,20 +347,19 @@ class StaticGeometry:
 def static_geometry(graph, spec: StaticGeometry):
     """``spec``'s work list for the static ``graph``: the one handed in with the operator's
     graph tensors (:func:`gnn_fastpath.graph.tensors.as_graph` keeps it in the graph's memo
-    under ``("geometry", spec.name)``), or its variant without the extra row
-    (:attr:`StaticGeometry.skip_last_row`, which the caller hands in for a graph with one),
-    else built here; restored once per graph."""
+    under ``("geometry", spec.name)``), or its variant without the extra row (under
+    ``spec.name + SKIP_LAST_ROW``, which the caller hands in for a graph with one), else
+    built here; restored once per graph."""
 
     def make():
-        found = spec
         tensors = graph.memo_get(("geometry", spec.name))
-        if tensors is None and spec.kind == "row_chunks" and not spec.source_major:
-            found = replace(spec, skip_last_row=True)
-            tensors = graph.memo_get(("geometry", found.name))
-        if tensors is None:
-            found = spec
-            indptr = graph.source_csr().indptr if spec.source_major else graph.indptr
-            tensors = spec.build(indptr, graph.num_edges)
-        return found.restore(tensors)
+        if tensors is not None:
+            return spec.restore(tensors)
+        if spec.can_skip_last_row:
+            tensors = graph.memo_get(("geometry", spec.name + SKIP_LAST_ROW))
+            if tensors is not None:
+                return spec.restore(tensors, skips_last_row=True)
+        indptr = graph.source_csr().indptr if spec.source_major else graph.indptr
+        return spec.restore(spec.build(indptr, graph.num_edges))
 
     return graph.memo(("static_geometry", spec.name), make)

@@ -24,13 +24,13 @@ other kernels see them as ordinary edges of a row nobody reads.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .graph import DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
+from ..cuda.worklist import SKIP_LAST_ROW
 
 
 #: How many leading fields of :class:`GraphTensors` the operators take.
@@ -119,20 +119,20 @@ class GraphTensors(NamedTuple):
         ``build(indptr, nnz)``), built here, in the caller's (traced) code, so that an operator
         finds them instead of building them in every call. Lists it carries already, and
         source-major ones of a graph without its source-major CSR, are skipped. With an extra
-        row, the destination-major row-chunk lists leave it out (``skip_last_row``): no
+        row, the destination-major row-chunk lists leave it out (``SKIP_LAST_ROW``): no
         kernel walks the removed edges."""
         names, tensors = list(self.geometry_names), list(self.geometry)
         have = {name.rpartition(".")[0] for name in names}
         for spec in specs:
-            if self.extra_row and spec.kind == "row_chunks" and not spec.source_major:
-                spec = replace(spec, skip_last_row=True)
+            skip = self.extra_row and spec.can_skip_last_row
+            name = spec.name + SKIP_LAST_ROW if skip else spec.name
             indptr = self.src_indptr if spec.source_major else self.indptr
-            if spec.name in have or indptr is None:
+            if name in have or indptr is None:
                 continue
-            built = spec.build(indptr, self.num_edges)
-            names += [f"{spec.name}.{i}" for i in range(len(built))]
+            built = spec.build(indptr, self.num_edges, skip_last_row=skip)
+            names += [f"{name}.{i}" for i in range(len(built))]
             tensors += built
-            have.add(spec.name)
+            have.add(name)
         return self._replace(geometry=tuple(tensors), geometry_names=tuple(names))
 
     def pad(self, t: Optional[Tensor]) -> Optional[Tensor]:

@@ -201,8 +201,7 @@ def test_extra_row_lists_leave_the_removed_edges_out(family):
     assert n_removed > 256
     (spec,) = FAMILY_SPECS[family]()
     handed = gt.destination_major().with_geometry([spec])
-    skip = worklist.StaticGeometry(spec.kind, spec.chunk, order=spec.order, skip_last_row=True)
-    assert {n.rpartition(".")[0] for n in handed.geometry_names} == {skip.name} and skip.name.endswith("/skip_last")
+    assert {n.rpartition(".")[0] for n in handed.geometry_names} == {spec.name + worklist.SKIP_LAST_ROW}
     work = worklist.static_geometry(as_graph(handed), spec)
     assert work.skips_last_row
     kept_end = int(gt.indptr[-2])
@@ -223,10 +222,31 @@ def test_extra_row_lists_leave_the_removed_edges_out(family):
 
 
 def test_only_destination_row_chunks_skip_the_last_row():
-    with pytest.raises(ValueError, match="skip_last_row"):
-        worklist.StaticGeometry("virtual_rows", 8, skip_last_row=True)
-    with pytest.raises(ValueError, match="skip_last_row"):
-        worklist.StaticGeometry("row_chunks", 8, source_major=True, skip_last_row=True)
     gt, _ = _extra_row_graph()
+    for spec in (worklist.StaticGeometry("virtual_rows", 8), SPECS[1]):
+        assert not spec.can_skip_last_row
+        with pytest.raises(ValueError, match="skip the last row"):
+            spec.build(gt.indptr, gt.num_edges, skip_last_row=True)
     handed = gt.with_geometry([worklist.StaticGeometry("virtual_rows", 8), SPECS[1]])
-    assert not any("skip_last" in n for n in handed.geometry_names)
+    assert handed.geometry_names and not any(worklist.SKIP_LAST_ROW in n for n in handed.geometry_names)
+
+
+def test_extra_row_lists_trace_without_graph_breaks():
+    """The list without the extra row is built by compiled code too (fullgraph, dynamic shapes):
+    the same tensors as eagerly, for two edge counts."""
+    gt, removed = _extra_row_graph()
+    src, dst = gt.coo
+    n = gt.n_src
+
+    def lists(src, dst, removed):  # the specs asked for in traced code, as the ops ask
+        gt = from_coo(src, dst, n, n, removed=removed, source_major=False)
+        return gt.with_geometry(gatv2_attention.static_geometry() + dot_attention.static_geometry()).geometry
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lists, backend="aot_eager", fullgraph=True, dynamic=True)
+    for m in (src.numel(), src.numel() - 41):
+        got, want = compiled(src[:m], dst[:m], removed[:m]), lists(src[:m], dst[:m], removed[:m])
+        assert len(got) == len(want) == 12
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    torch._dynamo.reset()
