@@ -42,9 +42,10 @@ class RowChunks:
             [n_slots], the row of each chunk slot.
         skips_last_row: the last row's edges are in no item (its item is empty): a static
             list over a graph whose last row is the extra row of removed edges
-            (:class:`StaticGeometry`, :data:`SKIP_LAST_ROW`). A launcher zeroes what it writes per edge (nothing
-            visits those edges) and walks destinations only: the source-major CSR still holds
-            the removed edges, and their empty row's ``lse`` is -inf.
+            (:class:`StaticGeometry`, :data:`SKIP_LAST_ROW`). A launcher zeroes what it writes
+            per edge (nothing visits those edges) and walks destinations only: the
+            source-major CSR still holds the removed edges, and their empty row's ``lse`` is
+            -inf.
     """
 
     items: Tensor
