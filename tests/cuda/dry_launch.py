@@ -72,6 +72,18 @@ def graph(super_node: bool, bipartite: bool = False):
     return Graph.from_edge_index(ei, nn)
 
 
+def extra_row_graph():
+    """(GraphTensors, removed) of :func:`graph`'s super-node graph with its loops and every
+    fifth edge removed into the extra row: a row longer than a 256-edge chunk (a static list
+    that walked it would split it)."""
+    from gnn_fastpath.graph.tensors import from_coo
+
+    src, dst = graph(True).caller_coo()
+    n = int(torch.maximum(src.max(), dst.max())) + 1
+    removed = (src == dst) | (torch.arange(src.numel()) % 5 == 0)
+    return from_coo(src, dst, n, n, removed=removed), removed
+
+
 def undirected_graph(super_node: bool):
     """:func:`graph`'s homogeneous graph with every edge also reversed (symmetric; the super
     node's row and the hub source's row split both ways), its symmetry detected."""

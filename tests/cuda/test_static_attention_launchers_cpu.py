@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dry_launch import GRAPHS, graph
+from dry_launch import GRAPHS, extra_row_graph, graph
 from gnn_fastpath.cuda import launch
 from gnn_fastpath.graph.tensors import as_graph, of_graph
 from gnn_fastpath.ops.dot_attention import DotAttentionFunction
@@ -190,7 +190,6 @@ def test_extra_row_graph_walks_destinations_and_zeroes_per_edge_outputs(launches
     output reaches its kernel zeroed: its removed edges' entries are never written.
     ``torch.empty`` gives NaN here, so an unzeroed buffer shows."""
     from gnn_fastpath.cuda import dot_attention, gat_attention, gatv2_attention
-    from gnn_fastpath.graph.tensors import from_coo
 
     monkeypatch.setenv(f"GNN_FASTPATH_{family.upper()}_BWD", variant)
     real_empty = torch.empty
@@ -208,9 +207,8 @@ def test_extra_row_graph_walks_destinations_and_zeroes_per_edge_outputs(launches
         dry(self, grid, block, **args)
 
     monkeypatch.setattr(launch.Kernel, "launch", record)
-    src, dst = graph(True).caller_coo()
-    n = int(torch.maximum(src.max(), dst.max())) + 1
-    gt = from_coo(src, dst, n, n, removed=(src == dst) | (torch.arange(src.numel()) % 5 == 0)).destination_major()
+    gt = extra_row_graph()[0].destination_major()
+    n = gt.n_src
     module = {"gatv2": gatv2_attention, "gat": gat_attention, "dot": dot_attention}[family]
     g = as_graph(gt.with_geometry(module.static_geometry()))
     H, D, M = 2, 64, gt.num_edges

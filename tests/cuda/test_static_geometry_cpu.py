@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dry_launch import GRAPHS, graph
+from dry_launch import GRAPHS, extra_row_graph, graph
 from gnn_fastpath.cuda import dot_attention, gat_attention, gatv2_attention, segment_reduce, spmm, worklist
 from gnn_fastpath.graph.tensors import as_graph, from_coo, of_graph
 from gnn_fastpath.ops import library
@@ -182,21 +182,12 @@ def test_public_ops_hand_their_lists_to_the_operators(monkeypatch, family):
 
 
 # ------------------------------------------------------------- the extra row of removed edges
-def _extra_row_graph():
-    """:func:`graph`'s super-node graph with its loops and every fifth edge removed: an extra
-    row longer than a chunk (the static list would split it)."""
-    src, dst = graph(True).caller_coo()
-    n = int(torch.maximum(src.max(), dst.max())) + 1
-    removed = (src == dst) | (torch.arange(src.numel()) % 5 == 0)
-    return from_coo(src, dst, n, n, removed=removed), removed
-
-
 @pytest.mark.parametrize("family", ["gatv2_attention", "gat_attention", "dot_attention"])
 def test_extra_row_lists_leave_the_removed_edges_out(family):
     """An attention family's list handed for a graph with an extra row is the variant without
     that row: its items cover exactly the kept edges' CSR positions, the extra row's item is
     empty and no row is split for it; a launcher asking for the plain list finds it."""
-    gt, removed = _extra_row_graph()
+    gt, removed = extra_row_graph()
     n_removed = int(removed.sum())
     assert n_removed > 256
     (spec,) = FAMILY_SPECS[family]()
@@ -222,7 +213,7 @@ def test_extra_row_lists_leave_the_removed_edges_out(family):
 
 
 def test_only_destination_row_chunks_skip_the_last_row():
-    gt, _ = _extra_row_graph()
+    gt, _ = extra_row_graph()
     for spec in (worklist.StaticGeometry("virtual_rows", 8), SPECS[1]):
         assert not spec.can_skip_last_row
         with pytest.raises(ValueError, match="skip the last row"):
@@ -234,7 +225,7 @@ def test_only_destination_row_chunks_skip_the_last_row():
 def test_extra_row_lists_trace_without_graph_breaks():
     """The list without the extra row is built by compiled code too (fullgraph, dynamic shapes):
     the same tensors as eagerly, for two edge counts."""
-    gt, removed = _extra_row_graph()
+    gt, removed = extra_row_graph()
     src, dst = gt.coo
     n = gt.n_src
 
