@@ -99,6 +99,12 @@ SETTINGS = (
             "auto: a patched layer whose fused path is measured slower than stock on small graphs runs stock "
             "below its crossover edge count (stats() reason small_graph; see the README); off: the fused path "
             "at every size", _choice("auto", "off")),
+    Setting("GNN_FASTPATH_NEW_GRAPH", "exact", "exact, static",
+            "how a PyG layer builds the graph of an edge_index it has not seen: exact reads the graph's degree "
+            "facts back once (one host synchronisation; degree-aware work lists, node ids checked on the host); "
+            "static builds it as torch.compile does (no host synchronisation: work lists sized from shapes, node "
+            "ids checked on the device, replaced self loops kept in an extra row) for its first calls, then exact",
+            _choice("exact", "static")),
     Setting("GNN_FASTPATH_GATV2_CHUNK", "256", "1..65536",
             "GATv2 attention: rows longer than this many edges are cut into chunks of this length",
             _int_in(1, 65536)),

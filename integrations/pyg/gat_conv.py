@@ -53,7 +53,7 @@ from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported, check_like, finite_number
 from .graph import (EdgeIndex, attention_dropout, attention_out_dtype, attention_result, attention_self_loops,
                     check_inputs, check_message_passing, check_return_attention, graph_of, is_sparse,
-                    looped_edge_attr, pair_features, pyg_softmax, split_pair)
+                    looped_edge_attr, looped_needs_exact_graph, pair_features, pyg_softmax, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
@@ -158,7 +158,8 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, size=None, retu
     check_return_attention(return_attention_weights, module)
     targets = x_src if not pair else x_dst  # stock's x_dst: the same tensor for one x
     n_src, n_dst = _sizes(edge_index, size, x_src.size(0), targets)
-    base = graph_of(edge_index, n_src, n_dst, x_src)
+    base = graph_of(edge_index, n_src, n_dst, x_src,
+                    static=not looped_needs_exact_graph(module, return_attention_weights, edge_attr))
     use_edge = _check_edge_attr(module, edge_attr, base.num_edges, x_src)
     graph, looped = attention_self_loops(module, edge_index, base, edge_attr,
                                          lambda: _num_loops(size, n_src, n_dst, targets))

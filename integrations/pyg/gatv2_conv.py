@@ -48,7 +48,7 @@ from gnn_fastpath.ops.dispatch import require
 from ..shim import Unsupported, finite_number
 from .graph import (attention_dropout, attention_out_dtype, attention_result, attention_self_loops, check_inputs,
                     check_like, check_message_passing, check_return_attention, graph_of, looped_edge_attr,
-                    pair_features, pyg_softmax, split_pair)
+                    looped_needs_exact_graph, pair_features, pyg_softmax, split_pair)
 
 #: The tensor deciding device and dtype: ``x``, or ``x[0]`` of a pair.
 features = pair_features
@@ -68,7 +68,8 @@ def forward(module, backend: str, x, edge_index, edge_attr=None, return_attentio
     check_return_attention(return_attention_weights, module)
     n_src = x_src.size(0)
     n_dst = n_src if x_dst is None else x_dst.size(0)
-    base = graph_of(edge_index, n_src, n_dst, x_src)
+    base = graph_of(edge_index, n_src, n_dst, x_src,
+                    static=not looped_needs_exact_graph(module, return_attention_weights, edge_attr))
     if edge_attr is not None:
         if module.lin_edge is None:
             raise Unsupported("edge_attr", "edge_attr without edge_dim (stock asserts)")

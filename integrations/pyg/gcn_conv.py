@@ -104,7 +104,8 @@ def _normalised_sparse(module, adj: Tensor, n: int, x: Tensor) -> Tuple[Graph, T
 
 def _normalised(module, edge_index: Tensor, edge_weight, n: int, x: Tensor) -> Tuple[Graph, Tensor, bool]:
     """(graph, normalised weights, whether the weights are a memoised structural tensor)."""
-    graph = graph_of(edge_index, n, n, x)
+    # a cache stock reads later holds PyG's looped edge order, which only the exact graph has
+    graph = graph_of(edge_index, n, n, x, static=not module.cached)
     edge_weight = edge_weight_of("edge_weight", edge_weight, graph, x)
     if module.add_self_loops:
         looped = replace_self_loops(graph, n)

@@ -27,6 +27,8 @@ from torch import Tensor
 
 from gnn_fastpath.graph import Graph, GraphTensors
 from gnn_fastpath.graph.tensors import from_coo
+from gnn_fastpath.config import setting
+from gnn_fastpath.graph.cache import cached
 from gnn_fastpath.graph.convert import edge_index_to_coo, tensor_version
 from gnn_fastpath.ops.dispatch import is_compiling
 from ..shim import Unsupported, check_like, out_dtype_of, result_dtype
@@ -172,6 +174,16 @@ def check_return_attention(return_attention_weights, module=None) -> None:
         raise Unsupported("compile", "attention weights of a layer adding self loops under torch.compile")
 
 
+def looped_needs_exact_graph(module, return_attention_weights, edge_attr) -> bool:
+    """Whether an attention layer's call needs the exact graph (``graph_of(static=False)``): it
+    adds self loops and returns attention weights over PyG's compacted looped edge list, or
+    reduces ``edge_attr`` into the loops by a string ``fill_value``, which stock cannot do
+    where a kept edge targets a node beyond the loops (the static graph cannot tell without
+    reading the graph back; :func:`check_fill`)."""
+    return bool(module.add_self_loops) and (
+        bool(return_attention_weights) or (edge_attr is not None and isinstance(module.fill_value, str)))
+
+
 def attention_out_dtype(name: str, stock_dtypes, h: Tensor, *dtypes: torch.dtype) -> torch.dtype:
     """The ``out_dtype`` of an attention op fed projections ``h``: the dtype of stock's messages,
     as ``stock_dtypes(h, *others)`` (returning ``(alpha, message)``) gives it for ``h``'s dtype and
@@ -217,11 +229,16 @@ def attention_dropout(module) -> float:
     return float(p) if module.training else 0.0
 
 
-def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
+def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor, static: bool = True) -> Graph:
     """The cached Graph of a PyG graph input for ``n_src`` source and ``n_dst`` target nodes.
 
     ``like`` is a feature tensor: the graph must be on its device. Raises Unsupported for
     inputs the fused path does not take (see the module docstring).
+
+    With ``GNN_FASTPATH_NEW_GRAPH=static`` an ``edge_index`` (tensor or ``EdgeIndex``) gets
+    the graph a compiled layer builds (:func:`static_graph`) for its first calls, unless the
+    caller needs the exact one (``static=False``: what it returns depends on PyG's own edge
+    order of a derived graph, e.g. the attention weights of a layer adding self loops).
     """
     if not isinstance(edge_index, Tensor):
         raise Unsupported("edge_index", f"edge_index is a {type(edge_index).__name__} "
@@ -252,6 +269,10 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor) -> Graph:
                                       f"({n_src}, {n_dst})")
     if is_compiling():
         return traced_graph(edge_index, n_src, n_dst)
+    if static and setting("GNN_FASTPATH_NEW_GRAPH") == "static":
+        graph = static_graph(edge_index, n_src, n_dst)
+        if graph is not None:
+            return graph
     try:
         return Graph.of(edge_index, num_nodes=(n_src, n_dst))
     except ValueError as exc:  # node ids out of range: stock reports its own error
@@ -264,6 +285,45 @@ def traced_graph(edge_index: Tensor, n_src: int, n_dst: int, removed: Optional[T
     if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
         edge_index = edge_index.as_tensor()
     return from_coo(edge_index[0], edge_index[1], n_src, n_dst, removed=removed)
+
+
+#: How many layer calls an ``edge_index`` runs on its static graph (``GNN_FASTPATH_NEW_GRAPH=
+#: static``) before the exact Graph is built: a sampled batch's layers all stay below it, a
+#: graph trained on for many steps pays the exact build once and keeps its degree-aware lists.
+STATIC_CALLS = 8
+
+
+class _StaticEntry:
+    """A graph input's static graph and how many calls asked for it."""
+
+    __slots__ = ("graph", "calls")
+
+    def __init__(self, graph: GraphTensors):
+        self.graph = graph
+        self.calls = 0
+
+
+def static_graph(edge_index: Tensor, n_src: int, n_dst: int) -> Optional[GraphTensors]:
+    """The graph a compiled layer builds (:func:`traced_graph`) of an eager ``edge_index``,
+    cached per object, version and node counts, so the layers of a step share it; None once
+    the input has had :data:`STATIC_CALLS` calls (the caller builds the exact Graph).
+
+    Built without a host synchronisation: node ids are checked on the device
+    (:func:`gnn_fastpath.graph.tensors.from_coo`: a bad id fails the CUDA stream as stock's
+    own indexing does), and the kernels read work lists sized from shapes, as under
+    ``torch.compile``."""
+    version = tensor_version(edge_index)
+    if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
+        version = version + tensor_version(edge_index.as_tensor())
+    entry = cached(edge_index, version, lambda: _StaticEntry(traced_graph(edge_index, n_src, n_dst)),
+                   _STATIC_CACHE + str(edge_index.device), (n_src, n_dst))
+    entry.calls += 1
+    return entry.graph if entry.calls <= STATIC_CALLS else None
+
+
+#: The prefix of the graph cache's LRU that holds the static graphs (one per device, apart
+#: from the Graphs :meth:`Graph.of` keeps under the device's own name).
+_STATIC_CACHE = "static:"
 
 
 def describe(edge_index, num_nodes=None) -> Tuple[str, Hashable, Callable[[], Graph]]:

@@ -68,9 +68,9 @@ STATS_KEY = {"gatv2": "pyg.GATv2Conv", "sage_max": "pyg.SAGEConv", "transformer"
              "gcn": "pyg.GCNConv"}
 
 
-@pytest.mark.parametrize("layer", list(EXPECTED))
-@pytest.mark.parametrize("hub_out", [40, 300])
-def test_sampled_step_syncs(pyg, clean_fastpath, layer, hub_out):
+def _warm_step(pyg, layer: str, hub_out: int):
+    """A training step of ``_model(layer)`` on a graph, enabled, after two steps on other graphs
+    of the size class (kernels compiled, SpMM algorithms chosen)."""
     torch.manual_seed(0)
     model = _model(pyg, layer)
     opt = torch.optim.Adam(model.parameters())
@@ -85,14 +85,35 @@ def test_sampled_step_syncs(pyg, clean_fastpath, layer, hub_out):
         opt.step()
 
     gnn_fastpath.enable(frameworks="pyg")
-    for seed in (10, 11):  # compile, choose SpMM algorithms for this size class
+    for seed in (10, 11):
         step(_sampled_like(seed, hub_out))
     torch.cuda.synchronize()
+    return step
+
+
+@pytest.mark.parametrize("layer", list(EXPECTED))
+@pytest.mark.parametrize("hub_out", [40, 300])
+def test_sampled_step_syncs(pyg, clean_fastpath, layer, hub_out):
+    step = _warm_step(pyg, layer, hub_out)
     ei = _sampled_like(12, hub_out)
     n = count_syncs(lambda: step(ei))
     low, high = EXPECTED[layer]
     allowed = low if hub_out < 64 else high
     assert n <= allowed, f"{layer}: {n} host syncs in a sampled step (allowed {allowed})"
     assert n >= 1  # the graph build reads its facts back once
+    counts = gnn_fastpath.stats()[STATS_KEY[layer]]
+    assert counts["fused"].get("cuda", 0) > 0 and not counts.get("fallback")
+
+
+@pytest.mark.parametrize("layer", list(EXPECTED))
+@pytest.mark.parametrize("hub_out", [40, 300])
+def test_static_new_graph_step_has_no_sync(pyg, clean_fastpath, monkeypatch, layer, hub_out):
+    """``GNN_FASTPATH_NEW_GRAPH=static``: the same step on a new graph reads nothing back (node
+    ids checked on the device, work lists sized from shapes), and still runs fused."""
+    monkeypatch.setenv("GNN_FASTPATH_NEW_GRAPH", "static")
+    monkeypatch.setenv("GNN_FASTPATH_SMALL_GRAPH", "off")
+    step = _warm_step(pyg, layer, hub_out)
+    ei = _sampled_like(12, hub_out)
+    assert count_syncs(lambda: step(ei)) == 0
     counts = gnn_fastpath.stats()[STATS_KEY[layer]]
     assert counts["fused"].get("cuda", 0) > 0 and not counts.get("fallback")
