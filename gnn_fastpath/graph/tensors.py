@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .graph import DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
+from .graph import INT32_MAX, DegreeStats, Graph, KernelCSR, KernelSourceCSR, SourceCSR
 from ..cuda.worklist import SKIP_LAST_ROW
 
 
@@ -69,6 +69,9 @@ class GraphTensors(NamedTuple):
     extra_row: bool = False
     #: (src, dst) int64 [M] in the caller's order, as the graph was built from (not an operand).
     coo: Optional[Tuple[Tensor, Tensor]] = None
+    #: Where :meth:`memo` keeps derived values, shared by the graph's variants (``_replace``);
+    #: None inside a compiled region, where AOTAutograd merges the same computation instead.
+    store: Optional["Memo"] = None
 
     @property
     def operands(self) -> tuple:
@@ -88,10 +91,21 @@ class GraphTensors(NamedTuple):
     def device(self) -> torch.device:
         return self.indptr.device
 
+    def fits_int32(self) -> bool:
+        """Whether int32 kernels can index this graph (fewer than 2**31 edges and nodes), as
+        :meth:`Graph.fits_int32`."""
+        return max(self.num_edges, int(self.n_src), self.indptr.shape[0] - 1) <= INT32_MAX
+
     def memo(self, key, build):
-        """What :meth:`Graph.memo` gives, built again: inside a compiled region the same
-        computation on the same inputs is merged by AOTAutograd instead of cached."""
-        return build()
+        """What :meth:`Graph.memo` gives: kept in :attr:`store` (an eager graph, shared by the
+        layers of a step), else built again (inside a compiled region the same computation on
+        the same inputs is merged by AOTAutograd instead of cached)."""
+        if self.store is None:
+            return build()
+        values = self.store.values
+        if key not in values:
+            values[key] = build()
+        return values[key]
 
     def in_degree(self) -> Tensor:
         """int32 [n_dst], in-degree of each destination."""
@@ -121,6 +135,10 @@ class GraphTensors(NamedTuple):
         source-major ones of a graph without its source-major CSR, are skipped. With an extra
         row, the destination-major row-chunk lists leave it out (``SKIP_LAST_ROW``): no
         kernel walks the removed edges."""
+        key = ("with_geometry", tuple(spec.name for spec in specs), self.src_indptr is None, self.geometry_names)
+        return self.memo(key, lambda: self._with_geometry(specs))
+
+    def _with_geometry(self, specs) -> "GraphTensors":
         names, tensors = list(self.geometry_names), list(self.geometry)
         have = {name.rpartition(".")[0] for name in names}
         for spec in specs:
@@ -145,6 +163,16 @@ class GraphTensors(NamedTuple):
     def unpad(self, t: Tensor) -> Tensor:
         """A destination-indexed result without the extra row."""
         return t[: self.n_dst] if self.extra_row else t
+
+
+class Memo:
+    """The derived values an eager :class:`GraphTensors` keeps (:meth:`GraphTensors.memo`):
+    the layers of a step that share the graph build them once. Hashed by identity."""
+
+    __slots__ = ("values",)
+
+    def __init__(self):
+        self.values: dict = {}
 
 
 def _csr(rows: Tensor, cols: Tensor, n_rows: int) -> tuple:

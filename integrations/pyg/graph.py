@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from gnn_fastpath.graph import Graph, GraphTensors
-from gnn_fastpath.graph.tensors import from_coo
+from gnn_fastpath.graph.tensors import Memo, from_coo
 from gnn_fastpath.config import setting
 from gnn_fastpath.graph.cache import cached
 from gnn_fastpath.graph.convert import edge_index_to_coo, tensor_version
@@ -315,10 +315,18 @@ def static_graph(edge_index: Tensor, n_src: int, n_dst: int) -> Optional[GraphTe
     version = tensor_version(edge_index)
     if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
         version = version + tensor_version(edge_index.as_tensor())
-    entry = cached(edge_index, version, lambda: _StaticEntry(traced_graph(edge_index, n_src, n_dst)),
+    entry = cached(edge_index, version, lambda: _build_static(edge_index, n_src, n_dst),
                    _STATIC_CACHE + str(edge_index.device), (n_src, n_dst))
     entry.calls += 1
     return entry.graph if entry.calls <= STATIC_CALLS else None
+
+
+def _build_static(edge_index, n_src: int, n_dst: int) -> _StaticEntry:
+    if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    # built from a copy: views of the caller's tensor would keep it, and so this entry, alive
+    own = edge_index.to(torch.int64, copy=True)
+    return _StaticEntry(traced_graph(own, n_src, n_dst)._replace(store=Memo()))
 
 
 #: The prefix of the graph cache's LRU that holds the static graphs (one per device, apart
@@ -449,6 +457,8 @@ def _traced_looped(base: GraphTensors, num_loops: int, remove_existing: bool) ->
     all_removed = torch.cat([removed, torch.zeros_like(loops, dtype=torch.bool)])
     graph = from_coo(torch.cat([src, loops]), torch.cat([dst, loops]), base.n_src, base.n_dst,
                      removed=all_removed if remove_existing else None)
+    if base.store is not None:  # an eager static graph: the derived one keeps its own values
+        graph = graph._replace(store=Memo())
     return TracedLooped(graph, removed, src, dst, num_loops)
 
 
@@ -459,19 +469,17 @@ def replace_self_loops(base: Graph, num_loops: int) -> Looped:
     ``add_remaining_self_loops`` (which also drops the existing loops and appends one per
     node). Memoised on ``base``.
     """
-    if isinstance(base, GraphTensors):
-        return _traced_looped(base, num_loops, remove_existing=True)
+    looped = _traced_looped if isinstance(base, GraphTensors) else _looped
     return base.memo(("pyg", "replace_self_loops", int(num_loops)),
-                     lambda: _looped(base, int(num_loops), remove_existing=True))
+                     lambda: looped(base, int(num_loops), remove_existing=True))
 
 
 def append_self_loops(base: Graph, num_loops: int) -> Looped:
     """``(i, i)`` for ``i < num_loops`` appended after every existing edge (PyG's
     ``add_self_loops`` on a torch.sparse adjacency). Memoised on ``base``."""
-    if isinstance(base, GraphTensors):
-        return _traced_looped(base, num_loops, remove_existing=False)
+    looped = _traced_looped if isinstance(base, GraphTensors) else _looped
     return base.memo(("pyg", "append_self_loops", int(num_loops)),
-                     lambda: _looped(base, int(num_loops), remove_existing=False))
+                     lambda: looped(base, int(num_loops), remove_existing=False))
 
 
 def attention_self_loops(module, edge_index, base: Graph, edge_attr: Optional[Tensor],

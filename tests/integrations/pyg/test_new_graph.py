@@ -187,3 +187,74 @@ def test_the_default_builds_the_exact_graph(pyg, built, edges, monkeypatch):
     monkeypatch.delenv("GNN_FASTPATH_NEW_GRAPH")
     compare(pyg.nn.GATv2Conv(F, F), torch.randn(N, F, requires_grad=True), edges)
     assert not built
+
+
+def test_a_dead_edge_index_takes_its_static_graph_with_it(pyg, built):
+    """The cache holds the caller's tensor weakly: nothing built from it may keep it alive
+    (a sampled step's graph would otherwise stay in memory until the cache evicts it)."""
+    import gc
+    import weakref
+
+    from gnn_fastpath.graph import cache
+
+    conv = pyg.nn.GATv2Conv(F, F)
+    ei, _ = random_edges(N, N, 60, seed=9)
+    alive = weakref.ref(ei)
+    entries = lambda: len(cache._caches.get(pyg_graph._STATIC_CACHE + "cpu", ()))  # noqa: E731
+    before = entries()
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        conv(torch.randn(N, F), ei).sum().backward()
+    assert built
+    del ei
+    gc.collect()
+    assert alive() is None
+    assert entries() == before
+
+
+def test_derived_graphs_are_built_once_per_step(pyg, built, edges, monkeypatch):
+    """The layers of a step share the static graph and what is derived from it: the looped
+    graph and the launchers' work lists are built by the first layer only."""
+    looped, geometry = [], []
+    traced_looped, with_geometry = pyg_graph._traced_looped, GraphTensors._with_geometry
+    monkeypatch.setattr(pyg_graph, "_traced_looped", lambda *a, **k: looped.append(1) or traced_looped(*a, **k))
+    monkeypatch.setattr(GraphTensors, "_with_geometry", lambda self, specs: geometry.append(1) or with_geometry(self, specs))
+    convs = [pyg.nn.GCNConv(F, F) for _ in range(3)]
+    x = torch.randn(N, F)
+    with gnn_fastpath.enabled(frameworks="pyg", cpu="reference"):
+        for conv in convs:
+            x = conv(x, edges)
+    assert len(built) == 1 and len(looped) == 1
+    assert len(geometry) <= 1  # the reference ops build no work lists
+
+
+@pytest.fixture
+def cuda_decisions(monkeypatch):
+    """The ops' dispatch answers "cuda" for CPU tensors, as on a GPU: the layers take the
+    fused path's CUDA decisions (``require``, ``choose`` with the graph); the custom operators
+    the static graph goes through still run their CPU implementation (the reference ops), so
+    values stay checkable."""
+    from gnn_fastpath import cuda
+    from gnn_fastpath.ops import dispatch
+
+    decide = dispatch.decide
+    monkeypatch.setattr(cuda, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(dispatch, "decide", lambda device, *a, **k: decide(torch.device("cuda"), *a, **k))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_static_route_on_the_cuda_decisions(pyg, built, edges, cuda_decisions, layer):
+    torch.manual_seed(0)
+    module = _layers(pyg)[layer]()
+    x = torch.randn(N, F)
+    kwargs = {}
+    if layer == "gatv2_edge_attr":
+        kwargs["edge_attr"] = torch.randn(edges.size(1), 3)
+    if layer == "gcn_weighted":
+        kwargs["edge_weight"] = torch.rand(edges.size(1))
+    expected = module(x, edges, **kwargs)
+    with gnn_fastpath.enabled(frameworks="pyg"):
+        out = module(x, edges, **kwargs)
+    [counts] = [v for k, v in gnn_fastpath.stats().items() if k.startswith("pyg.")]
+    assert counts["fused"]["cuda"] == 1 and not counts["fallback"], counts
+    assert len(built) == 1
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
