@@ -116,6 +116,9 @@ class GraphTensors(NamedTuple):
         """(src, dst) int64 [M] in the caller's edge order (removed edges' dst is the extra row)."""
         if self.coo is not None and not self.extra_row:
             return self.coo
+        return self.memo(("caller_coo",), self._caller_coo)
+
+    def _caller_coo(self) -> Tuple[Tensor, Tensor]:
         m = self.num_edges
         rows = torch.searchsorted(self.indptr.to(torch.int64), torch.arange(m, device=self.device), right=True) - 1
         perm = self.perm.to(torch.int64)
@@ -126,6 +129,21 @@ class GraphTensors(NamedTuple):
     def destination_major(self) -> "GraphTensors":
         """The same graph without its source-major CSR (for ops whose backward never walks it)."""
         return self._replace(src_indptr=None, src_indices=None, src_perm=None, src_csr_pos=None)
+
+    def with_source_major(self) -> "GraphTensors":
+        """The same graph with its source-major CSR: itself where it has one, else built here
+        from the caller's edges (an eager static graph leaves it out until an op needs it;
+        :func:`from_coo` under compilation builds it, and dead-code elimination drops it where
+        no operator reads it)."""
+        if self.src_indptr is not None:
+            return self
+
+        def build():
+            src, rows = self.caller_coo()
+            s_indptr, s_indices, s_perm, s_csr_pos = _transpose(src, rows, self.perm.to(torch.int64), self.n_src)
+            return self._replace(src_indptr=s_indptr, src_indices=s_indices, src_perm=s_perm, src_csr_pos=s_csr_pos)
+
+        return self.memo(("with_source_major", self.geometry_names), build)
 
     def with_geometry(self, specs) -> "GraphTensors":
         """The same graph carrying the work lists ``specs`` describe
@@ -206,10 +224,17 @@ def from_coo(src: Tensor, dst: Tensor, n_src: int, n_dst: int, *, removed: Optio
     if not source_major:
         return GraphTensors(indptr, indices, perm.to(torch.int32), None, None, None, None, n_src, extra_row=extra,
                             coo=(src, dst))
+    return GraphTensors(indptr, indices, perm.to(torch.int32), *_transpose(src, rows, perm, n_src), n_src,
+                        extra_row=extra, coo=(src, dst))
+
+
+def _transpose(src: Tensor, rows: Tensor, perm: Tensor, n_src: int) -> tuple:
+    """The source-major CSR fields of :class:`GraphTensors` (``src_indptr``, ``src_indices``,
+    ``src_perm``, ``src_csr_pos``) of edges ``src[e] -> rows[e]`` whose destination-major CSR
+    holds caller edge ``perm[p]`` at position ``p`` (int64)."""
     s_indptr, s_indices, s_order = _csr(src, rows, n_src)
     csr_pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
-    return GraphTensors(indptr, indices, perm.to(torch.int32), s_indptr, s_indices, s_order.to(torch.int32),
-                        csr_pos[s_order].to(torch.int32), n_src, extra_row=extra, coo=(src, dst))
+    return s_indptr, s_indices, s_order.to(torch.int32), csr_pos[s_order].to(torch.int32)
 
 
 def of_graph(graph: Graph, source_major: bool = True) -> GraphTensors:

@@ -69,7 +69,8 @@ def spmm(graph, x: Tensor, edge_weight: Optional[Tensor] = None, norm: str = "no
     out_dtype = reference.aggregation.spmm_out_dtype(x, edge_weight, out_dtype)
     graph = graph_on(graph, x)
     if isinstance(graph, GraphTensors):
-        return _on_graph_tensors(graph.with_geometry(kernels.static_geometry()), x, edge_weight, norm, out_dtype)
+        graph = graph.with_source_major().with_geometry(kernels.static_geometry())  # the backward walks sources
+        return _on_graph_tensors(graph, x, edge_weight, norm, out_dtype)
     # a result the kernels cannot store (float64 from a float64 weight) runs the reference
     if choose("spmm", x.device, x.dtype if out_dtype in CUDA_DTYPES else out_dtype, graph) == CUDA:
         return SpmmFunction.apply(x, edge_weight, graph, norm, out_dtype)

@@ -279,12 +279,15 @@ def graph_of(edge_index, n_src: int, n_dst: int, like: Tensor, static: bool = Tr
         raise Unsupported("edge_index", str(exc)) from None
 
 
-def traced_graph(edge_index: Tensor, n_src: int, n_dst: int, removed: Optional[Tensor] = None) -> GraphTensors:
+def traced_graph(edge_index: Tensor, n_src: int, n_dst: int, removed: Optional[Tensor] = None,
+                 source_major: bool = True) -> GraphTensors:
     """The graph of an ``edge_index`` built inside a compiled region (see
-    :mod:`gnn_fastpath.graph.tensors`); ``removed`` edges go to the extra row ``n_dst``."""
+    :mod:`gnn_fastpath.graph.tensors`); ``removed`` edges go to the extra row ``n_dst``;
+    ``source_major=False`` leaves the transpose out (an op that needs it builds it:
+    :meth:`GraphTensors.with_source_major`)."""
     if EdgeIndex is not None and isinstance(edge_index, EdgeIndex):
         edge_index = edge_index.as_tensor()
-    return from_coo(edge_index[0], edge_index[1], n_src, n_dst, removed=removed)
+    return from_coo(edge_index[0], edge_index[1], n_src, n_dst, removed=removed, source_major=source_major)
 
 
 #: How many layer calls an ``edge_index`` runs on its static graph (``GNN_FASTPATH_NEW_GRAPH=
@@ -326,7 +329,8 @@ def _build_static(edge_index, n_src: int, n_dst: int) -> _StaticEntry:
         edge_index = edge_index.as_tensor()
     # built from a copy: views of the caller's tensor would keep it, and so this entry, alive
     own = edge_index.to(torch.int64, copy=True)
-    return _StaticEntry(traced_graph(own, n_src, n_dst)._replace(store=Memo()))
+    # without its transpose: most layers' ops never walk sources, the others build it once
+    return _StaticEntry(traced_graph(own, n_src, n_dst, source_major=False)._replace(store=Memo()))
 
 
 #: The prefix of the graph cache's LRU that holds the static graphs (one per device, apart
@@ -456,7 +460,7 @@ def _traced_looped(base: GraphTensors, num_loops: int, remove_existing: bool) ->
     removed = (src == dst) if remove_existing else torch.zeros_like(src, dtype=torch.bool)
     all_removed = torch.cat([removed, torch.zeros_like(loops, dtype=torch.bool)])
     graph = from_coo(torch.cat([src, loops]), torch.cat([dst, loops]), base.n_src, base.n_dst,
-                     removed=all_removed if remove_existing else None)
+                     removed=all_removed if remove_existing else None, source_major=base.src_indptr is not None)
     if base.store is not None:  # an eager static graph: the derived one keeps its own values
         graph = graph._replace(store=Memo())
     return TracedLooped(graph, removed, src, dst, num_loops)

@@ -107,6 +107,22 @@ def test_destination_major_drops_the_transpose(built):
     assert plain.src_indptr is None and torch.equal(plain.indptr, gt.indptr) and torch.equal(plain.perm, gt.perm)
 
 
+@pytest.mark.parametrize("removed", [False, True])
+def test_with_source_major_builds_the_transpose_from_coo_gives(coo, removed):
+    """A graph built without its transpose gets from_coo's own when an op asks for it, once
+    per memo store; a graph with one is returned as it is."""
+    from gnn_fastpath.graph.tensors import Memo
+
+    src, dst, n_src, n_dst = coo
+    gone = ((src == dst) | (torch.arange(src.numel()) % 3 == 0)) if removed else None
+    full = from_coo(src, dst, n_src, n_dst, removed=gone)
+    plain = from_coo(src, dst, n_src, n_dst, removed=gone, source_major=False)._replace(store=Memo())
+    built = plain.with_source_major()
+    for name in ("src_indptr", "src_indices", "src_perm", "src_csr_pos"):
+        assert torch.equal(getattr(built, name), getattr(full, name)), name
+    assert plain.with_source_major() is built and full.with_source_major() is full
+
+
 # ------------------------------------------------------------------------------- extra row
 @pytest.fixture(scope="module")
 def removed_case(coo):
