@@ -35,10 +35,9 @@ import time
 from typing import Dict, List
 
 import torch
-import torch.nn.functional as F
 
 from . import harness as H
-from .sampling import BatchSource
+from .sampling import BatchSource, _train_step
 from .training import IN_FEATURES, NUM_CLASSES, Net, load_data
 
 NAME = "bench_new_graph"
@@ -72,39 +71,24 @@ def _mode(gf, mode: str, device: torch.device):
     return stack
 
 
-def _step(model, opt, b: dict, dtype: str, device: torch.device) -> None:
-    opt.zero_grad(set_to_none=True)
-    with H.autocast(device, dtype):
-        out = model(b["x"], b["graph"])
-        loss = F.cross_entropy(out[:b["batch_size"]], b["y"][:b["batch_size"]])
-    loss.backward()
-    opt.step()
-
-
-def _on_device(kept: dict, device: torch.device) -> dict:
-    """A kept batch as new device tensors (no graph cache knows them)."""
-    move = lambda t: t.to(device, non_blocking=True, copy=True)  # noqa: E731
-    return dict(kept, x=move(kept["x"]), graph=move(kept["graph"]), y=move(kept["y"]))
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def _window(model, opt, kept: List[dict], dtype: str, device: torch.device) -> Dict[str, float]:
-    batches = [_on_device(k, device) for k in kept]
+def _window(model, opt, source: BatchSource, kept: List[dict], dtype: str, device: torch.device) -> Dict[str, float]:
+    batches = [source.from_kept(k) for k in kept]  # new tensors: no graph cache knows them
     _sync(device)
     t0 = time.perf_counter()
     for b in batches:
-        _step(model, opt, b, dtype, device)
+        _train_step(model, opt, None, b, dtype, device, None)
     host = time.perf_counter()
     _sync(device)
     end = time.perf_counter()
     return {"ms": (end - t0) / len(batches) * 1e3, "host_ms": (host - t0) / len(batches) * 1e3}
 
 
-def _build_ms(gf, mode: str, kept: List[dict], device: torch.device) -> float:
+def _build_ms(gf, mode: str, source: BatchSource, kept: List[dict], device: torch.device) -> float:
     """One batch's graph, built as the first layer call of ``mode`` builds it (synchronised)."""
     from gnn_fastpath.integrations.pyg.graph import graph_of
 
@@ -112,7 +96,7 @@ def _build_ms(gf, mode: str, kept: List[dict], device: torch.device) -> float:
     like = torch.empty(0, device=device)
     with _mode(gf, mode, device):
         for k in kept:
-            ei = _on_device(k, device)["graph"]
+            ei = source.from_kept(k).graph
             _sync(device)
             t0 = time.perf_counter()
             graph_of(ei, n_src=k["nodes"], n_dst=k["nodes"], like=like)
@@ -121,14 +105,14 @@ def _build_ms(gf, mode: str, kept: List[dict], device: torch.device) -> float:
     return sum(times[1:]) / max(len(times) - 1, 1)
 
 
-def _check(gf, model, kept: dict, dtype: str, device: torch.device) -> Dict[str, float]:
+def _check(gf, model, source: BatchSource, kept: dict, dtype: str, device: torch.device) -> Dict[str, float]:
     model.eval()
-    b = _on_device(kept, device)
+    b = source.from_kept(kept)
     result = {}
     for mode in MODES:
         model.zero_grad(set_to_none=True)
         with _mode(gf, mode, device), H.autocast(device, dtype):
-            out = model(b["x"], b["graph"]).float()
+            out = model(b.x, b.graph).float()
         out.square().mean().backward()
         result[mode] = (out.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
     model.train()
@@ -169,7 +153,6 @@ def main(argv=None) -> int:
     data = load_data(a.graph, torch.device("cpu"), a.seed, scale)
     source = BatchSource("pyg", data, a.batch_size, FANOUTS, 0, device)
     kept = [source.keep(source.next_raw()) for _ in range(a.batches + 1)]
-    source.close()
     env = H.environment()
     rows: List[dict] = []
     payload = {"benchmark": "new_graph", "environment": env,
@@ -186,28 +169,30 @@ def main(argv=None) -> int:
             model = Net(pyg, layer, IN_FEATURES.get(a.graph, data.x.shape[1]), NUM_CLASSES.get(a.graph, 8),
                         gcn_cached=False).to(device)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
-            row = {"layer": layer, "dtype": dtype, "max_abs": _check(gf, model, kept[0], dtype, device)}
+            row = {"layer": layer, "dtype": dtype, "max_abs": _check(gf, model, source, kept[0], dtype, device)}
             for mode in MODES:  # warm-up: compile, tune, first-use work
                 with _mode(gf, mode, device):
-                    _window(model, opt, kept[:3], dtype, device)
+                    _window(model, opt, source, kept[:3], dtype, device)
             for _ in range(a.rounds):
                 for mode in MODES:
                     with _mode(gf, mode, device):
-                        w = _window(model, opt, kept[1:], dtype, device)
+                        w = _window(model, opt, source, kept[1:], dtype, device)
                     best = row.setdefault(mode, {"ms": float("inf"), "host_ms": float("inf")})
                     best["ms"], best["host_ms"] = min(best["ms"], w["ms"]), min(best["host_ms"], w["host_ms"])
             for mode in MODES:
                 with _mode(gf, mode, device):
-                    b = _on_device(kept[0], device)
-                    row[mode]["syncs"] = H.count_syncs(lambda: _step(model, opt, b, dtype, device), device)
+                    b = source.from_kept(kept[0])
+                    row[mode]["syncs"] = H.count_syncs(lambda: _train_step(model, opt, None, b, dtype, device, None),
+                                                       device)
             for mode in ("exact", "static"):
-                row[mode]["build_ms"] = _build_ms(gf, mode, kept[1:], device)
+                row[mode]["build_ms"] = _build_ms(gf, mode, source, kept[1:], device)
             rows.append(row)
             H.write_json(json_path, payload)
             s = row["stock"]["ms"]
             print(f"{layer:12s} {dtype:9s} " + " | ".join(
                 f"{m} {row[m]['ms']:.2f} ms (x{s / row[m]['ms']:.2f}, host {row[m]['host_ms']:.2f}, "
                 f"syncs {row[m]['syncs']})" for m in MODES) + f" | max_abs {row['max_abs']}", flush=True)
+    source.close()
     if md_path:
         H.write_text(md_path, _markdown(payload))
     return 0
