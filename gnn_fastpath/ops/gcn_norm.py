@@ -93,8 +93,8 @@ def _gcn_norm_torch(graph, edge_weight, fill: float, dtype) -> Tensor:
     n = graph.n_dst + int(getattr(graph, "extra_row", False))  # removed edges have their own row
     src, dst = graph.caller_coo()  # caller order, as PyG sees the edges
     if edge_weight is None:
-        w = torch.where(src == dst, torch.tensor(fill, dtype=dtype, device=src.device),
-                        torch.tensor(1.0, dtype=dtype, device=src.device))
+        # no tensor made from a Python number: on a GPU that is a blocking copy (a host sync)
+        w = torch.ones(src.shape, dtype=dtype, device=src.device).masked_fill_(src == dst, fill)
     else:
         w = edge_weight.to(dtype)
     deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add(0, dst, w)
