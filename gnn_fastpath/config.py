@@ -137,9 +137,11 @@ SETTINGS = (
             "search's choice in the same file; 0 uses the rules", _flag),
     Setting("GNN_FASTPATH_TUNE_CACHE", "", "a file path (empty: ~/.cache/gnn_fastpath/tuning.json)",
             "where the measured choices are kept, per GPU model and package version", _text),
-    Setting("GNN_FASTPATH_SPMM_BWD", "transposed", "transposed, flag",
-            "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag",
-            _choice("transposed", "flag")),
+    Setting("GNN_FASTPATH_SPMM_BWD", "auto", "auto, transposed, flag",
+            "SpMM backward: dX = A^T dY on an explicit cached transpose, or cuSPARSE's transpose flag; "
+            "auto: the flag in a graph's first training step (a sampled batch never builds the transpose), "
+            "the transpose once the graph is used again",
+            _choice("auto", "transposed", "flag")),
     Setting("GNN_FASTPATH_SPMM_ALG", "", "default, alg1, alg2, alg3, custom, block (empty: timed)",
             "SpMM algorithm: force one instead of timing cuSPARSE's CSR algorithms, the own kernel and "
             "(16-bit features) the block-sparse tensor-core kernel",

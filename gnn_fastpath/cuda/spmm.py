@@ -20,11 +20,13 @@ Per Graph (``graph.memo``, so it all dies with the graph; a Graph is per device)
   (:meth:`SpmmCache.undirected`: never a host read on a per-step path): nothing,
   dX = A^T dY = A dY on the forward matrix (the transposed matrix of the first backward is
   dropped);
-- otherwise, for the backward with ``GNN_FASTPATH_SPMM_BWD=transposed`` (default): the transposed
-  matrix A^T [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed
-  values per cached values entry; dX = A^T dY is then a plain non-transposed SpMM. With
-  ``flag``: nothing extra; cuSPARSE runs ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32
-  C cast once when dX is 16-bit: its transposed product adds into C with atomics).
+- otherwise, for the backward of a graph that outlived a training step (or any graph with
+  ``GNN_FASTPATH_SPMM_BWD=transposed``; :func:`backward_route`): the transposed matrix A^T
+  [n_src, n_dst] on ``graph.kernel_source_csr()`` plus one fp32 [M] of transposed values per
+  cached values entry; dX = A^T dY is then a plain non-transposed SpMM. In a graph's first
+  step (a sampled batch's only one), or with ``flag``: nothing extra; cuSPARSE runs
+  ``CUSPARSE_OPERATION_TRANSPOSE`` on A (into a float32 C cast once when dX is 16-bit: its
+  transposed product adds into C with atomics).
 
 The gradient w.r.t. the edge weights is the SDDMM
 ``dw_e = c_dst[row] c_src[col] <dY[row], X[col]>`` (``spmm_edge_grad``), in caller order.
@@ -152,8 +154,6 @@ class SpmmCache:
         self._csr_t: Optional[CsrMatrix] = None
         self._unweighted = {}
         self._weighted = {}
-        self._backwards = 0
-        self._reused = False  # a forward came after a backward (see undirected())
         build_counts["csr"] += 1
 
     def out_degree(self) -> Tensor:
@@ -203,11 +203,11 @@ class SpmmCache:
         symmetric: by construction without edge weights for norm none or both, else checked once
         for a weights entry that is itself used again (weights made anew every step never are).
         The backward then multiplies by A itself, and the transposed matrix is dropped."""
-        self._backwards += 1
         entry.backwards += 1
-        if not self._reused:
+        graph = self._graph()
+        if not graph.outlived_a_step():
             return False
-        reverse = self._graph().reverse_edges()
+        reverse = graph.reverse_edges()
         if reverse is None:
             return False
         if entry.ref is None:  # c_dst[row] * c_src[col] with in- = out-degree: equal both ways
@@ -216,8 +216,7 @@ class SpmmCache:
 
     def note_forward(self, entry: _Values) -> None:
         """A forward on this graph (and entry): after a backward, that is the next step."""
-        if self._backwards:
-            self._reused = True
+        self._graph().note_pass("forward")
         if entry.backwards:
             entry.reused = True
 
@@ -377,20 +376,43 @@ def plan_forward(graph, x: Tensor, out: Tensor) -> plans.Plan:
     return plans.resolve(graph, "spmm.forward", key, build)
 
 
+#: Graphs up to this many edges take cuSPARSE's transpose flag in their first training step
+#: (``GNN_FASTPATH_SPMM_BWD=auto``): above it, one transposed product by the flag (atomics)
+#: costs more GPU time than building the transpose saves host time.
+FLAG_FIRST_STEP_MAX_EDGES = 1 << 22
+
+
+def backward_route(graph) -> str:
+    """``"transposed"`` or ``"flag"`` for dX = A^T dY on ``graph`` (``GNN_FASTPATH_SPMM_BWD``
+    forces one). The rule (``auto``): the flag while the graph has not outlived a training step
+    (:meth:`~gnn_fastpath.graph.Graph.outlived_a_step`) and has at most
+    :data:`FLAG_FIRST_STEP_MAX_EDGES` edges, else the transpose. Building the transpose (a sort
+    of the edges and its row offsets) costs host time that a sampled batch, which lives one
+    step, never earns back; a graph used again builds it in its second step and keeps it. A
+    static graph (:class:`OwnMatrix`, no cuSPARSE) and a multigraph with more edges than matrix
+    entries, which cuSPARSE cannot describe, always take the transpose."""
+    setting = config.setting("GNN_FASTPATH_SPMM_BWD")
+    if graph.static or graph.num_edges > graph.n_src * graph.n_dst:
+        return "transposed"
+    if setting != "auto":
+        return setting
+    first_step = not graph.outlived_a_step() and graph.num_edges <= FLAG_FIRST_STEP_MAX_EDGES
+    return "flag" if first_step else "transposed"
+
+
 def plan_backward(graph, grad_out: Tensor, x: Optional[Tensor], need_dw: bool) -> plans.Plan:
     """The backward's plan: dX = A^T dY on the explicit cached transpose (``"transposed"``) or
-    by cuSPARSE's transpose flag (``"flag"``), as ``GNN_FASTPATH_SPMM_BWD`` says; a multigraph
-    with more edges than matrix entries, which cuSPARSE cannot describe, always takes the
-    transpose. (An undirected graph used again multiplies by A itself instead, decided per call
-    from its values entry: :meth:`SpmmCache.undirected`.) ``vec16_bytes``: the vector width of
-    the edge-weight gradient's 16-bit rows."""
-    key = (grad_out.size(1), plans.layout(grad_out, x if need_dw else None), plans.snapshot(*BACKWARD_SETTINGS))
+    by cuSPARSE's transpose flag (``"flag"``), by :func:`backward_route`. (An undirected graph
+    used again multiplies by A itself instead, decided per call from its values entry:
+    :meth:`SpmmCache.undirected`.) ``vec16_bytes``: the vector width of the edge-weight
+    gradient's 16-bit rows."""
+    key = (grad_out.size(1), plans.layout(grad_out, x if need_dw else None), plans.snapshot(*BACKWARD_SETTINGS),
+           graph.outlived_a_step())
 
     def build():
-        forced = config.setting("GNN_FASTPATH_SPMM_BWD")
-        multigraph = graph.num_edges > graph.n_src * graph.n_dst
-        variant = "transposed" if forced == "transposed" or multigraph else "flag"
-        return plans.Plan("spmm.backward", variant, "setting" if variant == forced else "rule", rule=variant,
+        setting = config.setting("GNN_FASTPATH_SPMM_BWD")
+        variant = backward_route(graph)
+        return plans.Plan("spmm.backward", variant, "setting" if variant == setting else "rule", rule=variant,
                           params=(("vec16_bytes", launch.bytes16(VEC16_BYTES)),))
 
     return plans.resolve(graph, "spmm.backward", key, build)
@@ -413,6 +435,7 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
     caller order or None); ``x`` is needed for dw only."""
     cache = cache_of(graph)
     plan = plans.run(graph, plan_backward(graph, grad_out, x, need_dw))
+    graph.note_pass("backward")
     dx = dw = None
     if need_dx:
         dx = torch.empty(cache.n_src, grad_out.size(1), dtype=dx_dtype or grad_out.dtype, device=grad_out.device)

@@ -145,6 +145,9 @@ def test_each_rule_reaches_its_plan(monkeypatch):
     # SpMM: the backward's route
     g = _graph()
     gout = torch.randn(g.n_dst, 8)
+    assert spmm.plan_backward(g, gout, None, False).variant == "flag"  # its first step: no transpose built
+    assert spmm.plan_backward(_outlive(_graph()), gout, None, False).variant == "transposed"
+    monkeypatch.setenv("GNN_FASTPATH_SPMM_BWD", "transposed")
     assert spmm.plan_backward(g, gout, None, False).variant == "transposed"
     monkeypatch.setenv("GNN_FASTPATH_SPMM_BWD", "flag")
     assert spmm.plan_backward(g, gout, None, False).variant == "flag"
@@ -248,3 +251,26 @@ def test_launch_runs_the_plan(launches, monkeypatch):
     assert "gat_bwd_dst" in launches
     view = plans.report()["gat_attention"]
     assert sum(e["calls"] for e in view if e["pass"] == "backward") == 2
+
+
+def test_spmm_backward_route_follows_the_graph_through_its_steps(monkeypatch):
+    """``auto``: cuSPARSE's transpose flag while a graph lives its first step, the cached
+    transpose from the step after (a new plan: the graph's state is part of the key); a large
+    graph, a multigraph and a static graph take the transpose at once."""
+    g = _graph()
+    gout = torch.randn(g.n_dst, 8)
+    first = spmm.plan_backward(g, gout, None, False)
+    assert (first.variant, first.decided_by) == ("flag", "rule")
+    assert spmm.backward_route(g) == "flag"
+    _outlive(g)
+    second = spmm.plan_backward(g, gout, None, False)
+    assert second is not first and (second.variant, second.decided_by) == ("transposed", "rule")
+    monkeypatch.setattr(spmm, "FLAG_FIRST_STEP_MAX_EDGES", _graph().num_edges - 1)
+    assert spmm.backward_route(_graph()) == "transposed"
+    monkeypatch.undo()
+    multi = Graph.from_edge_index(torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]), 1)
+    assert multi.num_edges > multi.n_src * multi.n_dst and spmm.backward_route(multi) == "transposed"
+    from gnn_fastpath.graph.tensors import as_graph, from_coo
+    ei, nn = random_edges(30, 30, 90, seed=1)
+    static = as_graph(from_coo(ei[0], ei[1], *nn))
+    assert static.static and spmm.backward_route(static) == "transposed"
