@@ -304,7 +304,8 @@ def plan_backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
                   grad_out: Tensor, attention: bool, p: float, seed) -> plans.Plan:
     """The backward's plan: ``GNN_FASTPATH_DOT_BWD``, else :func:`backward_mode` (``"block"``
     where :func:`block_offered`), and with ``GNN_FASTPATH_TUNE=1`` on an eager graph a pending
-    tuner choice (the block variant among the candidates where offered); ``block`` and the CSR
+    tuner choice on a graph that outlived a training step (the block variant among the
+    candidates where offered); ``block`` and the CSR
     kernels' instantiation ``cfg``. ``attention``: the call returned attention (or takes its
     gradient)."""
     key = (_signature(graph, q, k, v, edge_term, p, attention, seed, out, grad_out),
@@ -316,7 +317,10 @@ def plan_backward(graph, q: Tensor, k: Tensor, v: Tensor, edge_term: Optional[Te
                                                              seed, forced == "block", backward=True)
         mode = backward_mode(graph, block, q.dtype)
         tune = None
-        if forced is None and not graph.static and tuning.enabled():
+        # tuned on graphs used again only (as the rule: :func:`backward_mode`): a race could
+        # pick the transposed pass on a graph of one step (a sampled batch), whose transpose and
+        # source work list cost more host time than its kernels save
+        if forced is None and not graph.static and tuning.enabled() and graph.outlived_a_step():
             H, D = q.shape[1:]
             tune = plans.Tune(("dot_attention.backward", H, D, q.dtype, block),
                               BACKWARDS if block else BACKWARDS[:2], _backward_klass, (H, D, q.dtype, block))

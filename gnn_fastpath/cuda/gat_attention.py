@@ -196,7 +196,10 @@ def plan_backward(graph, x_src: Tensor, out: Tensor, grad_out: Tensor) -> plans.
         forced = config.setting("GNN_FASTPATH_GAT_BWD")
         rule = backward_mode(graph, T)
         tune = None
-        if not forced and not graph.static and tuning.enabled():
+        # tuned on graphs used again only: a race could pick the transposed pass on a graph of
+        # one step (a sampled batch), whose transpose and work list cost more host time than
+        # its kernels save
+        if not forced and not graph.static and tuning.enabled() and graph.outlived_a_step():
             tune = plans.Tune(("gat_attention.backward", H * D, T), BACKWARDS, backward_class, (H * D, T))
         return plans.Plan("gat_attention.backward", rule, "setting" if forced else "rule", rule=rule,
                           params=(("cfg", _config(D, x_src, out, grad_out)), ("chunk", CHUNK_EDGES)), tune=tune)

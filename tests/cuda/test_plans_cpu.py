@@ -202,6 +202,8 @@ def test_tuner_settles_the_plan(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "_time_ms", timer)
     g = _graph()
     x, out, gout = _gat_rows(g)
+    assert gat_attention.plan_backward(g, x, out, gout).tune is None  # a graph's first step: the rule
+    _outlive(g)
     pending = gat_attention.plan_backward(g, x, out, gout)
     assert pending.tune is not None and pending.variant == "atomic"
     asked = []

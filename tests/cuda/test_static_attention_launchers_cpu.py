@@ -100,8 +100,9 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     """GNN_FASTPATH_TUNE=1, a race that fits at once: the first backward of a size class probes
     the rule's variant, then races both (timed; here a fake timer calls the one the rule does
     not pick faster), the call runs the winner, the choice is kept, and a second graph of the
-    same class runs only it; a forced GNN_FASTPATH_*_BWD and static graphs are not tuned. A
-    race that does not fit yet: the probe, then the rule's variant, nothing more timed."""
+    same class runs only it; a forced GNN_FASTPATH_*_BWD, static graphs and graphs in their
+    first training step (a sampled batch: the transposed pass's set-up would not pay) are not
+    tuned. A race that does not fit yet: the probe, then the rule's variant, nothing more timed."""
     from gnn_fastpath import tuning
     from gnn_fastpath.cuda import dot_attention, gat_attention
 
@@ -111,7 +112,12 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     tuning.forget()
     timed = []
 
-    g = graph(False, True)
+    def used_again(g):
+        for event in ("forward", "backward", "forward"):
+            g.note_pass(event)
+        return g
+
+    g = used_again(graph(False, True))
     rule = (gat_attention if family == "gat" else dot_attention).backward_mode(g)
     faster = "atomic" if rule == "transposed" else "transposed"
 
@@ -151,10 +157,15 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     assert ran_transposed(first[-n_last:]) == (faster == "transposed")
     rows = tuning.listing(all_devices=True)
     assert [(r["choice"], r["default"]) for r in rows] == [(faster, rule)]
-    again = step(graph(False, True))  # a new Graph of the same class: the remembered choice, untimed
+    again = step(used_again(graph(False, True)))  # a new Graph of the same class: the remembered choice, untimed
     assert len(timed) == n_timed and ran_transposed(again) == (faster == "transposed")
+    fresh = graph(False, True)  # its first step: the rule, never the tuner
+    one_step = step(fresh)
+    assert len(timed) == n_timed
+    assert ran_transposed(one_step) == ((gat_attention if family == "gat" else dot_attention).backward_mode(fresh)
+                                        == "transposed")
     monkeypatch.setenv(f"GNN_FASTPATH_{family.upper()}_BWD", "atomic")  # forced: neither timed nor tuned
-    forced = step(graph(True))
+    forced = step(used_again(graph(True)))
     assert len(timed) == n_timed and not ran_transposed(forced)
     monkeypatch.delenv(f"GNN_FASTPATH_{family.upper()}_BWD")
     static = step(_static("super_node"))  # static graphs: the rule (atomic), never timed
@@ -167,7 +178,7 @@ def test_tuned_backward_times_both_variants_once_per_class(launches, monkeypatch
     tuning.forget()
     timed.clear()
     for _ in range(3):
-        names = step(graph(False, True))
+        names = step(used_again(graph(False, True)))
         assert names and ran_transposed(names) == (rule == "transposed")
     assert timed == [rule, rule]
     (entry,) = tuning.report()["classes"].values()

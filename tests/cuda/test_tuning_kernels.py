@@ -34,8 +34,9 @@ def _graph(family=None):
     return Graph.from_edge_index(edge_index.cuda(), sizes)
 
 
-#: Training steps a family's choice needs: min/max and GATv2 choose on a graph that outlived one.
-STEPS = {"sr": 2, "gatv2": 2}
+#: Training steps a family's choice needs: min/max and the attention backwards choose on a graph
+#: that outlived one.
+STEPS = {"sr": 2, "gatv2": 2, "gat": 2, "dot": 2}
 
 
 def _grads(family, graph, seed=0):
