@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import time
 from typing import Dict, List
 
@@ -46,26 +45,13 @@ MODES = ("stock", "exact", "static", "rule")
 FANOUTS = (15, 10, 5)
 
 
-@contextlib.contextmanager
-def _env(**values: str):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 def _mode(gf, mode: str, device: torch.device):
     """The context a mode's steps run in."""
     if mode == "stock":
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    stack.enter_context(_env(GNN_FASTPATH_NEW_GRAPH="static" if mode == "static" else "exact",
+    stack.enter_context(H.settings_env(GNN_FASTPATH_NEW_GRAPH="static" if mode == "static" else "exact",
                              GNN_FASTPATH_SMALL_GRAPH="auto" if mode == "rule" else "off"))
     stack.enter_context(gf.enabled(frameworks="pyg", **({} if device.type == "cuda" else {"cpu": "reference"})))
     return stack

@@ -24,6 +24,7 @@ every JSON file; :func:`write_json` writes atomically; :func:`markdown_table` an
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -247,7 +248,6 @@ def parse_dtypes(text: str, option: str = "--dtypes") -> List[str]:
 def autocast(device: torch.device, dtype_name: Optional[str]):
     """``torch.autocast(device.type, dtype)`` for a 16-bit dtype name; a no-op context for
     float32 / None (so one code path serves both)."""
-    import contextlib
 
     if dtype_name in (None, "float32", "off"):
         return contextlib.nullcontext()
@@ -357,6 +357,21 @@ def watchdog(seconds: Optional[float]):
 
 
 # ----------------------------------------------------------------------------- command lines
+@contextlib.contextmanager
+def settings_env(**values: str):
+    """Environment variables (gnn_fastpath's settings) set to ``values`` inside, restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def pick_device(text: str) -> torch.device:
     """``--device``: ``auto`` (cuda when available), ``cuda`` or ``cpu``."""
     if text == "auto":
