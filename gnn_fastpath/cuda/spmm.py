@@ -354,7 +354,7 @@ def cache_of(graph) -> SpmmCache:
 
 #: Settings the forward's and the backward's plans read (part of their keys).
 FORWARD_SETTINGS = ("GNN_FASTPATH_SPMM_ALG", "GNN_FASTPATH_SPMM_CUSTOM") + plans.TUNE_SETTINGS
-BACKWARD_SETTINGS = ("GNN_FASTPATH_SPMM_BWD", "GNN_FASTPATH_VEC16")
+BACKWARD_SETTINGS = ("GNN_FASTPATH_SPMM_BWD", "GNN_FASTPATH_SPMM_ALG", "GNN_FASTPATH_VEC16")
 
 
 def plan_forward(graph, x: Tensor, out: Tensor) -> plans.Plan:
@@ -390,12 +390,16 @@ def backward_route(graph) -> str:
     of the edges and its row offsets) costs host time that a sampled batch, which lives one
     step, never earns back; a graph used again builds it in its second step and keeps it. A
     static graph (:class:`OwnMatrix`, no cuSPARSE) and a multigraph with more edges than matrix
-    entries, which cuSPARSE cannot describe, always take the transpose."""
+    entries, which cuSPARSE cannot describe, always take the transpose; so does ``auto`` where
+    ``GNN_FASTPATH_SPMM_ALG`` forces the own or the block kernel, which run no transposed
+    product."""
     setting = config.setting("GNN_FASTPATH_SPMM_BWD")
     if graph.static or graph.num_edges > graph.n_src * graph.n_dst:
         return "transposed"
     if setting != "auto":
         return setting
+    if config.setting("GNN_FASTPATH_SPMM_ALG") in ("custom", "block"):  # forced own kernels: no flag product
+        return "transposed"
     first_step = not graph.outlived_a_step() and graph.num_edges <= FLAG_FIRST_STEP_MAX_EDGES
     return "flag" if first_step else "transposed"
 

@@ -267,6 +267,12 @@ def test_spmm_backward_route_follows_the_graph_through_its_steps(monkeypatch):
     _outlive(g)
     second = spmm.plan_backward(g, gout, None, False)
     assert second is not first and (second.variant, second.decided_by) == ("transposed", "rule")
+    for forced in ("block", "custom"):  # kernels that take no transposed product: the transpose, also in step one
+        monkeypatch.setenv("GNN_FASTPATH_SPMM_ALG", forced)
+        assert spmm.backward_route(_graph()) == "transposed"
+        assert spmm.plan_backward(_graph(), gout, None, False).variant == "transposed"
+    monkeypatch.setenv("GNN_FASTPATH_SPMM_ALG", "alg2")
+    assert spmm.backward_route(_graph()) == "flag"
     monkeypatch.setattr(spmm, "FLAG_FIRST_STEP_MAX_EDGES", _graph().num_edges - 1)
     assert spmm.backward_route(_graph()) == "transposed"
     monkeypatch.undo()
