@@ -9,9 +9,9 @@ launch (views excepted) and 10-30 us of Python and dispatch, and each read of a 
 stalls the host until the GPU drains. Those costs follow from what the step issues, which this
 tool counts on the CPU: the layers run on CPU tensors while the ops' dispatch answers "cuda",
 so the fused path's decisions, plans and launchers run as on a GPU; kernel launches are
-recorded and skipped (nothing is computed: values are garbage and are not checked); cuSPARSE
-products are recorded and take the own kernel's stub; the custom operators of the static route
-run their CUDA implementation too. Per step:
+recorded and skipped (nothing is computed: values are garbage and are not checked), and so are
+cuSPARSE products; the custom operators of the static route run their CUDA implementation too.
+Per step:
 
 * ``ops``: aten operations dispatched (the model's, autograd's and the optimizer's included);
 * ``launches``: the package's own kernel launches; ``cusparse``: cuSPARSE products;
