@@ -377,8 +377,9 @@ def plan_forward(graph, x: Tensor, out: Tensor) -> plans.Plan:
 
 
 #: Graphs up to this many edges take cuSPARSE's transpose flag in their first training step
-#: (``GNN_FASTPATH_SPMM_BWD=auto``): above it, one transposed product by the flag (atomics)
-#: costs more GPU time than building the transpose saves host time.
+#: (``GNN_FASTPATH_SPMM_BWD=auto``). A bound, not a measured crossover: it keeps the flag's
+#: atomic product to batch-sized graphs, where host time dominates; larger graphs build the
+#: transpose at once, as before the rule.
 FLAG_FIRST_STEP_MAX_EDGES = 1 << 22
 
 
@@ -450,7 +451,7 @@ def backward(graph, entry: _Values, norm: str, x: Optional[Tensor], grad_out: Te
 
 
 def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: Tensor, dx: Tensor,
-                        route: Optional[str] = None) -> None:
+                        route: str) -> None:
     """dx = A^T grad_out: A itself where A^T = A (:meth:`SpmmCache.undirected`; the transposed
     matrix is then dropped), else ``route`` (the plan's, :func:`plan_backward`): the explicit
     transposed matrix or cuSPARSE's transpose flag."""
@@ -458,8 +459,6 @@ def _transposed_product(cache: SpmmCache, entry: _Values, norm: str, grad_out: T
         cache.drop_transposed(entry)
         cache.csr.matmul(entry.values, grad_out, dx)
         return
-    if route is None:
-        route = plan_backward(cache._graph(), grad_out, None, False).variant
     transposed = route == "transposed"
     if not transposed:
         try:
