@@ -192,13 +192,15 @@ def cuda_decisions(attribute: bool = False):
 
 
 def sampled_like(seed: int, targets: int, hub: int) -> torch.Tensor:
-    """edge_index of a NeighborLoader-shaped batch: targets 0..targets-1 with 1..FANOUT in-edges
-    each, grouped by target; sources among 4 x targets nodes; source 7 with ``hub`` out-edges."""
+    """edge_index of a NeighborLoader-shaped batch of a graph without self loops: targets
+    0..targets-1 with 1..FANOUT in-edges each, grouped by target; sources among 4 x targets
+    nodes, never the target itself; source 7 with ``hub`` out-edges."""
     g = torch.Generator().manual_seed(seed)
     deg = torch.randint(1, FANOUT + 1, (targets,), generator=g)
     dst = torch.repeat_interleave(torch.arange(targets), deg)
     src = torch.randint(0, 4 * targets, (dst.numel(),), generator=g)
     src[torch.randperm(dst.numel(), generator=g)[:min(hub, dst.numel())]] = 7
+    src = torch.where(src == dst, src + 1, src)  # a batch holds a loop only where its graph does
     return torch.stack([src, dst])
 
 

@@ -119,8 +119,9 @@ def _normalised(module, edge_index: Tensor, edge_weight, n: int, x: Tensor) -> T
             # Stock's very write: for a node with several loops, the CPU keeps the last one's
             # weight and CUDA any one's (undefined for duplicate indices), and the backward
             # sends the node's gradient to every one of them. Same op, same behaviour.
-            loop_weight[looped.loop_node] = edge_weight[looped.loop_pos]
-            edge_weight = torch.cat([edge_weight[looped.keep], loop_weight])
+            if looped.loop_pos.numel():
+                loop_weight[looped.loop_node] = edge_weight[looped.loop_pos]
+            edge_weight = torch.cat([looped.kept(edge_weight), loop_weight])
     return graph, gcn_weights(graph, edge_weight, x.dtype), edge_weight is None
 
 

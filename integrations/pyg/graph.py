@@ -382,6 +382,11 @@ class Looped:
     loop_pos: Tensor
     num_loops: int
 
+    def kept(self, t: Tensor) -> Tensor:
+        """The rows of ``t`` (per caller edge, [M, *]) that stay, in the looped graph's order:
+        ``t`` itself when no loop was removed."""
+        return t if self.loop_pos.numel() == 0 else t[self.keep]
+
     @property
     def kept_dst(self) -> Tensor:
         return self.graph.caller_coo()[1][: self.keep.numel()]
@@ -404,13 +409,14 @@ def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
     if n_existing:
         order = torch.sort((src == dst).to(torch.uint8), stable=True).indices
         keep, loop_pos = order[: m - n_existing], order[m - n_existing:]
-    else:
+        loop_node, kept_src, kept_dst = src[loop_pos], src[keep], dst[keep]
+    else:  # every edge stays, in its order (a sampled batch): no gathers
         keep, loop_pos = torch.arange(m, device=base.device), src.new_empty(0)
-    loop_node = src[loop_pos]
+        loop_node, kept_src, kept_dst = loop_pos, src, dst
     loops = torch.arange(num_loops, device=base.device)
     # At most one loop more per row than the base graph had.
     bounds = tuple(None if b is None else b + 1 for b in (base.degree_bound(False), base.degree_bound(True)))
-    graph = Graph.from_coo(torch.cat([src[keep], loops]), torch.cat([dst[keep], loops]),
+    graph = Graph.from_coo(torch.cat([kept_src, loops]), torch.cat([kept_dst, loops]),
                            base.n_src, base.n_dst, validate=False, degree_bounds=bounds)
     return Looped(graph, keep, loop_node, loop_pos, num_loops)
 
@@ -558,7 +564,7 @@ def looped_edge_attr(fill, edge_attr: Tensor, looped: Looped) -> Tensor:
     looped graph's edge order: the kept edges' rows, then one row per loop from ``fill``."""
     if isinstance(looped, TracedLooped):
         return looped.edge_attr(fill, edge_attr)
-    kept = edge_attr[looped.keep]
+    kept = looped.kept(edge_attr)
     return torch.cat([kept, loop_attr(fill, kept, looped)])
 
 
