@@ -6,6 +6,7 @@ CPU time of issuing it (the launch-bound regime of sampled mini-batch training).
     python -m benchmarks.bench_host --time-budget 50 --calls 2000
     python -m benchmarks.bench_host --layers pyg_gatv2,pyg_gcn --passes fwd
     python -m benchmarks.bench_host --device cpu --calls 20 --warmup 2   # smoke: enable(cpu="reference")
+    python -m benchmarks.bench_host --device dry --layers pyg_gatv2      # the fused path's host work on the CPU
 
 A measurement is (layer, mode, pass, graph):
 
@@ -41,6 +42,15 @@ CPU-only build and a GPU, the DGL graph stays on the CPU (features on the GPU), 
 fused path runs: stock DGL rows are "not runnable" there. Graph: ``--nodes`` 64, ``--edges``
 256 random edges (seeded), ``--features`` F = 16.
 
+``--device dry`` (no GPU needed): the tensors stay on the CPU and the enabled calls take the fused
+path's CUDA decisions with their kernel launches recorded and skipped
+(:func:`benchmarks.dry.cuda_decisions`): the enabled host time is the fused path's own checks,
+plans, work lists, allocations and Python, measured on this CPU; the stock calls compute their
+tiny tensors on the CPU. A view of where a fused call's host time goes, and of whether a change
+cuts it, for work on the host path without a device; not a GPU machine's numbers (its host runs
+CUDA launches, and its CPU differs). A new graph is built by its CPU code there (on a GPU: a few
+kernels and one read-back), so the 'new each call' rows are not the GPU's. No target is judged.
+
 Target (issue): host time <= 40 us per fused call, forward, same graph, for every layer.
 Results: ``--json`` / ``--markdown`` (default ``benchmarks/results/bench_host.json`` / ``.md``),
 rewritten after every measurement.
@@ -58,6 +68,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import harness as H
+from .dry import cuda_decisions
 from .harness import count_syncs, fmt, free_memory, import_dgl, import_pyg, watchdog
 from .training import path_summary, stats_counts
 
@@ -108,7 +119,9 @@ def evaluate_targets(rows: Sequence[dict]) -> List[dict]:
         fused = (r.get("fused_cuda", 0) or 0) + (r.get("fused_reference", 0) or 0)
         if isinstance(v, float):
             res["value"] = v
-            if r.get("fallback"):
+            if r.get("device") == "dry":
+                res["verdict"] = "not measured (dry run: CPU tensors, launches skipped)"
+            elif r.get("fallback"):
                 res["verdict"] = "not measured (fell back: " + ", ".join(sorted(r["fallback"])) + ")"
             elif not fused:
                 res["verdict"] = "not measured (no fused call recorded)"
@@ -269,8 +282,9 @@ def pool_size(n: int, warmup: int, gpu_calls: int) -> int:
 
 # ----------------------------------------------------------------------------- runner
 class HostRunner:
-    def __init__(self, args, device: torch.device, pyg, dgl, gf, gf_reason: Optional[str]):
+    def __init__(self, args, device: torch.device, pyg, dgl, gf, gf_reason: Optional[str], dry: bool = False):
         self.args, self.device, self.pyg, self.dgl, self.gf, self.gf_reason = args, device, pyg, dgl, gf, gf_reason
+        self.dry = dry  # CPU tensors on the fused path's CUDA decisions (module docstring)
         self.dgl_cuda = dgl_cuda_ok(dgl, device) if dgl is not None else False
         self.rows: List[dict] = []
         self.env: dict = {}
@@ -317,6 +331,11 @@ class HostRunner:
     def context(self, mode: str, framework: str):
         if mode == "stock":
             return contextlib.nullcontext()
+        if self.dry:
+            stack = contextlib.ExitStack()
+            stack.enter_context(cuda_decisions())
+            stack.enter_context(self.gf.enabled(frameworks=framework))
+            return stack
         kwargs = {"frameworks": framework}
         if self.device.type != "cuda":
             kwargs["cpu"] = "reference"
@@ -339,6 +358,8 @@ class HostRunner:
         for layer, mode, pas, gmode in configs:
             row = {"layer": layer, "label": LABELS[layer], "framework": framework_of(layer), "mode": mode,
                    "pass": pas, "graph": gmode, "status": "ok"}
+            if self.dry:
+                row["device"] = "dry"
             reason = "skipped: time budget" if self.over_budget() else self.skip_reason(layer, mode)
             if reason:
                 row["status"] = reason
@@ -423,7 +444,9 @@ def table_rows(payload: dict) -> Tuple[List[dict], List[str], List[str]]:
                 notes.append(f"{mode} GPU time: {r['gpu_note'][:90]}")
         sh, eh = s.get("host_us"), e.get("host_us")
         verdict = ""
-        if pas == "fwd" and gmode == "same" and isinstance(eh, float) and e.get("fused_cuda") and not e.get("fallback"):
+        if pas == "fwd" and gmode == "same" and e.get("device") == "dry":
+            verdict = "- (dry run)"
+        elif pas == "fwd" and gmode == "same" and isinstance(eh, float) and e.get("fused_cuda") and not e.get("fallback"):
             verdict = "met" if eh <= TARGET_US else "missed"
         elif pas == "fwd" and gmode == "same" and e.get("fused_reference"):
             verdict = "- (reference ops)"
@@ -459,7 +482,10 @@ def markdown(payload: dict, header: bool = True) -> str:
         f"{st.get('warmup')} warm-ups, no synchronisation inside the loop. host = CPU time per call (clock before the "
         "final synchronise); wall = with it; GPU = per call with the host out of the way (calls queued behind a GPU "
         f"sleep, {st.get('gpu_calls')} calls); syncs = host-device synchronisations torch reports for one call. "
-        "'new each call' = a new graph object per call (graph build included).", "",
+        "'new each call' = a new graph object per call (graph build included)." + (
+            " Dry run: CPU tensors; the enabled calls take the fused path's CUDA decisions with their launches "
+            "skipped (its host work on this CPU), the stock calls compute on the CPU." if st.get("device") == "dry"
+            else ""), "",
         targets_table(payload.get("targets") or evaluate_targets(payload.get("rows", []))), "",
         H.markdown_table(rows, cols, heads), ""])
 
@@ -478,7 +504,9 @@ def parse_args(argv=None):
     p.add_argument("--features", type=int, default=16)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda when available), cuda, cpu, or dry (CPU tensors on the fused path's CUDA "
+                        "decisions, launches skipped: see the module docstring)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds: start no new measurement after this; what was measured is written")
     p.add_argument("--config-timeout", type=float, default=60.0,
@@ -506,13 +534,17 @@ def main(argv=None) -> int:
     layers = _split(args.layers, LAYERS, "--layers")
     passes = _split(args.passes, PASSES, "--passes")
     graph_modes = _split(args.graphs, GRAPH_MODES, "--graphs")
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    dry = args.device == "dry"
+    device = torch.device("cpu" if dry else ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto"
+                          else args.device)
     cpu = device.type != "cuda"
-    args.calls = args.calls if args.calls is not None else (50 if cpu else 1000)
-    args.warmup = args.warmup if args.warmup is not None else (3 if cpu else 50)
+    args.calls = args.calls if args.calls is not None else (1000 if dry else 50 if cpu else 1000)
+    args.warmup = args.warmup if args.warmup is not None else (50 if dry else 3 if cpu else 50)
     if args.calls < 1:
         raise SystemExit("--calls must be at least 1")
-    if cpu:
+    if dry:
+        print("dry: stock on the CPU vs the fused path's host work (CUDA decisions, launches skipped)", flush=True)
+    elif cpu:
         print("CPU: stock vs enable(cpu='reference') (a smoke run: host time there includes the compute)", flush=True)
     pyg = import_pyg() if any(framework_of(l) == "pyg" for l in layers) else None
     dgl = None
@@ -530,13 +562,13 @@ def main(argv=None) -> int:
     args.json = str(out_dir / "bench_host.json") if args.json is None else args.json
     args.markdown = str(out_dir / "bench_host.md") if args.markdown is None else args.markdown
 
-    runner = HostRunner(args, device, pyg, dgl, gf, reason)
+    runner = HostRunner(args, device, pyg, dgl, gf, reason, dry=dry)
     runner.env = H.environment(None)
     configs = plan(layers, passes, graph_modes)
     runner.settings = {"layers": layers, "passes": passes, "graphs": graph_modes, "calls": args.calls,
                        "warmup": args.warmup, "gpu_calls": args.gpu_calls if not cpu else 0, "nodes": args.nodes,
                        "edges": args.edges, "features": args.features, "heads": args.heads, "seed": args.seed,
-                       "device": str(device), "time_budget_s": args.time_budget, "target_us": TARGET_US,
+                       "device": "dry" if dry else str(device), "time_budget_s": args.time_budget, "target_us": TARGET_US,
                        "dgl_graph_on": None if dgl is None else ("device" if runner.dgl_cuda else "cpu"),
                        "order": [list(c) for c in configs]}
     runner.run(configs)

@@ -7,11 +7,9 @@ the CPU with the fused path's CUDA decisions: a view of the host path without a 
 On a GPU a sampled training step is bound by the host: each torch operation costs a kernel
 launch (views excepted) and 10-30 us of Python and dispatch, and each read of a device value
 stalls the host until the GPU drains. Those costs follow from what the step issues, which this
-tool counts on the CPU: the layers run on CPU tensors while the ops' dispatch answers "cuda",
-so the fused path's decisions, plans and launchers run as on a GPU; kernel launches are
-recorded and skipped (nothing is computed: values are garbage and are not checked), and so are
-cuSPARSE products; the custom operators of the static route run their CUDA implementation too.
-Per step:
+tool counts on the CPU under :func:`benchmarks.dry.cuda_decisions`: CPU tensors, the fused
+path's CUDA decisions, plans and launchers, kernel launches and cuSPARSE products recorded and
+skipped (nothing is computed: values are garbage and are not checked). Per step:
 
 * ``ops``: aten operations dispatched (the model's, autograd's and the optimizer's included);
 * ``launches``: the package's own kernel launches; ``cusparse``: cuSPARSE products;
@@ -36,160 +34,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import sys
-import types
-from collections import Counter
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import harness as H
+from .dry import Tally, cuda_decisions
 
 NAME = "count_step_ops"
 LAYERS = ("gatv2", "transformer", "gat", "gcn", "sage_max", "sage_mean")
 ROUTES = ("stock", "exact", "static")
 WIDTH = 32
 FANOUT = 10
-
-#: aten operations that read a device value on the host (a synchronisation on a GPU).
-SYNC_OPS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
-                      "aten.unique_consecutive.default", "aten._unique2.default", "aten.unique_dim.default",
-                      "aten.bincount.default", "aten.is_nonzero.default", "aten.equal.default",
-                      "aten.repeat_interleave.Tensor"})
-#: aten's operation for a tensor made from Python data (a blocking copy to a GPU).
-FROM_PYTHON_DATA = "aten.lift_fresh.default"
-_PACKAGE_DIRS = (os.sep + "gnn_fastpath" + os.sep, os.sep + "integrations" + os.sep)
-
-
-def _reads_back(name: str, args, kwargs) -> bool:
-    if name == "aten.repeat_interleave.Tensor":
-        return kwargs.get("output_size") is None
-    if name in SYNC_OPS:
-        return True
-    if name.startswith(("aten.index.Tensor", "aten.index_put")) and len(args) > 1 and args[1] is not None:
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
-    return False
-
-
-def _in_optimizer() -> bool:
-    """Whether torch.optim issues the operation (its step counts live on the host, also with a
-    GPU: their reads are not synchronisations)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if os.sep + "optim" + os.sep in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _issuer() -> str:
-    """``file:function`` of the innermost package frame on the stack (else the model's code)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if any(d in path for d in _PACKAGE_DIRS) and not path.endswith("count_step_ops.py"):
-            for d in _PACKAGE_DIRS:
-                if d in path:
-                    return d.strip(os.sep) + "/" + path.split(d, 1)[1] + ":" + frame.f_code.co_name
-        frame = frame.f_back
-    return "(model, autograd, optimizer)"
-
-
-class Tally(TorchDispatchMode):
-    """Counts what is dispatched under it (see the module docstring)."""
-
-    def __init__(self, attribute: bool = False):
-        super().__init__()
-        self.attribute = attribute
-        self.ops: Counter = Counter()
-        self.issuers: Counter = Counter()
-        self.syncs = 0
-        self.blocking_copies = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func)
-        self.ops[name] += 1
-        if name == FROM_PYTHON_DATA:
-            self.blocking_copies += 1
-        elif _reads_back(name, args, kwargs) and not _in_optimizer():
-            self.syncs += 1
-        if self.attribute:
-            self.issuers[_issuer()] += 1
-        return func(*args, **kwargs)
-
-    def add(self, other: "Tally") -> None:
-        self.ops.update(other.ops)
-        self.issuers.update(other.issuers)
-        self.syncs += other.syncs
-        self.blocking_copies += other.blocking_copies
-
-
-class _Recorder:
-    """What the stubs saw while counting (launch names, cuSPARSE products, custom-operator bodies)."""
-
-    def __init__(self, attribute: bool):
-        self.attribute = attribute
-        self.active = False
-        self.launches: Counter = Counter()
-        self.cusparse = 0
-        self.inner = Tally(attribute)
-
-
-@contextlib.contextmanager
-def cuda_decisions(attribute: bool = False):
-    """CPU tensors take the fused path's CUDA route with stubbed launches (module docstring);
-    yields the :class:`_Recorder`. Everything patched is restored on exit."""
-    from gnn_fastpath import cuda
-    from gnn_fastpath.cuda import launch
-    from gnn_fastpath.cuda.cusparse import CsrMatrix
-    from gnn_fastpath.ops import dispatch, library
-
-    rec = _Recorder(attribute)
-    stub = types.SimpleNamespace(get_function=lambda name: types.SimpleNamespace(ptr=0, name=name))
-    decide = dispatch.decide
-
-    def record_launch(kernel, grid, block, *, shared_mem=0, **args):
-        if rec.active:
-            rec.launches[kernel.name.split("<")[0]] += 1
-
-    def record_product(matrix, values, b, c, transpose=False):
-        if rec.active:
-            rec.cusparse += 1
-        return c
-
-    def cuda_implementation(impl):
-        def run(*args, **kwargs):
-            kwargs.pop("use_reference", None)  # the CUDA implementation, also on CPU tensors
-            if not rec.active:
-                return impl(*args, **kwargs)
-            with rec.inner:  # an operator's body is dispatched below the outer mode
-                return impl(*args, **kwargs)
-        return run
-
-    patches = [(launch, "_module", lambda *a, **k: stub), (launch, "_device_index", lambda device: 0),
-               (launch, "resident_blocks", lambda kernel, threads, shared_mem=0: 132),
-               (launch.Kernel, "launch", record_launch), (CsrMatrix, "matmul", record_product),
-               (cuda, "unavailable_reason", lambda: None),
-               (dispatch, "decide", lambda device, *a, **k: decide(torch.device("cuda"), *a, **k))]
-    patches += [(family, "_cache", {}) for family in launch.FAMILIES]  # stubs stay out of real caches
-    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
-    impls = dict(library._IMPLS)
-    try:
-        for obj, attr, value in patches:
-            setattr(obj, attr, value)
-        for family, pair in impls.items():
-            library._IMPLS[family] = tuple(cuda_implementation(f) for f in pair)
-        yield rec
-    finally:
-        for obj, attr, value in saved:
-            setattr(obj, attr, value)
-        library._IMPLS.clear()
-        library._IMPLS.update(impls)
-
 
 def sampled_like(seed: int, targets: int, hub: int) -> torch.Tensor:
     """edge_index of a NeighborLoader-shaped batch of a graph without self loops: targets
