@@ -20,9 +20,10 @@ skipped (nothing is computed: values are garbage and are not checked). Per step:
   GPU a blocking host-to-device copy, so a synchronisation too;
 * with ``--top N``: the most frequent operations and the package functions that issue them.
 
-Unlike a GPU, the exact route's graph build takes its CPU code (on a GPU: a few kernels and one
-read-back), so the exact route's build counts are not the GPU's; the rest of the step is. The
-tuner is off (``GNN_FASTPATH_TUNE=0``): the rules decide, as on a class not yet timed.
+A new graph is built as on a GPU: the build kernels (edge facts, row offsets) are launches,
+their outputs filled in by the CPU, and the read of the edge facts (a new graph's one
+synchronisation) counts as a sync. The tuner is off (``GNN_FASTPATH_TUNE=0``): the rules
+decide, as on a class not yet timed.
 
 The step: PyG's layer twice (32 features, ``--dtypes``), a new sampled-like graph
 (``--targets`` destinations with 1-10 in-edges each, sources among 4x as many nodes, one with
@@ -112,7 +113,8 @@ def count_step(pyg, layer: str, route: str, dtype: str, targets: int, hub: int, 
     if route != "stock" and not fused:
         raise RuntimeError(f"{layer} on the {route} route ran no fused call: {stats}")
     row = {"layer": layer, "route": route, "dtype": dtype, "ops": sum(tally.ops.values()),
-           "launches": sum(rec.launches.values()), "cusparse": rec.cusparse, "syncs": tally.syncs,
+           "launches": sum(rec.launches.values()), "cusparse": rec.cusparse,
+           "syncs": tally.syncs + rec.host_reads,
            "blocking_copies": tally.blocking_copies, "kernels": dict(rec.launches)}
     if attribute:
         row["top_ops"] = tally.ops.most_common()

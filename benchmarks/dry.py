@@ -3,8 +3,9 @@
 Under :func:`cuda_decisions` the layers run on CPU tensors while the ops' dispatch answers
 "cuda", so the fused path's checks, plans, work lists and launchers run as they do on a GPU;
 kernel launches and cuSPARSE products are recorded and skipped (nothing is computed: values are
-garbage), and the custom operators of the static route run their CUDA implementation too.
-What remains is the host's share of a call: its torch operations (which :class:`Tally`
+garbage), except the graph-build kernels, whose outputs the CPU fills in so that a new graph
+takes the GPU's build branches; the custom operators of the static route run their CUDA
+implementation too. What remains is the host's share of a call: its torch operations (which :class:`Tally`
 counts) and its Python. :mod:`benchmarks.count_step_ops` counts a training step's operations
 this way; ``bench_host --device dry`` times layer calls this way.
 
@@ -19,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import types
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 #: aten operations that read a device value on the host (a synchronisation on a GPU).
 SYNC_OPS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
@@ -102,14 +104,59 @@ class Tally(TorchDispatchMode):
 
 
 class _Recorder:
-    """What the stubs saw while counting (launch names, cuSPARSE products, custom-operator bodies)."""
+    """What the stubs saw while counting (launch names, cuSPARSE products, the host reads of the
+    graph-build kernels' outputs, custom-operator bodies)."""
 
     def __init__(self, attribute: bool):
         self.attribute = attribute
         self.active = False
         self.launches: Counter = Counter()
         self.cusparse = 0
+        self.host_reads = 0
         self.inner = Tally(attribute)
+        self.emulated_s = 0.0  # CPU time spent filling in the build kernels' outputs
+
+    def host_clock(self) -> float:
+        """``time.perf_counter()`` stopped while the CPU stands in for the build kernels: on a GPU
+        that work is the device's, not the host's."""
+        return time.perf_counter() - self.emulated_s
+
+
+def _filled(rec: "_Recorder", launcher, truth, reads: int = 0):
+    """``launcher`` (a graph-build kernel's) as the dry run calls it: its allocations and its
+    recorded launches as on a GPU, then its outputs filled with what the kernels would have
+    written (``truth``, computed outside the counting modes: on a GPU that work is the kernels'),
+    so that the build takes the branches a GPU's takes. ``reads``: the host reads of its
+    outputs that follow on a GPU (a CPU tensor's ``tolist()`` dispatches nothing to count)."""
+    def run(*args):
+        if rec.active:
+            rec.host_reads += reads
+        outputs = launcher(*args)
+        start = time.perf_counter()
+        with _disable_current_modes(), torch.no_grad():
+            for out, value in zip(outputs if isinstance(outputs, tuple) else (outputs,), truth(*args)):
+                out.copy_(value)
+        rec.emulated_s += time.perf_counter() - start
+        return outputs
+    return run
+
+
+def _true_edge_facts(src: torch.Tensor, dst: torch.Tensor, n_src: int, n_dst: int):
+    """What ``csr_build.edge_facts`` computes (see there), by torch operations."""
+    ok_src, ok_dst = (src >= 0) & (src < n_src), (dst >= 0) & (dst < n_dst)
+    in_degree = torch.bincount(dst[ok_dst], minlength=n_dst)
+    out_degree = torch.bincount(src[ok_src], minlength=n_src)
+    facts = [src.min(), src.max(), dst.min(), dst.max(), (dst[1:] < dst[:-1]).sum(), (src == dst).sum(),
+             in_degree.max() if n_dst else 0, out_degree.max() if n_src else 0,
+             ((dst[1:] == dst[:-1]) & (src[1:] < src[:-1])).sum()]
+    return torch.tensor([int(f) for f in facts]), in_degree, out_degree
+
+
+def _true_indptr(sorted_rows: torch.Tensor, n_rows: int):
+    """What ``csr_build.csr_indptr`` computes: the row offsets of sorted row ids."""
+    indptr = torch.zeros(n_rows + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(sorted_rows, minlength=n_rows), 0, out=indptr[1:])
+    return (indptr,)
 
 
 @contextlib.contextmanager
@@ -119,6 +166,7 @@ def cuda_decisions(attribute: bool = False):
     from gnn_fastpath import cuda
     from gnn_fastpath.cuda import launch
     from gnn_fastpath.cuda.cusparse import CsrMatrix
+    from gnn_fastpath.graph import graph as graph_module
     from gnn_fastpath.ops import dispatch, library
 
     rec = _Recorder(attribute)
@@ -146,7 +194,9 @@ def cuda_decisions(attribute: bool = False):
     patches = [(launch, "_module", lambda *a, **k: stub), (launch, "_device_index", lambda device: 0),
                (launch, "resident_blocks", lambda kernel, threads, shared_mem=0: 132),
                (launch.Kernel, "launch", record_launch), (CsrMatrix, "matmul", record_product),
-               (cuda, "unavailable_reason", lambda: None),
+               (cuda, "unavailable_reason", lambda: None), (graph_module, "_builds_on_gpu", lambda t: True),
+               (cuda, "edge_facts", _filled(rec, cuda.edge_facts, _true_edge_facts, reads=1)),
+               (cuda, "csr_indptr", _filled(rec, cuda.csr_indptr, _true_indptr)),
                (dispatch, "decide", lambda device, *a, **k: decide(torch.device("cuda"), *a, **k))]
     patches += [(family, "_cache", {}) for family in launch.FAMILIES]  # stubs stay out of real caches
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]

@@ -170,6 +170,17 @@ def _check_range(lo: int, hi: int, bound: int, name: str) -> None:
         raise ValueError(f"{name} contains node id {hi}, out of range for {bound} nodes")
 
 
+def _builds_on_gpu(t: Tensor) -> bool:
+    """Whether a graph over ``t`` is built by the GPU's build kernels (``t`` on CUDA, the
+    kernels available); else by torch operations. (``benchmarks/dry.py`` answers True for CPU
+    tensors, to count what a GPU's build issues.)"""
+    if not t.is_cuda:
+        return False
+    from .. import cuda
+
+    return cuda.available()
+
+
 def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
                 ) -> Tuple[EdgeFacts, Tensor, Tensor]:
     """(facts, in-degree [n_dst], out-degree [n_src]) of int64 edge ids [M >= 1], the ids
@@ -178,16 +189,15 @@ def _edge_facts(src: Tensor, dst: Tensor, n_src: int, n_dst: int, name: str
     On CUDA one kernel pass gathers every fact and one 64-byte read brings them to the host:
     the one host synchronisation of a new graph. On the CPU plain torch ops.
     """
-    if src.is_cuda:
+    if _builds_on_gpu(src):
         from .. import cuda
 
-        if cuda.available():
-            facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
-            s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out, unsorted_src = facts_t.tolist()  # the one sync
-            _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
-            _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
-            return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, unsorted == 0 and unsorted_src == 0,
-                              loops, max_in, max_out), in_degree, out_degree)
+        facts_t, in_degree, out_degree = cuda.edge_facts(src, dst, n_src, n_dst)
+        s_lo, s_hi, d_lo, d_hi, unsorted, loops, max_in, max_out, unsorted_src = facts_t.tolist()  # the one sync
+        _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
+        _check_range(d_lo, d_hi, n_dst, f"{name} (destination row)")
+        return (EdgeFacts(((s_lo, s_hi), (d_lo, d_hi)), unsorted == 0, unsorted == 0 and unsorted_src == 0,
+                          loops, max_in, max_out), in_degree, out_degree)
     check_readable(src, f"{name} (source row)")
     (s_lo, d_lo), (s_hi, d_hi) = (t.tolist() for t in torch.aminmax(torch.stack([src, dst]), dim=1))
     _check_range(s_lo, s_hi, n_src, f"{name} (source row)")
@@ -209,11 +219,10 @@ def _indptr_of_sorted(rows: Tensor, order: Tensor, n_rows: int) -> Tensor:
     CPU ``bincount`` of ``rows`` as they are: counts do not depend on the order, so the
     sorted copy is not needed.
     """
-    if rows.is_cuda and rows.numel() > 0:
+    if rows.numel() > 0 and _builds_on_gpu(rows):
         from .. import cuda
 
-        if cuda.available():
-            return cuda.csr_indptr(rows[order], n_rows)
+        return cuda.csr_indptr(rows[order], n_rows)
     counts = torch.bincount(rows, minlength=n_rows)
     indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(counts, 0, out=indptr[1:])

@@ -50,16 +50,17 @@ def test_dry_run_times_the_fused_path_without_a_gpu(tool, result, tmp_path):
     """--device dry: CPU tensors on the fused path's CUDA decisions (launches skipped): the
     enabled calls are the fused path's (counted as CUDA calls), and no target is judged."""
     js, md = tmp_path / "host.json", tmp_path / "host.md"
-    tool("bench_host", *[a if a != "cpu" else "dry" for a in TINY], "--layers", "pyg_gatv2,pyg_sage_max",
-         "--passes", "fwd", "--json", js, "--markdown", md)
+    tool("bench_host", *[a if a != "cpu" else "dry" for a in TINY], "--repeats", "2", "--layers",
+         "pyg_gatv2,pyg_sage_max", "--passes", "fwd", "--json", js, "--markdown", md)
     payload = result(js, "host")
     assert payload["settings"]["device"] == "dry"
     rows = payload["rows"]
     assert len(rows) == 8
     for r in rows:
         assert r["status"] == "ok" and r["device"] == "dry" and isinstance(r["host_us"], float), r
-        if r["mode"] == "enabled":  # warm-up + timed calls, all fused on the CUDA route
-            assert r["fused_cuda"] == 4 and not r.get("fused_reference") and not r["fallback"], r
+        assert r["repeats"] == 2, r
+        if r["mode"] == "enabled":  # warm-up + 2 windows of timed calls, all fused on the CUDA route
+            assert r["fused_cuda"] == 7 and not r.get("fused_reference") and not r["fallback"], r
     assert all(t["verdict"] == "not measured (dry run: CPU tensors, launches skipped)" for t in payload["targets"])
     text = md.read_text()
-    assert "Dry run: CPU tensors" in text and "- (dry run)" in text
+    assert "Dry run: CPU tensors" in text and "- (dry run)" in text and "the fastest of 2 such windows" in text
