@@ -42,8 +42,8 @@ CPU-only build and a GPU, the DGL graph stays on the CPU (features on the GPU), 
 fused path runs: stock DGL rows are "not runnable" there. Graph: ``--nodes`` 64, ``--edges``
 256 random edges (seeded), ``--features`` F = 16.
 
-``--device dry`` (no GPU needed): the tensors stay on the CPU and the enabled calls take the fused
-path's CUDA decisions with their kernel launches recorded and skipped
+``--device dry`` (no GPU needed; PyG layers): the tensors stay on the CPU and the enabled calls
+take the fused path's CUDA decisions with their kernel launches recorded and skipped
 (:func:`benchmarks.dry.cuda_decisions`): the enabled host time is the fused path's own checks,
 plans, work lists, allocations and Python, measured on this CPU; the stock calls compute their
 tiny tensors on the CPU. A view of where a fused call's host time goes, and of whether a change
@@ -358,6 +358,8 @@ class HostRunner:
             return "skipped: PyG does not import"
         if fw == "dgl" and self.dgl is None:
             return "skipped: DGL does not import"
+        if fw == "dgl" and self.dry:
+            return "skipped: dry runs cover the PyG layers"
         if mode == "enabled" and self.gf is None:
             return f"skipped: {self.gf_reason}"
         if fw == "dgl" and mode == "stock" and self.device.type == "cuda" and not self.dgl_cuda:

@@ -5,7 +5,7 @@ the CPU with the fused path's CUDA decisions: a view of the host path without a 
     python -m benchmarks.count_step_ops --layers gcn --routes exact --top 12
 
 On a GPU a sampled training step is bound by the host: each torch operation costs a kernel
-launch (views excepted) and 10-30 us of Python and dispatch, and each read of a device value
+launch (views excepted) on top of its Python and dispatch, and each read of a device value
 stalls the host until the GPU drains. Those costs follow from what the step issues, which this
 tool counts on the CPU under :func:`benchmarks.dry.cuda_decisions`: CPU tensors, the fused
 path's CUDA decisions, plans and launchers, kernel launches and cuSPARSE products recorded and

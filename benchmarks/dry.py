@@ -9,11 +9,11 @@ implementation too. What remains is the host's share of a call: its torch operat
 counts) and its Python. :mod:`benchmarks.count_step_ops` counts a training step's operations
 this way; ``bench_host --device dry`` times layer calls this way.
 
-On a GPU each torch operation costs a kernel launch (views excepted) and 10-30 us of Python
-and dispatch, and each read of a device value stalls the host until the GPU drains; on the CPU
-an operation on a tiny tensor costs a few microseconds. Times and counts taken here therefore
-show where the host time goes and whether a change cuts it, not what a GPU machine's host
-measures.
+On a GPU each torch operation costs a kernel launch (views excepted) on top of its Python and
+dispatch, and each read of a device value stalls the host until the GPU drains; on the CPU an
+operation on a tiny tensor costs its dispatch and little else, and a read costs nothing. Times
+and counts taken here therefore show where the host time goes and whether a change cuts it,
+not what a GPU machine's host measures (benchmarks/RESULTS.md compares the two).
 """
 from __future__ import annotations
 

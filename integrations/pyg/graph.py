@@ -368,34 +368,41 @@ class Looped:
     """A graph with self loops added, in PyG's edge order: kept edges first, then loops.
 
     Attributes:
-        graph: the derived Graph; its edge ``e < len(keep)`` is the caller's edge
-            ``keep[e]``, the rest are the loops ``(i, i)``, ``i < num_loops``, in order.
-        keep: int64 caller ids of the base graph's edges that stay.
+        graph: the derived Graph; its edge ``e < n_kept`` is the caller's edge ``keep[e]``
+            (``e`` itself without ``keep``), the rest are the loops ``(i, i)``,
+            ``i < num_loops``, in order.
+        keep: int64 caller ids of the base graph's edges that stay; None when every edge
+            stays, in its order (no loop was removed).
         loop_node, loop_pos: node ids and caller ids of the base graph's self loops, which
             were removed (ascending positions); empty when loops are only appended.
         num_loops: how many loops were appended.
     """
 
     graph: Graph
-    keep: Tensor
+    keep: Optional[Tensor]
     loop_node: Tensor
     loop_pos: Tensor
     num_loops: int
 
+    @property
+    def n_kept(self) -> int:
+        """How many of the caller's edges stay."""
+        return self.graph.num_edges - self.num_loops
+
     def kept(self, t: Tensor) -> Tensor:
         """The rows of ``t`` (per caller edge, [M, *]) that stay, in the looped graph's order:
         ``t`` itself when no loop was removed."""
-        return t if self.loop_pos.numel() == 0 else t[self.keep]
+        return t if self.keep is None else t[self.keep]
 
     @property
     def kept_dst(self) -> Tensor:
-        return self.graph.caller_coo()[1][: self.keep.numel()]
+        return self.graph.caller_coo()[1][: self.n_kept]
 
     @cached_property
     def kept_dst_max(self) -> int:
         """The largest target id among the kept edges (-1 when none); one host sync, only
         for the rare callers that need it (a string ``fill_value`` with edge attributes)."""
-        return int(self.kept_dst.max()) if self.keep.numel() else -1
+        return int(self.kept_dst.max()) if self.n_kept else -1
 
 
 def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
@@ -411,7 +418,7 @@ def _looped(base: Graph, num_loops: int, remove_existing: bool) -> Looped:
         keep, loop_pos = order[: m - n_existing], order[m - n_existing:]
         loop_node, kept_src, kept_dst = src[loop_pos], src[keep], dst[keep]
     else:  # every edge stays, in its order (a sampled batch): no gathers
-        keep, loop_pos = torch.arange(m, device=base.device), src.new_empty(0)
+        keep, loop_pos = None, src.new_empty(0)
         loop_node, kept_src, kept_dst = loop_pos, src, dst
     loops = torch.arange(num_loops, device=base.device)
     # At most one loop more per row than the base graph had.

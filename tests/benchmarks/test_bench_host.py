@@ -64,3 +64,16 @@ def test_dry_run_times_the_fused_path_without_a_gpu(tool, result, tmp_path):
     assert all(t["verdict"] == "not measured (dry run: CPU tensors, launches skipped)" for t in payload["targets"])
     text = md.read_text()
     assert "Dry run: CPU tensors" in text and "- (dry run)" in text and "the fastest of 2 such windows" in text
+
+
+def test_measure_keeps_the_fastest_window_on_the_given_clock():
+    """``measure`` times ``repeats`` windows on the clock it is given and keeps the fastest."""
+    import torch
+    from benchmarks.bench_host import measure, pool_size
+
+    ticks = iter([0.0, 5.0, 5.0, 5.0, 6.0, 6.0, 6.0, 9.0, 9.0])  # windows of 5 s, 1 s, 3 s (start, end, synced)
+    calls = []
+    res = measure(calls.append, 4, 2, torch.device("cpu"), 0, clock=lambda: next(ticks), repeats=3)
+    assert res["host_us"] == pytest.approx(1e6 / 4) and res["wall_us"] == pytest.approx(1e6 / 4)
+    assert res["repeats"] == 3 and calls == list(range(2 + 4 * 3))
+    assert pool_size(4, 2, 0, 3) == 2 + 4 * 3 + 1

@@ -2,6 +2,8 @@
 emulated (launch recorded, outputs filled in), so a Graph built under it takes the GPU's build
 branch: it must be the graph the CPU's build makes, facts included (which also runs the GPU
 branch's host logic on any machine)."""
+import time
+
 import pytest
 import torch
 
@@ -42,10 +44,55 @@ def test_the_gpu_build_branch_makes_the_cpu_build_graph(kind):
     assert torch.equal(got.in_degree(), want.in_degree()) and torch.equal(got.out_degree(), want.out_degree())
 
 
-def test_out_of_range_ids_are_still_caught():
-    ei = torch.tensor([[0, 1, 9], [1, 2, 0]])
-    with dry.cuda_decisions(), pytest.raises(ValueError, match="edge_index"):
-        Graph.from_edge_index(ei, 5)
+@pytest.mark.parametrize("ei, n, where", [
+    ([[0, 1, 9], [1, 2, 0]], 5, "source"),
+    ([[0, -1, 2], [1, 2, 0]], 5, "source"),
+    ([[0, 1, 2], [1, 7, 0]], (5, 5), "destination"),
+    ([[0, 1, 2], [1, 3, 0]], (5, 3), "destination"),  # bipartite: 3 targets
+], ids=["source_high", "source_negative", "destination_high", "bipartite_destination"])
+def test_out_of_range_ids_are_caught_on_the_gpu_branch(ei, n, where):
+    with dry.cuda_decisions() as rec, pytest.raises(ValueError, match=f"edge_index \\({where} row\\)"):
+        rec.active = True
+        Graph.from_edge_index(torch.tensor(ei), n)
+    assert rec.launches["edge_facts"] == 1  # the facts came from the (emulated) kernel, not the CPU build
+
+
+def test_everything_patched_is_restored():
+    import gnn_fastpath.cuda as cuda
+    from gnn_fastpath.cuda import launch
+    from gnn_fastpath.graph import graph as graph_module
+
+    before = (graph_module._builds_on_gpu, cuda.edge_facts, cuda.csr_indptr, launch.Kernel.launch)
+    with dry.cuda_decisions():
+        assert graph_module._builds_on_gpu(torch.zeros(1))
+    assert (graph_module._builds_on_gpu, cuda.edge_facts, cuda.csr_indptr, launch.Kernel.launch) == before
+    assert not graph_module._builds_on_gpu(torch.zeros(1))
+
+
+def test_the_host_clock_leaves_out_the_emulated_kernels():
+    ei, n = _edges("loops_unsorted")
+    with dry.cuda_decisions() as rec:
+        wall0, host0 = time.perf_counter(), rec.host_clock()
+        Graph.from_edge_index(ei, n)
+        wall, host = time.perf_counter() - wall0, rec.host_clock() - host0
+    assert rec.emulated_s > 0
+    assert host == pytest.approx(wall - rec.emulated_s, abs=1e-3) and host < wall
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["grouped", "grouped_sorted", "loops_unsorted", "bipartite"])
+def test_the_emulated_facts_are_the_kernels(kind):
+    """What dry.py fills in is what csr_build.cu computes, on the same edges."""
+    import gnn_fastpath.cuda as cuda
+
+    if not cuda.available():
+        pytest.skip(f"the CUDA kernels do not run here: {cuda.unavailable_reason()}")
+    ei, n = _edges(kind)
+    n_src, n_dst = n if isinstance(n, tuple) else (n, n)
+    got = cuda.edge_facts(ei[0].cuda(), ei[1].cuda(), n_src, n_dst)
+    want = dry._true_edge_facts(ei[0], ei[1], n_src, n_dst)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu().to(torch.int64), w.to(torch.int64))
 
 
 def test_a_derived_graph_takes_the_gpu_row_offsets():
