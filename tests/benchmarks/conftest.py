@@ -1,6 +1,9 @@
-"""The benchmark tools run as commands, never imported: ``tool(name, *args)`` runs
-``python -m benchmarks.<name> ...`` from the repository root with no GPU visible (the tools'
-CPU smoke paths), one thread, and the graph cache in the test's tmp_path."""
+"""The benchmark tools run as commands: ``tool(name, *args)`` runs ``python -m
+benchmarks.<name> ...`` from the repository root with no GPU visible (the tools' CPU smoke
+paths), one thread, and the graph cache in the test's tmp_path. The few pieces tested in
+process (``benchmarks.dry``, ``bench_host.measure``) import from the repository root, which
+this file puts on ``sys.path`` (the package is not installed; without the root there, the
+name ``benchmarks`` would find this test folder)."""
 import json
 import os
 import subprocess
@@ -10,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
 
 
 @pytest.fixture
