@@ -153,10 +153,11 @@ def _true_edge_facts(src: torch.Tensor, dst: torch.Tensor, n_src: int, n_dst: in
 
 
 def _true_indptr(sorted_rows: torch.Tensor, n_rows: int):
-    """What ``csr_build.csr_indptr`` computes: the row offsets of sorted row ids."""
-    indptr = torch.zeros(n_rows + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(sorted_rows, minlength=n_rows), 0, out=indptr[1:])
-    return (indptr,)
+    """What ``csr_build.csr_indptr`` computes: the row offsets of sorted row ids (the CPU
+    build's way)."""
+    from gnn_fastpath.graph.graph import _indptr_by_counts
+
+    return (_indptr_by_counts(sorted_rows, n_rows),)
 
 
 @contextlib.contextmanager

@@ -223,9 +223,13 @@ def _indptr_of_sorted(rows: Tensor, order: Tensor, n_rows: int) -> Tensor:
         from .. import cuda
 
         return cuda.csr_indptr(rows[order], n_rows)
-    counts = torch.bincount(rows, minlength=n_rows)
+    return _indptr_by_counts(rows, n_rows)
+
+
+def _indptr_by_counts(rows: Tensor, n_rows: int) -> Tensor:
+    """indptr [n_rows+1] of row ids ``rows`` (any order) by ``bincount`` and ``cumsum``."""
     indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=indptr[1:])
+    torch.cumsum(torch.bincount(rows, minlength=n_rows), 0, out=indptr[1:])
     return indptr
 
 
